@@ -1,0 +1,113 @@
+/* kp_common.c: error recording, allocation with reported failures, a small parallel-for.
+ * Every stage uses these; they must stay free of anything family-specific. */
+#define _GNU_SOURCE
+#include "kp_common.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+int kp_fail(kp_error *err, int code, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+        err->code = code;
+    }
+    return code;
+}
+
+void kp_error_prefix(kp_error *err, const char *fmt, ...) {
+    if (!err) return;
+    char head[512], old[sizeof err->msg];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(head, sizeof head, fmt, ap);
+    va_end(ap);
+    memcpy(old, err->msg, sizeof old);
+    snprintf(err->msg, sizeof err->msg, "%s%s", head, old);
+}
+
+_Noreturn void kp_abort(const char *file, int line, const char *fmt, ...) {
+    fflush(stdout);
+    fprintf(stderr, "kparity: BUG: %s:%d: ", file, line);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\n");
+    abort();
+}
+
+void *kp_alloc(size_t bytes, const char *what, kp_error *err) {
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) kp_fail(err, KP_EXIT_ENV, "out of host memory allocating %zu bytes for %s", bytes, what);
+    return p;
+}
+
+void *kp_calloc(size_t count, size_t size, const char *what, kp_error *err) {
+    size_t bytes;
+    if (!kp_mul_size(count, size, &bytes)) {
+        kp_fail(err, KP_EXIT_ENV, "size overflow allocating %zu x %zu bytes for %s", count, size, what);
+        return NULL;
+    }
+    void *p = calloc(count ? count : 1, size ? size : 1);
+    if (!p) kp_fail(err, KP_EXIT_ENV, "out of host memory allocating %zu bytes for %s", bytes, what);
+    return p;
+}
+
+int kp_mul_size(size_t a, size_t b, size_t *out) {
+    if (a && b > SIZE_MAX / a) return 0;
+    *out = a * b;
+    return 1;
+}
+
+int kp_thread_count(void) {
+    const char *env = getenv("KPARITY_THREADS");
+    if (env && *env) {
+        long n = strtol(env, NULL, 10);
+        if (n >= 1 && n <= 1024) return (int)n;
+    }
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n >= 1 ? (int)(n > 256 ? 256 : n) : 1;
+}
+
+struct pf_state {
+    atomic_llong next;
+    int64_t n;
+    void (*fn)(void *, int64_t);
+    void *ctx;
+};
+
+static void *pf_worker(void *arg) {
+    struct pf_state *s = arg;
+    for (;;) {
+        int64_t i = atomic_fetch_add(&s->next, 1);
+        if (i >= s->n) return NULL;
+        s->fn(s->ctx, i);
+    }
+}
+
+void kp_parallel_for(int64_t n, void (*fn)(void *ctx, int64_t i), void *ctx) {
+    struct pf_state s = {.n = n, .fn = fn, .ctx = ctx};
+    atomic_init(&s.next, 0);
+    int threads = kp_thread_count();
+    if (threads > n) threads = (int)(n > 0 ? n : 1);
+    pthread_t tid[256];
+    int started = 0;
+    for (int t = 1; t < threads; t++)
+        if (pthread_create(&tid[started], NULL, pf_worker, &s) == 0) started++;
+    pf_worker(&s); /* the caller works too, so a failed pthread_create only costs speed */
+    for (int t = 0; t < started; t++) pthread_join(tid[t], NULL);
+}
+
+double kp_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}

@@ -1,0 +1,53 @@
+/* kp_common.h: the error path, exit classes and always-on asserts shared by every stage.
+ * Lowest layer of kparity: everything may include it, it includes nothing of ours. */
+#ifndef KP_COMMON_H
+#define KP_COMMON_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Exit classes, fixed (DESIGN.md "The gate"). */
+enum {
+    KP_EXIT_OK = 0,
+    KP_EXIT_INCORRECT = 1, /* it ran and broke a declared check */
+    KP_EXIT_USAGE = 2,     /* usage, config or input error */
+    KP_EXIT_ENV = 3,       /* environment or kernel failure */
+    KP_EXIT_TIMEOUT = 4,
+    KP_EXIT_SKIP = 77      /* nothing could run */
+};
+
+/* One error path: functions return 0 or an exit class and fill a kp_error. */
+typedef struct kp_error {
+    int code;
+    char msg[1024];
+} kp_error;
+
+/* Record an error and return its code, so `return kp_fail(err, KP_EXIT_USAGE, ...)` reads as one step. */
+int kp_fail(kp_error *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Prefix context ("case topp(...): ") to an error already recorded. */
+void kp_error_prefix(kp_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Programmer errors: abort with file and line; stays on in release builds. */
+#define KP_ASSERT(cond)                                                                  \
+    do {                                                                                 \
+        if (!(cond)) kp_abort(__FILE__, __LINE__, "assertion failed: %s", #cond);       \
+    } while (0)
+_Noreturn void kp_abort(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* Allocation that reports through kp_error (never aborts on a big request). */
+void *kp_alloc(size_t bytes, const char *what, kp_error *err);
+void *kp_calloc(size_t count, size_t size, const char *what, kp_error *err);
+
+/* Checked size arithmetic: 0 on overflow. */
+int kp_mul_size(size_t a, size_t b, size_t *out);
+
+/* Worker count for CPU-parallel stages: KPARITY_THREADS if set, else the online core count. */
+int kp_thread_count(void);
+/* Run fn(ctx, i) for i in [0, n) over kp_thread_count() threads, items handed out in order. */
+void kp_parallel_for(int64_t n, void (*fn)(void *ctx, int64_t i), void *ctx);
+
+/* Monotonic seconds. */
+double kp_now(void);
+
+#endif

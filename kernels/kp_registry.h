@@ -1,0 +1,33 @@
+/* kp_registry.h: every impl kparity can run, built in or loaded from a plugin, found by name.
+ * Roles (incumbent, candidate) come from the gate config, never from here. */
+#ifndef KP_REGISTRY_H
+#define KP_REGISTRY_H
+
+#include "../cases/kp_common.h"
+#include "kparity_kernel.h"
+
+/* Built-in host impls (kernels/host/). */
+extern const kp_impl kp_topp_split_logit_host;
+extern const kp_impl kp_topp_split_prob_host;
+#ifdef KP_HAVE_CUDA
+/* Built-in CUDA impls (kernels/cuda/). */
+extern const kp_impl kp_topp_split_logit_cuda;
+extern const kp_impl kp_topp_split_prob_cuda;
+#endif
+
+/* The number of registered impls, and the i-th. */
+int kp_impl_count(void);
+const kp_impl *kp_impl_at(int i);
+/* The impl with this exact name, or NULL. */
+const kp_impl *kp_impl_find(const char *name);
+/* The plugin file an impl came from (NULL for built-ins) and that file's SHA-256 (hex). */
+const char *kp_impl_origin(const kp_impl *impl, const char **sha256_hex);
+
+/* Load a plugin (a shared library exporting kparity_impls), check every entry's ABI, family and
+ * name, and register its impls. Exit class 2 naming the path and the field on any mismatch. */
+int kp_plugin_load(const char *path, kp_error *err);
+
+/* Whether this build has CUDA impls compiled in. */
+int kp_registry_has_cuda(void);
+
+#endif
