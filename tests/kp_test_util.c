@@ -1,0 +1,93 @@
+/* kp_test_util.c: process and file helpers for tests; nothing here judges a result. */
+#define _GNU_SOURCE
+#include "kp_test_util.h"
+
+#include <fcntl.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char *slurp_fd(int fd) {
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap + 1);
+    ssize_t n;
+    while ((n = read(fd, buf + len, cap - len)) > 0) {
+        len += (size_t)n;
+        if (len == cap) { /* keep draining so the child never blocks, but keep only the head */
+            char sink[4096];
+            while (read(fd, sink, sizeof sink) > 0) {}
+            break;
+        }
+    }
+    buf[len] = '\0';
+    return buf;
+}
+
+int kpt_run(char *const argv[], char **out, char **errout) {
+    char outpath[] = "/tmp/kpt-out-XXXXXX", errpath[] = "/tmp/kpt-err-XXXXXX";
+    int ofd = mkstemp(outpath), efd = mkstemp(errpath);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(ofd, 1);
+        dup2(efd, 2);
+        int devnull = open("/dev/null", O_RDONLY);
+        if (devnull >= 0) dup2(devnull, 0);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    lseek(ofd, 0, SEEK_SET);
+    lseek(efd, 0, SEEK_SET);
+    char *o = slurp_fd(ofd), *e = slurp_fd(efd);
+    close(ofd);
+    close(efd);
+    unlink(outpath);
+    unlink(errpath);
+    if (out) *out = o; else free(o);
+    if (errout) *errout = e; else free(e);
+    if (WIFEXITED(status)) return WEXITSTATUS(status);
+    return 128 + WTERMSIG(status);
+}
+
+char *kpt_tempdir(void) {
+    const char *base = getenv("TMPDIR");
+    char *path;
+    if (asprintf(&path, "%s/kpt-XXXXXX", base && *base ? base : "/tmp") < 0) return NULL;
+    if (!mkdtemp(path)) {
+        free(path);
+        return NULL;
+    }
+    return path;
+}
+
+char *kpt_read(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    size_t got = fread(buf, 1, (size_t)n, f);
+    fclose(f);
+    buf[got] = '\0';
+    if (len) *len = got;
+    return buf;
+}
+
+int kpt_write(const char *path, const void *data, size_t len) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    size_t put = fwrite(data, 1, len, f);
+    return fclose(f) == 0 && put == len ? 0 : -1;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+void kpt_rmtree(const char *path) { nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
