@@ -1,0 +1,51 @@
+/* kp_case.h: canonical case names, `family(key=value,...)` with keys sorted. One name is the
+ * case's id, its CLI filter and its receipt key; parse and format round-trip exactly. */
+#ifndef KP_CASE_H
+#define KP_CASE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kp_common.h"
+
+#define KP_CASE_MAX_PARAMS 16
+#define KP_CASE_NAME_MAX 512
+
+typedef struct kp_param {
+    char key[32];
+    char value[64];
+} kp_param;
+
+typedef struct kp_case {
+    char family[16];
+    int nparams;
+    kp_param params[KP_CASE_MAX_PARAMS]; /* sorted by key, unique */
+} kp_case;
+
+/* Syntax only: family and key=value pairs (keys [a-z0-9_], values without ',' '(' ')' '=' or spaces).
+ * Keys are sorted; a repeated key is an error. The family's own rules come from kp_case_normalize. */
+int kp_case_parse(const char *name, kp_case *out, kp_error *err);
+/* The canonical name; returns its length, or -1 when it does not fit. */
+int kp_case_format(const kp_case *c, char *buf, size_t len);
+const char *kp_case_get(const kp_case *c, const char *key); /* NULL when absent */
+int kp_case_set(kp_case *c, const char *key, const char *value, kp_error *err);
+void kp_case_unset(kp_case *c, const char *key);
+
+/* Typed reads that name the case and the field in their errors (exit class 2). */
+int kp_case_int(const kp_case *c, const char *key, int64_t min, int64_t max, int64_t *out, kp_error *err);
+int kp_case_uint(const kp_case *c, const char *key, uint64_t *out, kp_error *err);
+int kp_case_num(const kp_case *c, const char *key, double *out, kp_error *err);
+
+/* The shortest text that reads back as exactly v, exponent without '+' or leading zeros:
+ * 1e9 -> "1e9", 0.95 -> "0.95", 1e-8 -> "1e-8", 1666666666.6666667 -> "1666666666.6666667". */
+void kp_format_number(double v, char *buf, size_t len);
+
+/* Check a case against its family's rules, fill defaults' effects, and rewrite every value in
+ * canonical form, so two spellings of one case get one name. Unknown family or key, a missing
+ * or mistyped field: exit class 2 naming the field. */
+int kp_case_normalize(kp_case *c, kp_error *err);
+
+/* The families cases/ knows. */
+int kp_case_family_known(const char *family);
+
+#endif

@@ -1,0 +1,100 @@
+/* kp_tensor.c: tensor allocation and canonical digests. Hosts are little-endian (x86-64, aarch64);
+ * a big-endian host would have to swap before hashing, which the assert below refuses to skip. */
+#include "kp_tensor.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const struct {
+    const char *name, *npy;
+    size_t size;
+} dtypes[KP_DTYPE_COUNT] = {
+    [KP_F32] = {"f32", "<f4", 4}, [KP_F64] = {"f64", "<f8", 8}, [KP_I32] = {"i32", "<i4", 4},
+    [KP_I64] = {"i64", "<i8", 8}, [KP_U8] = {"u8", "|u1", 1},   [KP_BF16] = {"bf16", "<u2", 2},
+};
+
+const char *kp_dtype_name(kp_dtype t) { return dtypes[t].name; }
+const char *kp_dtype_npy(kp_dtype t) { return dtypes[t].npy; }
+size_t kp_dtype_size(kp_dtype t) { return dtypes[t].size; }
+
+size_t kp_tensor_bytes_for(kp_dtype dtype, int ndim, const int64_t *shape, int64_t row_stride) {
+    size_t rows = 1, bytes;
+    for (int d = 0; d + 1 < ndim; d++) {
+        if (shape[d] < 0 || !kp_mul_size(rows, (size_t)shape[d], &rows)) return 0;
+    }
+    int64_t cols = ndim ? shape[ndim - 1] : 1;
+    int64_t stride = row_stride > 0 ? row_stride : cols;
+    if (cols < 0 || stride < cols) return 0;
+    if (!kp_mul_size(rows, (size_t)stride, &bytes) || !kp_mul_size(bytes, dtypes[dtype].size, &bytes)) return 0;
+    return bytes;
+}
+
+int kp_tensor_alloc(kp_tensor *t, const char *name, kp_dtype dtype, int ndim, const int64_t *shape,
+                    int64_t row_stride, kp_error *err) {
+    KP_ASSERT(ndim >= 1 && ndim <= KP_MAX_DIMS);
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->dtype = dtype;
+    t->ndim = ndim;
+    for (int d = 0; d < ndim; d++) t->shape[d] = shape[d];
+    t->row_stride = row_stride > 0 ? row_stride : shape[ndim - 1];
+    size_t bytes = kp_tensor_bytes_for(dtype, ndim, shape, t->row_stride);
+    if (bytes == 0 && kp_tensor_rows(t) * t->row_stride != 0)
+        return kp_fail(err, KP_EXIT_USAGE, "tensor %s: shape overflows the address space", name);
+    t->data = kp_calloc(1, bytes, name, err);
+    return t->data ? 0 : err->code;
+}
+
+void kp_tensor_free(kp_tensor *t) {
+    free(t->data);
+    t->data = NULL;
+}
+
+int64_t kp_tensor_rows(const kp_tensor *t) {
+    int64_t rows = 1;
+    for (int d = 0; d + 1 < t->ndim; d++) rows *= t->shape[d];
+    return rows;
+}
+
+int64_t kp_tensor_cols(const kp_tensor *t) { return t->shape[t->ndim - 1]; }
+
+size_t kp_tensor_bytes(const kp_tensor *t) {
+    return kp_tensor_bytes_for(t->dtype, t->ndim, t->shape, t->row_stride);
+}
+
+static void put_le64(unsigned char *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+void kp_buffer_digest(kp_dtype dtype, int ndim, const int64_t *shape, int64_t row_stride, const void *data,
+                      char hex[KP_SHA256_HEX_LEN]) {
+    const uint16_t probe = 1;
+    KP_ASSERT(*(const unsigned char *)&probe == 1); /* canonical bytes are little-endian */
+    kp_sha256 h;
+    kp_error err;
+    if (kp_sha256_init(&h, &err)) kp_abort(__FILE__, __LINE__, "%s", err.msg);
+    static const char tag[] = "kparity.tensor/v1";
+    kp_sha256_update(&h, tag, sizeof tag); /* NUL included as a separator */
+    const char *dname = dtypes[dtype].name;
+    kp_sha256_update(&h, dname, strlen(dname) + 1);
+    unsigned char le[8];
+    put_le64(le, (uint64_t)ndim);
+    kp_sha256_update(&h, le, 8);
+    int64_t rows = 1;
+    for (int d = 0; d < ndim; d++) {
+        put_le64(le, (uint64_t)shape[d]);
+        kp_sha256_update(&h, le, 8);
+        if (d + 1 < ndim) rows *= shape[d];
+    }
+    int64_t cols = shape[ndim - 1];
+    int64_t stride = row_stride > 0 ? row_stride : cols;
+    size_t esize = dtypes[dtype].size;
+    for (int64_t r = 0; r < rows; r++)
+        kp_sha256_update(&h, (const unsigned char *)data + (size_t)(r * stride) * esize, (size_t)cols * esize);
+    kp_sha256_final_hex(&h, hex);
+}
+
+void kp_tensor_digest(const kp_tensor *t, char hex[KP_SHA256_HEX_LEN]) {
+    kp_buffer_digest(t->dtype, t->ndim, t->shape, t->row_stride, t->data, hex);
+}
