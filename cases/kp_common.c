@@ -30,7 +30,12 @@ void kp_error_prefix(kp_error *err, const char *fmt, ...) {
     vsnprintf(head, sizeof head, fmt, ap);
     va_end(ap);
     memcpy(old, err->msg, sizeof old);
-    snprintf(err->msg, sizeof err->msg, "%s%s", head, old);
+    size_t hl = strlen(head);
+    if (hl >= sizeof err->msg) hl = sizeof err->msg - 1;
+    memcpy(err->msg, head, hl); /* the tail of a long message is cut, never the head */
+    size_t ol = strnlen(old, sizeof err->msg - 1 - hl);
+    memcpy(err->msg + hl, old, ol);
+    err->msg[hl + ol] = '\0';
 }
 
 _Noreturn void kp_abort(const char *file, int line, const char *fmt, ...) {
