@@ -1,0 +1,76 @@
+/* bench.c: the bench command. Each impl runs on each case with inputs uploaded once; figures come
+ * from the family's bench hook and are printed side by side so two impls compare directly. */
+#define _GNU_SOURCE
+#include "kp_bench.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "../receipts/kp_json.h"
+#include "kp_device.h"
+#include "kp_harness.h"
+
+static const char *const default_cases[] = {
+    "topp(batch=64,profile=ordinary,seed=58231,top_p=0.95,vocab=154856)",
+    "topp(batch=4,profile=ordinary,seed=58231,top_p=0.95,vocab=131072)",
+};
+
+int kp_bench(const char **impl_names, int nimpl, const char **cases, int ncase, int reps) {
+    kp_error err = {0};
+    if (reps <= 0) reps = 50;
+    if (ncase == 0) {
+        cases = (const char **)default_cases;
+        ncase = 2;
+    }
+    const kp_impl *impls[32];
+    int n = 0;
+    for (int i = 0; i < nimpl; i++) {
+        if (!(impls[n++] = kp_impl_find(impl_names[i]))) {
+            fprintf(stderr, "kparity: --impl %s: unknown impl\n", impl_names[i]);
+            return KP_EXIT_USAGE;
+        }
+    }
+    if (nimpl == 0)
+        for (int i = 0; i < kp_impl_count() && n < 32; i++)
+            if (kp_impl_at(i)->memory == KP_MEMORY_HOST || kp_device_count() > 0) impls[n++] = kp_impl_at(i);
+    double copy_bw = kp_device_count() > 0 ? kp_device_copy_bandwidth() : 0;
+    if (copy_bw > 0) printf("device copy bandwidth (1 GiB D2D, median of 5): %.1f GB/s\n", copy_bw / 1e9);
+    printf("%-26s %-70s %12s %12s %10s %8s\n", "IMPL", "CASE", "MEDIAN us", "MIN us", "GB/s", "% copy");
+    int rc = 0;
+    for (int c = 0; c < ncase; c++) {
+        kp_case kc;
+        if (kp_case_parse(cases[c], &kc, &err) || kp_case_normalize(&kc, &err)) {
+            fprintf(stderr, "kparity: --case: %s\n", err.msg);
+            return KP_EXIT_USAGE;
+        }
+        const kp_family *fam = kp_family_find(kc.family);
+        void *data = NULL;
+        if (fam->prepare(&kc, 0, &data, &err)) {
+            fprintf(stderr, "kparity: %s\n", err.msg);
+            return err.code;
+        }
+        char name[KP_CASE_NAME_MAX];
+        kp_case_format(&kc, name, sizeof name);
+        for (int i = 0; i < n; i++) {
+            if (strcmp(impls[i]->family, kc.family)) continue;
+            cJSON *t = cJSON_CreateObject();
+            if (fam->bench(data, impls[i], reps, t, &err)) {
+                printf("%-26s %-70s  %s\n", impls[i]->name, name, err.msg);
+                rc = KP_EXIT_ENV;
+            } else {
+                double med = 0, mn = 0, gbs = 0;
+                kp_json_get_double(t, "median_us", &med);
+                kp_json_get_double(t, "min_us", &mn);
+                kp_json_get_double(t, "gb_per_s", &gbs);
+                char share[16] = "-";
+                if (impls[i]->memory == KP_MEMORY_CUDA && copy_bw > 0)
+                    snprintf(share, sizeof share, "%.1f", 100.0 * gbs * 1e9 / copy_bw);
+                printf("%-26s %-70s %12.1f %12.1f %10.1f %8s\n", impls[i]->name, name, med, mn, gbs, share);
+            }
+            cJSON_Delete(t);
+        }
+        fam->release(data);
+    }
+    printf("(%d timed reps each; host impls by wall clock, CUDA impls by events with L2 flushed)\n", reps);
+    return rc;
+}

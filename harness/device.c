@@ -1,0 +1,357 @@
+/* device.c: guarded buffers on the host or a CUDA device, device discovery, and the environment
+ * record. The CUDA runtime's C API is used directly; a CPU-only build compiles the host half. */
+#define _GNU_SOURCE
+#include "kp_device.h"
+
+#include <gnu/libc-version.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include "../cases/kp_rng.h"
+#include "../cases/kp_sha256.h"
+#include "../receipts/kp_json.h"
+
+#ifdef KP_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#define CUDA_TRY(call, what)                                                                                   \
+    do {                                                                                                       \
+        cudaError_t e_ = (call);                                                                               \
+        if (e_ != cudaSuccess)                                                                                 \
+            return kp_fail(err, KP_EXIT_ENV, "%s: %s failed: %s (%s:%d)", what, #call, cudaGetErrorString(e_),  \
+                           __FILE__, __LINE__);                                                                \
+    } while (0)
+static cudaStream_t g_stream;
+static int g_sm_count;
+#endif
+
+static int g_device_count = -1;
+
+int kp_device_count(void) {
+    if (g_device_count >= 0) return g_device_count;
+    g_device_count = 0;
+#ifdef KP_HAVE_CUDA
+    int n = 0;
+    if (cudaGetDeviceCount(&n) == cudaSuccess) g_device_count = n;
+    else cudaGetLastError(); /* no driver: clear the error, the count stays 0 */
+#endif
+    return g_device_count;
+}
+
+int kp_device_init(kp_error *err) {
+#ifdef KP_HAVE_CUDA
+    if (g_stream) return 0;
+    if (kp_device_count() <= 0) return kp_fail(err, KP_EXIT_ENV, "no CUDA device is available");
+    const char *env = getenv("KPARITY_DEVICE");
+    int dev = env ? atoi(env) : 0;
+    CUDA_TRY(cudaSetDevice(dev), "device init");
+    CUDA_TRY(cudaDeviceGetAttribute(&g_sm_count, cudaDevAttrMultiProcessorCount, dev), "device init");
+    CUDA_TRY(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking), "device init");
+    return 0;
+#else
+    return kp_fail(err, KP_EXIT_ENV, "this kparity build has no CUDA support (built with KP_CUDA=OFF or without nvcc)");
+#endif
+}
+
+void *kp_device_stream(void) {
+#ifdef KP_HAVE_CUDA
+    return g_stream;
+#else
+    return NULL;
+#endif
+}
+
+int kp_device_sm_count(void) {
+#ifdef KP_HAVE_CUDA
+    return g_sm_count;
+#else
+    return 0;
+#endif
+}
+
+int kp_buf_alloc(kp_buf *b, kp_memory memory, size_t bytes, const char *name, kp_error *err) {
+    memset(b, 0, sizeof *b);
+    b->memory = memory;
+    b->bytes = bytes;
+    size_t total = bytes + 2 * KP_GUARD_BYTES;
+    if (memory == KP_MEMORY_HOST) {
+        b->base = kp_alloc(total, name, err);
+        if (!b->base) return err->code;
+        memset(b->base, KP_GUARD_BYTE, total);
+        return 0;
+    }
+#ifdef KP_HAVE_CUDA
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, total);
+    if (e != cudaSuccess)
+        return kp_fail(err, KP_EXIT_ENV, "cudaMalloc of %zu bytes for %s failed: %s", total, name, cudaGetErrorString(e));
+    b->base = p;
+    CUDA_TRY(cudaMemset(b->base, KP_GUARD_BYTE, total), name);
+    return 0;
+#else
+    return kp_fail(err, KP_EXIT_ENV, "%s: device memory requested in a build without CUDA", name);
+#endif
+}
+
+void *kp_buf_ptr(const kp_buf *b) { return b->base + KP_GUARD_BYTES; }
+
+int kp_buf_upload(kp_buf *b, const void *src, size_t bytes, const char *name, kp_error *err) {
+    KP_ASSERT(bytes <= b->bytes);
+    if (b->memory == KP_MEMORY_HOST) {
+        if (src) memcpy(kp_buf_ptr(b), src, bytes);
+        else memset(kp_buf_ptr(b), KP_GUARD_BYTE, bytes);
+        return 0;
+    }
+#ifdef KP_HAVE_CUDA
+    if (src) CUDA_TRY(cudaMemcpy(kp_buf_ptr(b), src, bytes, cudaMemcpyHostToDevice), name);
+    else CUDA_TRY(cudaMemset(kp_buf_ptr(b), KP_GUARD_BYTE, bytes), name);
+    return 0;
+#else
+    (void)name;
+    return kp_fail(err, KP_EXIT_ENV, "device upload in a build without CUDA");
+#endif
+}
+
+int kp_buf_download(const kp_buf *b, void *dst, size_t bytes, const char *name, kp_error *err) {
+    KP_ASSERT(bytes <= b->bytes);
+    if (b->memory == KP_MEMORY_HOST) {
+        memcpy(dst, kp_buf_ptr(b), bytes);
+        return 0;
+    }
+#ifdef KP_HAVE_CUDA
+    CUDA_TRY(cudaMemcpy(dst, kp_buf_ptr(b), bytes, cudaMemcpyDeviceToHost), name);
+    return 0;
+#else
+    (void)name;
+    return kp_fail(err, KP_EXIT_ENV, "device download in a build without CUDA");
+#endif
+}
+
+static int guard_clean(const unsigned char *g, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (g[i] != KP_GUARD_BYTE) return 0;
+    return 1;
+}
+
+int kp_buf_check_guards(const kp_buf *b, const char *name, kp_error *err) {
+    unsigned char before[KP_GUARD_BYTES], after[KP_GUARD_BYTES];
+    if (b->memory == KP_MEMORY_HOST) {
+        memcpy(before, b->base, KP_GUARD_BYTES);
+        memcpy(after, b->base + KP_GUARD_BYTES + b->bytes, KP_GUARD_BYTES);
+    } else {
+#ifdef KP_HAVE_CUDA
+        CUDA_TRY(cudaMemcpy(before, b->base, KP_GUARD_BYTES, cudaMemcpyDeviceToHost), name);
+        CUDA_TRY(cudaMemcpy(after, b->base + KP_GUARD_BYTES + b->bytes, KP_GUARD_BYTES, cudaMemcpyDeviceToHost), name);
+#endif
+    }
+    if (!guard_clean(before, KP_GUARD_BYTES))
+        return kp_fail(err, KP_EXIT_ENV, "out-of-bounds write: the guard region before buffer '%s' was overwritten", name);
+    if (!guard_clean(after, KP_GUARD_BYTES))
+        return kp_fail(err, KP_EXIT_ENV, "out-of-bounds write: the guard region after buffer '%s' was overwritten", name);
+    return 0;
+}
+
+void kp_buf_free(kp_buf *b) {
+    if (!b->base) return;
+    if (b->memory == KP_MEMORY_HOST) free(b->base);
+#ifdef KP_HAVE_CUDA
+    else cudaFree(b->base);
+#endif
+    b->base = NULL;
+}
+
+int kp_sync(kp_memory memory, kp_error *err) {
+    if (memory == KP_MEMORY_HOST) return 0;
+#ifdef KP_HAVE_CUDA
+    CUDA_TRY(cudaStreamSynchronize(g_stream), "after the impl ran");
+    CUDA_TRY(cudaGetLastError(), "after the impl ran");
+    return 0;
+#else
+    return kp_fail(err, KP_EXIT_ENV, "device sync in a build without CUDA");
+#endif
+}
+
+const char *kp_self_sha256(void) {
+    static char hex[KP_SHA256_HEX_LEN];
+    if (!hex[0]) {
+        kp_error err;
+        if (kp_sha256_file_hex("/proc/self/exe", hex, &err)) snprintf(hex, sizeof hex, "unavailable");
+    }
+    return hex;
+}
+
+cJSON *kp_environment_json(void) {
+    cJSON *env = cJSON_CreateObject();
+    struct utsname u;
+    char host[256] = "unknown";
+    gethostname(host, sizeof host - 1);
+    cJSON_AddStringToObject(env, "host", host);
+    if (uname(&u) == 0) {
+        char text[600];
+        snprintf(text, sizeof text, "%s %s %s", u.sysname, u.release, u.machine);
+        cJSON_AddStringToObject(env, "kernel", text);
+    }
+    char libc[64];
+    snprintf(libc, sizeof libc, "glibc %s", gnu_get_libc_version());
+    cJSON_AddStringToObject(env, "libc", libc);
+    kp_json_add_int(env, "cpus", kp_thread_count());
+    cJSON_AddStringToObject(env, "kparity_version", KPARITY_VERSION);
+    cJSON_AddStringToObject(env, "kparity_sha256", kp_self_sha256());
+    kp_json_add_int(env, "curand_version", kp_curand_version());
+#ifdef KP_HAVE_CUDA
+    cJSON_AddTrueToObject(env, "cuda_build");
+    int driver = 0, runtime = 0;
+    cudaDriverGetVersion(&driver);
+    cudaRuntimeGetVersion(&runtime);
+    kp_json_add_int(env, "cuda_driver_version", driver);
+    kp_json_add_int(env, "cuda_runtime_version", runtime);
+    if (kp_device_count() > 0) {
+        int dev = 0;
+        cudaGetDevice(&dev);
+        struct cudaDeviceProp prop;
+        if (cudaGetDeviceProperties(&prop, dev) == cudaSuccess) {
+            cJSON *gpu = cJSON_AddObjectToObject(env, "gpu");
+            cJSON_AddStringToObject(gpu, "name", prop.name);
+            char uuid[64];
+            int n = snprintf(uuid, sizeof uuid, "GPU-");
+            for (int i = 0; i < 16; i++) {
+                n += snprintf(uuid + n, sizeof uuid - (size_t)n, "%02x", (unsigned char)prop.uuid.bytes[i]);
+                if (i == 3 || i == 5 || i == 7 || i == 9) n += snprintf(uuid + n, sizeof uuid - (size_t)n, "-");
+            }
+            cJSON_AddStringToObject(gpu, "uuid", uuid);
+            kp_json_add_int(gpu, "index", dev);
+            kp_json_add_int(gpu, "sm_count", prop.multiProcessorCount);
+            char cc[16];
+            snprintf(cc, sizeof cc, "%d.%d", prop.major, prop.minor);
+            cJSON_AddStringToObject(gpu, "compute_capability", cc);
+            int clock = 0, mclock = 0;
+            cudaDeviceGetAttribute(&clock, cudaDevAttrClockRate, dev);
+            cudaDeviceGetAttribute(&mclock, cudaDevAttrMemoryClockRate, dev);
+            kp_json_add_int(gpu, "sm_clock_khz", clock);
+            kp_json_add_int(gpu, "memory_clock_khz", mclock);
+            kp_json_add_int(gpu, "memory_bytes", (int64_t)prop.totalGlobalMem);
+            kp_json_add_int(gpu, "l2_bytes", prop.l2CacheSize);
+        }
+    } else {
+        cJSON_AddNullToObject(env, "gpu");
+    }
+#else
+    cJSON_AddFalseToObject(env, "cuda_build");
+    cJSON_AddNullToObject(env, "gpu");
+#endif
+    return env;
+}
+
+struct kp_timer {
+    kp_memory memory;
+    double t0;
+#ifdef KP_HAVE_CUDA
+    cudaEvent_t start, stop;
+    void *flush;
+    size_t flush_bytes;
+#endif
+};
+
+int kp_timer_create(kp_timer **out, kp_memory memory, kp_error *err) {
+    kp_timer *t = kp_calloc(1, sizeof *t, "timer", err);
+    if (!t) return err->code;
+    t->memory = memory;
+    *out = t;
+#ifdef KP_HAVE_CUDA
+    if (memory == KP_MEMORY_CUDA) {
+        int dev = 0, l2 = 0;
+        CUDA_TRY(cudaGetDevice(&dev), "timer");
+        CUDA_TRY(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev), "timer");
+        t->flush_bytes = (size_t)(l2 > 0 ? l2 : 64 << 20) * 2;
+        CUDA_TRY(cudaMalloc(&t->flush, t->flush_bytes), "timer L2 flush buffer");
+        CUDA_TRY(cudaEventCreate(&t->start), "timer");
+        CUDA_TRY(cudaEventCreate(&t->stop), "timer");
+    }
+#endif
+    return 0;
+}
+
+int kp_timer_start(kp_timer *t, kp_error *err) {
+#ifdef KP_HAVE_CUDA
+    if (t->memory == KP_MEMORY_CUDA) {
+        CUDA_TRY(cudaMemsetAsync(t->flush, t->flush_bytes & 0xff, t->flush_bytes, g_stream), "L2 flush");
+        CUDA_TRY(cudaEventRecord(t->start, g_stream), "timer start");
+        return 0;
+    }
+#endif
+    (void)err;
+    t->t0 = kp_now();
+    return 0;
+}
+
+int kp_timer_stop(kp_timer *t, double *us, kp_error *err) {
+#ifdef KP_HAVE_CUDA
+    if (t->memory == KP_MEMORY_CUDA) {
+        float ms = 0;
+        CUDA_TRY(cudaEventRecord(t->stop, g_stream), "timer stop");
+        CUDA_TRY(cudaEventSynchronize(t->stop), "timer stop");
+        CUDA_TRY(cudaEventElapsedTime(&ms, t->start, t->stop), "timer");
+        *us = (double)ms * 1e3;
+        return 0;
+    }
+#endif
+    (void)err;
+    *us = (kp_now() - t->t0) * 1e6;
+    return 0;
+}
+
+void kp_timer_free(kp_timer *t) {
+    if (!t) return;
+#ifdef KP_HAVE_CUDA
+    if (t->memory == KP_MEMORY_CUDA) {
+        cudaFree(t->flush);
+        cudaEventDestroy(t->start);
+        cudaEventDestroy(t->stop);
+    }
+#endif
+    free(t);
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double kp_device_copy_bandwidth(void) {
+#ifdef KP_HAVE_CUDA
+    kp_error err;
+    if (kp_device_init(&err)) return 0;
+    size_t bytes = (size_t)1 << 30;
+    void *a = NULL, *b = NULL;
+    if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) {
+        cudaFree(a);
+        cudaGetLastError();
+        return 0;
+    }
+    cudaEvent_t s, e;
+    cudaEventCreate(&s);
+    cudaEventCreate(&e);
+    double ms[5];
+    cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, g_stream); /* warm-up */
+    for (int i = 0; i < 5; i++) {
+        float t = 0;
+        cudaEventRecord(s, g_stream);
+        cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, g_stream);
+        cudaEventRecord(e, g_stream);
+        cudaEventSynchronize(e);
+        cudaEventElapsedTime(&t, s, e);
+        ms[i] = t;
+    }
+    cudaEventDestroy(s);
+    cudaEventDestroy(e);
+    cudaFree(a);
+    cudaFree(b);
+    qsort(ms, 5, sizeof *ms, cmp_double);
+    /* a copy reads and writes every byte */
+    return ms[2] > 0 ? 2.0 * (double)bytes / (ms[2] * 1e-3) : 0;
+#else
+    return 0;
+#endif
+}

@@ -1,0 +1,54 @@
+/* kp_device.h: where impls run: buffers with guard regions on the host or a CUDA device, stream
+ * sync, device discovery, and the environment every receipt records. */
+#ifndef KP_DEVICE_H
+#define KP_DEVICE_H
+
+#include <cjson/cJSON.h>
+#include <stddef.h>
+
+#include "../cases/kp_common.h"
+#include "../kernels/kparity_kernel.h"
+
+/* Usable CUDA devices (0 in a CPU-only build or without a driver). */
+int kp_device_count(void);
+/* Select the device and create its stream once; KP_EXIT_ENV naming the call on failure. */
+int kp_device_init(kp_error *err);
+void *kp_device_stream(void);
+int kp_device_sm_count(void);
+
+/* A buffer with guard regions before and after it, on the host or the device. */
+typedef struct kp_buf {
+    kp_memory memory;
+    unsigned char *base; /* guard | user | guard */
+    size_t bytes;
+} kp_buf;
+#define KP_GUARD_BYTES 4096
+#define KP_GUARD_BYTE 0xA5
+
+int kp_buf_alloc(kp_buf *b, kp_memory memory, size_t bytes, const char *name, kp_error *err);
+void *kp_buf_ptr(const kp_buf *b);
+/* Copy host data in (or fill the user area with KP_GUARD_BYTE when src is NULL). */
+int kp_buf_upload(kp_buf *b, const void *src, size_t bytes, const char *name, kp_error *err);
+int kp_buf_download(const kp_buf *b, void *dst, size_t bytes, const char *name, kp_error *err);
+/* FAILED-class error naming the buffer when a guard byte changed (an out-of-bounds write). */
+int kp_buf_check_guards(const kp_buf *b, const char *name, kp_error *err);
+void kp_buf_free(kp_buf *b);
+/* Wait for the impl's work; a CUDA error names the call and is sticky-checked. */
+int kp_sync(kp_memory memory, kp_error *err);
+
+/* The environment: host, libc, kparity version and binary digest, cuRAND, GPU/driver/runtime. */
+cJSON *kp_environment_json(void);
+/* SHA-256 of the running kparity binary (computed once). */
+const char *kp_self_sha256(void);
+
+#endif
+
+/* Timing helpers for `kparity bench` (harness/bench.c). A timer measures one launch: on a GPU with
+ * CUDA events (after flushing L2 by writing a buffer twice its size), on the host by wall clock. */
+typedef struct kp_timer kp_timer;
+int kp_timer_create(kp_timer **t, kp_memory memory, kp_error *err);
+int kp_timer_start(kp_timer *t, kp_error *err);
+int kp_timer_stop(kp_timer *t, double *microseconds, kp_error *err);
+void kp_timer_free(kp_timer *t);
+/* Device-to-device copy bandwidth in bytes/s (a 1 GiB copy, median of 5); 0 without a GPU. */
+double kp_device_copy_bandwidth(void);

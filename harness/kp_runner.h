@@ -1,0 +1,21 @@
+/* kp_runner.h: runs a loaded gate config case by case, writes one receipt per case into a bundle,
+ * prints progress and the summary table, and returns the gate's exit code. */
+#ifndef KP_RUNNER_H
+#define KP_RUNNER_H
+
+#include "kp_harness.h"
+
+typedef struct kp_run_options {
+    const char *out_dir;   /* bundle folder (must not exist or be empty) */
+    const char *filter;    /* substring of case names; NULL for all */
+    double timeout_s;      /* 0: the config's, else none */
+    int quiet;             /* no progress lines */
+    int json;              /* progress and summary as JSON lines on stdout */
+    const char *command;   /* "gate" or "run", recorded in bundle.json */
+} kp_run_options;
+
+/* Returns the exit class: 0 passed, 1 incorrect, 2 usage, 3 environment/kernel failure, 4 timeout,
+ * 77 nothing could run. `err` holds the message for 2 and 3 when the run itself could not proceed. */
+int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err);
+
+#endif

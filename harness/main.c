@@ -1,0 +1,239 @@
+/* main.c: the kparity command line: list, run, gate, verify, export. The only place that exits;
+ * exit codes: 0 passed, 1 incorrect, 2 usage/config, 3 environment/kernel failure, 4 timeout, 77 nothing ran. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kp_bench.h"
+#include "kp_checks.h"
+#include "kp_device.h"
+#include "kp_harness.h"
+#include "kp_replay.h"
+#include "kp_runner.h"
+
+static int usage(const char *why) {
+    if (why) fprintf(stderr, "kparity: %s\n", why);
+    fprintf(stderr,
+            "usage:\n"
+            "  kparity list [--config FILE]                 impls and profiles, or a config's cases and checks\n"
+            "  kparity run  --config FILE [--filter TEXT] [--out DIR] [--timeout S] [--quiet] [--json]\n"
+            "  kparity gate --config FILE [--out DIR] [--timeout S] [--quiet] [--json] [-- COMMAND ...]\n"
+            "  kparity verify DIR [--replay]                recheck a bundle's bytes and chain (and regenerate inputs)\n"
+            "  kparity export CASE --out DIR [--impl NAME]...  inputs, reference and outputs as .npy\n"
+            "  kparity bench [--impl NAME]... [--case CASE]... [--reps N]   time impls (CUDA events on a GPU)\n"
+            "options anywhere: --plugin PATH (load a plugin's impls)\n"
+            "exit codes: 0 passed, 1 incorrect, 2 usage or config error, 3 environment or kernel failure,\n"
+            "            4 timeout, 77 nothing could run\n");
+    return KP_EXIT_USAGE;
+}
+
+static int fail(const kp_error *err) {
+    fprintf(stderr, "kparity: %s\n", err->msg);
+    return err->code ? err->code : KP_EXIT_ENV;
+}
+
+static void default_out(char *buf, size_t len) {
+    time_t t = time(NULL);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    snprintf(buf, len, "kparity-bundle-%04d%02d%02d-%02d%02d%02d", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+             tm.tm_hour, tm.tm_min, tm.tm_sec);
+}
+
+static void on_watchdog(int sig) {
+    (void)sig;
+    static const char msg[] = "kparity: timeout: the gate did not finish in time; receipts written so far are intact\n";
+    if (write(2, msg, sizeof msg - 1) < 0) {}
+    _exit(KP_EXIT_TIMEOUT);
+}
+
+static int cmd_list(const char *config) {
+    kp_error err = {0};
+    if (!config) {
+        printf("impls:\n");
+        for (int i = 0; i < kp_impl_count(); i++) {
+            const kp_impl *impl = kp_impl_at(i);
+            const char *sha = NULL, *origin = kp_impl_origin(impl, &sha);
+            printf("  %-28s %s%s\n", impl->name, impl->memory == KP_MEMORY_CUDA ? "cuda" : "host",
+                   origin ? origin : "");
+        }
+        printf("families:\n  topp  profiles: ordinary forced ties flat neginf nan; top_p: number in (0,1] or mixed\n");
+        printf("cuda: %s build, %d device(s)\n", kp_registry_has_cuda() ? "CUDA" : "CPU-only", kp_device_count());
+        return 0;
+    }
+    kp_config cfg;
+    if (kp_config_load(config, &cfg, &err)) {
+        kp_config_free(&cfg);
+        return fail(&err);
+    }
+    for (int i = 0; i < cfg.nroles; i++) printf("role %s = %s\n", cfg.roles[i].role, cfg.roles[i].impl->name);
+    for (int i = 0; i < cfg.ncases; i++) {
+        printf("%s\n", cfg.cases[i].name);
+        for (int k = 0; k < cfg.cases[i].nchecks; k++) printf("  %s\n", cfg.cases[i].checks[k].label);
+    }
+    kp_config_free(&cfg);
+    return 0;
+}
+
+static int cmd_run(int gate, const char *config, const char *out, const char *filter, double timeout, int quiet,
+                   int json, char **command) {
+    kp_error err = {0};
+    if (!config) return usage("--config FILE is required");
+    kp_config cfg;
+    if (kp_config_load(config, &cfg, &err)) {
+        kp_config_free(&cfg);
+        return fail(&err);
+    }
+    char out_buf[256];
+    if (!out) {
+        default_out(out_buf, sizeof out_buf);
+        out = out_buf;
+    }
+    double limit = timeout > 0 ? timeout : cfg.timeout_s;
+    if (limit > 0) { /* the runner stops between checks; this catches a hung kernel */
+        signal(SIGALRM, on_watchdog);
+        alarm((unsigned)(limit * 1.5 + 30));
+    }
+    kp_run_options opt = {.out_dir = out, .filter = filter, .timeout_s = timeout, .quiet = quiet, .json = json,
+                          .command = gate ? "gate" : "run"};
+    int code = kp_run_config(&cfg, &opt, &err);
+    alarm(0);
+    kp_config_free(&cfg);
+    if (code == KP_EXIT_USAGE || (code == KP_EXIT_ENV && err.msg[0])) return fail(&err);
+    if (gate && command && command[0]) {
+        if (code != KP_EXIT_OK) {
+            fprintf(stderr, "kparity: gate did not pass (exit %d); not starting %s\n", code, command[0]);
+            return code;
+        }
+        fflush(NULL);
+        execvp(command[0], command);
+        fprintf(stderr, "kparity: gate passed but %s could not be started: %s\n", command[0], strerror(errno));
+        return KP_EXIT_ENV;
+    }
+    return code;
+}
+
+static int cmd_verify(const char *dir, int replay) {
+    kp_error err = {0};
+    if (!dir) return usage("verify needs a bundle folder");
+    int rc = kp_bundle_verify(dir, &err);
+    if (rc) return fail(&err);
+    if (replay && (rc = kp_replay_bundle(dir, &err))) return fail(&err);
+    printf("%s: intact%s\n", dir, replay ? "; every case's inputs and reference regenerated to the same digests" : "");
+    return 0;
+}
+
+static int cmd_export(const char *name, const char *out, const char **impl_names, int nimpl) {
+    kp_error err = {0};
+    if (!name || !out) return usage("export needs a case name and --out DIR");
+    kp_case c;
+    if (kp_case_parse(name, &c, &err) || kp_case_normalize(&c, &err)) return fail(&err);
+    const kp_family *fam = kp_family_find(c.family);
+    if (mkdir(out, 0777) && errno != EEXIST) {
+        kp_fail(&err, KP_EXIT_USAGE, "--out %s: cannot create: %s", out, strerror(errno));
+        return fail(&err);
+    }
+    const kp_impl *impls[16];
+    int n = 0;
+    for (int i = 0; i < nimpl && n < 16; i++) {
+        if (!(impls[n] = kp_impl_find(impl_names[i]))) {
+            kp_fail(&err, KP_EXIT_USAGE, "--impl %s: unknown impl", impl_names[i]);
+            return fail(&err);
+        }
+        n++;
+    }
+    if (!nimpl)
+        for (int i = 0; i < kp_impl_count() && n < 16; i++)
+            if (!strcmp(kp_impl_at(i)->family, c.family) &&
+                (kp_impl_at(i)->memory == KP_MEMORY_HOST || kp_device_count() > 0))
+                impls[n++] = kp_impl_at(i);
+    void *data = NULL;
+    if (fam->prepare(&c, 0, &data, &err)) return fail(&err);
+    int64_t batch = fam->batch(data), *rows = malloc(sizeof *rows * (size_t)batch);
+    for (int64_t r = 0; r < batch; r++) rows[r] = r;
+    const void *outs[16];
+    int ran = 0, rc = 0;
+    for (int i = 0; i < n; i++) {
+        void *o = NULL;
+        kp_result st = fam->run_rows(data, impls[i], rows, batch, &o, NULL, &err);
+        if (st != KP_PASSED) {
+            fprintf(stderr, "kparity: %s: %s (%s); not exported\n", impls[i]->name, err.msg, kp_result_name(st));
+            rc = KP_EXIT_ENV;
+            continue;
+        }
+        impls[ran] = impls[i];
+        outs[ran++] = o;
+    }
+    if (fam->export_npy(data, out, impls, outs, ran, &err)) rc = fail(&err);
+    else printf("%s: logits, top_p, reference and %d impl outputs written to %s\n", name, ran, out);
+    for (int i = 0; i < ran; i++) fam->free_output((void *)outs[i]);
+    fam->release(data);
+    free(rows);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) return usage(NULL);
+    const char *cmd = argv[1];
+    const char *config = NULL, *out = NULL, *filter = NULL, *positional = NULL;
+    const char *impls[32], *cases[32];
+    int nimpl = 0, ncase = 0, quiet = 0, json = 0, replay = 0, reps = 0;
+    double timeout = 0;
+    char **command = NULL;
+    kp_error err = {0};
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        int more = i + 1 < argc;
+        if (!strcmp(a, "--")) {
+            command = argv + i + 1;
+            break;
+        } else if (!strcmp(a, "--config") && more) config = argv[++i];
+        else if (!strcmp(a, "--out") && more) out = argv[++i];
+        else if (!strcmp(a, "--filter") && more) filter = argv[++i];
+        else if (!strcmp(a, "--impl") && more && nimpl < 32) impls[nimpl++] = argv[++i];
+        else if (!strcmp(a, "--case") && more && ncase < 32) cases[ncase++] = argv[++i];
+        else if (!strcmp(a, "--reps") && more) reps = atoi(argv[++i]);
+        else if (!strcmp(a, "--timeout") && more) {
+            char *end;
+            timeout = strtod(argv[++i], &end);
+            if (*end || !(timeout > 0)) return usage("--timeout: expected a positive number of seconds");
+        } else if (!strcmp(a, "--plugin") && more) {
+            if (kp_plugin_load(argv[++i], &err)) return fail(&err);
+        } else if (!strcmp(a, "--quiet")) quiet = 1;
+        else if (!strcmp(a, "--json")) json = 1;
+        else if (!strcmp(a, "--replay")) replay = 1;
+        else if (a[0] == '-') {
+            char msg[300];
+            snprintf(msg, sizeof msg, "unknown or incomplete option '%s'", a);
+            return usage(msg);
+        } else if (!positional) positional = a;
+        else {
+            char msg[300];
+            snprintf(msg, sizeof msg, "unexpected argument '%s'", a);
+            return usage(msg);
+        }
+    }
+    if (!strcmp(cmd, "list")) return cmd_list(config);
+    if (!strcmp(cmd, "run")) return cmd_run(0, config, out, filter, timeout, quiet, json, NULL);
+    if (!strcmp(cmd, "gate")) return cmd_run(1, config, out, filter, timeout, quiet, json, command);
+    if (!strcmp(cmd, "verify")) return cmd_verify(positional, replay);
+    if (!strcmp(cmd, "export")) return cmd_export(positional, out, impls, nimpl);
+    if (!strcmp(cmd, "bench")) return kp_bench(impls, nimpl, cases, ncase, reps);
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "help") || !strcmp(cmd, "-h")) {
+        usage(NULL);
+        return 0;
+    }
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
+        printf("kparity %s\n", KPARITY_VERSION);
+        return 0;
+    }
+    char msg[300];
+    snprintf(msg, sizeof msg, "unknown command '%s'", cmd);
+    return usage(msg);
+}

@@ -1,0 +1,238 @@
+/* runner.c: the runner: per case, generate inputs, run each impl once on the full batch, run the
+ * declared checks, write the receipt; then the bundle's reports and the exit code. */
+#define _GNU_SOURCE
+#include "kp_runner.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../receipts/kp_json.h"
+#include "kp_checks.h"
+#include "kp_device.h"
+
+int kp_evidence_list(kp_evidence *ev, cJSON *obj, const char *key, const char *artifact_name, const int64_t *idx,
+                     int64_t n, kp_error *err) {
+    cJSON *o = cJSON_AddObjectToObject(obj, key);
+    kp_json_add_int(o, "count", n);
+    cJSON_AddItemToObject(o, "first", kp_json_int_array(idx, n, ev->inline_limit));
+    if (n > ev->inline_limit && ev->bundle) {
+        char digest[KP_SHA256_HEX_LEN], rel[128];
+        if (kp_bundle_add_artifact(ev->bundle, "<i8", 1, &n, idx, (size_t)n * sizeof(int64_t), digest, rel, err))
+            return err->code;
+        cJSON *a = cJSON_AddObjectToObject(o, "artifact");
+        cJSON_AddStringToObject(a, "file", rel);
+        cJSON_AddStringToObject(a, "sha256", digest);
+        cJSON *entry = cJSON_CreateObject();
+        cJSON_AddStringToObject(entry, "name", artifact_name);
+        cJSON_AddStringToObject(entry, "file", rel);
+        cJSON_AddStringToObject(entry, "sha256", digest);
+        cJSON_AddItemToArray(ev->artifacts, entry);
+    }
+    return 0;
+}
+
+static kp_result worse(kp_result a, kp_result b) { return a > b ? a : b; }
+
+static void progress(const kp_run_options *opt, int i, int n, const char *name, kp_result r, double case_s,
+                     double elapsed) {
+    if (opt->quiet) return;
+    double left = i + 1 < n ? elapsed / (i + 1) * (n - i - 1) : 0.0;
+    if (opt->json) {
+        printf("{\"event\":\"case\",\"index\":%d,\"of\":%d,\"case\":\"%s\",\"result\":\"%s\",\"seconds\":%.3f,"
+               "\"elapsed\":%.3f,\"eta\":%.3f}\n", i + 1, n, name, kp_result_name(r), case_s, elapsed, left);
+        fflush(stdout);
+    } else {
+        fprintf(stderr, "[%d/%d] %-13s %6.2fs  elapsed %6.1fs  left ~%5.1fs  %s\n", i + 1, n, kp_result_name(r), case_s,
+                elapsed, left, name);
+    }
+}
+
+typedef struct summary_row {
+    char case_name[KP_CASE_NAME_MAX];
+    char label[200];
+    kp_result result;
+    char figure[256];
+} summary_row;
+
+static void print_summary(const kp_run_options *opt, const summary_row *rows, int n, const char *verdict, int code,
+                          const char *dir) {
+    if (opt->json) {
+        for (int i = 0; i < n; i++) {
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "event", "check");
+            cJSON_AddStringToObject(o, "case", rows[i].case_name);
+            cJSON_AddStringToObject(o, "check", rows[i].label);
+            cJSON_AddStringToObject(o, "result", kp_result_name(rows[i].result));
+            cJSON_AddStringToObject(o, "figure", rows[i].figure);
+            char *text = cJSON_PrintUnformatted(o);
+            printf("%s\n", text);
+            cJSON_free(text);
+            cJSON_Delete(o);
+        }
+        printf("{\"event\":\"verdict\",\"verdict\":\"%s\",\"exit_code\":%d,\"bundle\":\"%s\"}\n", verdict, code, dir);
+        return;
+    }
+    printf("%-13s  %-60s  %s\n", "RESULT", "CHECK", "KEY FIGURE");
+    const char *last = "";
+    for (int i = 0; i < n; i++) {
+        if (strcmp(last, rows[i].case_name)) printf("%s\n", rows[i].case_name);
+        last = rows[i].case_name;
+        printf("  %-13s %-60s  %s\n", kp_result_name(rows[i].result), rows[i].label, rows[i].figure);
+    }
+    printf("verdict: %s (exit %d); bundle: %s\n", verdict, code, dir);
+}
+
+static cJSON *case_json(const kp_case_spec *cs) {
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddStringToObject(c, "name", cs->name);
+    cJSON_AddStringToObject(c, "family", cs->c.family);
+    cJSON *params = cJSON_AddObjectToObject(c, "params");
+    for (int i = 0; i < cs->c.nparams; i++) cJSON_AddStringToObject(params, cs->c.params[i].key, cs->c.params[i].value);
+    const char *seed = kp_case_get(&cs->c, "seed");
+    cJSON_AddStringToObject(c, "seed", seed ? seed : "");
+    cJSON *gen = cJSON_AddObjectToObject(c, "generator");
+    cJSON_AddStringToObject(gen, "name", "curand.philox4_32_10.legacy.host");
+    cJSON_AddStringToObject(gen, "version", "topp/v1");
+    return c;
+}
+
+int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err) {
+    kp_bundle *bundle = NULL;
+    if (kp_bundle_open(&bundle, opt->out_dir, err)) return err->code;
+    double timeout = opt->timeout_s > 0 ? opt->timeout_s : cfg->timeout_s;
+    double t_start = kp_now();
+    int selected = 0;
+    for (int i = 0; i < cfg->ncases; i++) selected += !opt->filter || strstr(cfg->cases[i].name, opt->filter);
+    summary_row *rows = NULL;
+    int nrows = 0, done = 0, timed_out = 0, any_ran = 0;
+    kp_result worst = KP_PASSED;
+    cJSON *env = kp_environment_json();
+    for (int ci = 0; ci < cfg->ncases; ci++) {
+        const kp_case_spec *cs = &cfg->cases[ci];
+        if (opt->filter && !strstr(cs->name, opt->filter)) continue;
+        double t_case = kp_now();
+        kp_result case_result = KP_PASSED;
+        cJSON *receipt = cJSON_CreateObject();
+        cJSON_AddStringToObject(receipt, "schema", "kparity.receipt/v1");
+        cJSON_AddItemToObject(receipt, "case", case_json(cs));
+        cJSON *reasons = cJSON_CreateArray(), *checks = cJSON_CreateArray(), *artifacts = cJSON_CreateArray();
+        kp_evidence ev = {.bundle = bundle, .artifacts = artifacts, .inline_limit = 16};
+        if (timeout > 0 && kp_now() - t_start > timeout) {
+            timed_out = 1;
+            case_result = KP_NOT_RUN;
+            cJSON_AddItemToArray(reasons, cJSON_CreateString("NOT_RUN: the gate's timeout passed before this case started"));
+        } else {
+            kp_case_ctx ctx;
+            kp_error cerr = {0};
+            if (kp_case_ctx_open(&ctx, cs, &ev, receipt, &cerr)) {
+                case_result = KP_FAILED;
+                char msg[1200];
+                snprintf(msg, sizeof msg, "FAILED: preparing the case: %s", cerr.msg);
+                cJSON_AddItemToArray(reasons, cJSON_CreateString(msg));
+            } else {
+                for (int k = 0; k < cs->nchecks; k++) {
+                    if (timeout > 0 && kp_now() - t_start > timeout) {
+                        timed_out = 1;
+                        cJSON *chk = cJSON_CreateObject();
+                        cJSON_AddStringToObject(chk, "check", kp_check_name(cs->checks[k].kind));
+                        cJSON_AddStringToObject(chk, "label", cs->checks[k].label);
+                        cJSON_AddStringToObject(chk, "result", "NOT_RUN");
+                        cJSON_AddStringToObject(chk, "summary", "the gate's timeout passed");
+                        cJSON_AddItemToArray(checks, chk);
+                        case_result = worse(case_result, KP_NOT_RUN);
+                        continue;
+                    }
+                    cJSON *chk = cJSON_CreateObject();
+                    kp_result r = kp_check_run(&ctx, &cs->checks[k], chk);
+                    cJSON_AddItemToArray(checks, chk);
+                    case_result = worse(case_result, r);
+                    any_ran |= r != KP_NOT_RUN;
+                    if (r != KP_PASSED) {
+                        const cJSON *s = cJSON_GetObjectItemCaseSensitive(chk, "summary");
+                        char msg[1200];
+                        snprintf(msg, sizeof msg, "%s: %s: %s", kp_result_name(r), cs->checks[k].label,
+                                 cJSON_IsString(s) ? s->valuestring : "");
+                        cJSON_AddItemToArray(reasons, cJSON_CreateString(msg));
+                    }
+                }
+                kp_case_ctx_close(&ctx);
+            }
+        }
+        cJSON_AddItemToObject(receipt, "checks", checks);
+        cJSON_AddStringToObject(receipt, "result", kp_result_name(case_result));
+        cJSON_AddItemToObject(receipt, "reasons", reasons);
+        cJSON_AddItemToObject(receipt, "artifacts", artifacts);
+        kp_json_add_double(receipt, "duration_s", kp_now() - t_case);
+        cJSON_AddItemToObject(receipt, "environment", cJSON_Duplicate(env, 1));
+        /* the summary table, from the checks as recorded */
+        for (cJSON *chk = checks->child; chk; chk = chk->next) {
+            summary_row *grown = realloc(rows, sizeof *rows * (size_t)(nrows + 1));
+            if (!grown) break;
+            rows = grown;
+            summary_row *row = &rows[nrows++];
+            snprintf(row->case_name, sizeof row->case_name, "%s", cs->name);
+            const cJSON *l = cJSON_GetObjectItemCaseSensitive(chk, "label");
+            const cJSON *s = cJSON_GetObjectItemCaseSensitive(chk, "summary");
+            const cJSON *r = cJSON_GetObjectItemCaseSensitive(chk, "result");
+            snprintf(row->label, sizeof row->label, "%s", cJSON_IsString(l) ? l->valuestring : "?");
+            snprintf(row->figure, sizeof row->figure, "%s", cJSON_IsString(s) ? s->valuestring : "");
+            row->result = KP_FAILED;
+            for (int x = 0; x <= KP_FAILED; x++)
+                if (cJSON_IsString(r) && !strcmp(r->valuestring, kp_result_name((kp_result)x))) row->result = (kp_result)x;
+        }
+        if (kp_bundle_add_receipt(bundle, receipt, err)) {
+            cJSON_Delete(env);
+            free(rows);
+            kp_bundle_free(bundle);
+            return err->code;
+        }
+        worst = worse(worst, case_result);
+        progress(opt, done++, selected, cs->name, case_result, kp_now() - t_case, kp_now() - t_start);
+    }
+    int code;
+    const char *verdict;
+    if (selected == 0) {
+        code = KP_EXIT_USAGE, verdict = "NO_CASES";
+    } else if (timed_out) {
+        code = KP_EXIT_TIMEOUT, verdict = "TIMEOUT";
+    } else if (worst == KP_FAILED) {
+        code = KP_EXIT_ENV, verdict = "FAILED";
+    } else if (worst == KP_INCORRECT) {
+        code = KP_EXIT_INCORRECT, verdict = "INCORRECT";
+    } else if (!any_ran) {
+        code = KP_EXIT_SKIP, verdict = "NOT_RUN";
+    } else if (worst == KP_PASSED) {
+        code = KP_EXIT_OK, verdict = "PASSED";
+    } else { /* some checks could not run (no device, refused shape): not a pass */
+        code = KP_EXIT_SKIP, verdict = kp_result_name(worst);
+    }
+    cJSON *meta = cJSON_CreateObject();
+    cJSON_AddStringToObject(meta, "command", opt->command ? opt->command : "run");
+    cJSON *c = cJSON_AddObjectToObject(meta, "config");
+    cJSON_AddStringToObject(c, "path", cfg->path);
+    cJSON_AddStringToObject(c, "name", cfg->name);
+    cJSON_AddStringToObject(c, "sha256", cfg->sha256);
+    cJSON *roles = cJSON_AddObjectToObject(c, "impls");
+    for (int i = 0; i < cfg->nroles; i++) {
+        cJSON *r = cJSON_AddObjectToObject(roles, cfg->roles[i].role);
+        cJSON_AddStringToObject(r, "declared", cfg->roles[i].declared);
+        cJSON_AddStringToObject(r, "resolved", cfg->roles[i].impl->name);
+    }
+    if (opt->filter) cJSON_AddStringToObject(meta, "filter", opt->filter);
+    kp_json_add_int(meta, "host_budget_bytes", (int64_t)cfg->host_budget);
+    kp_json_add_double(meta, "timeout_s", timeout);
+    kp_json_add_double(meta, "wall_s", kp_now() - t_start);
+    cJSON_AddItemToObject(meta, "environment", env);
+    if (kp_bundle_finish(bundle, verdict, code, meta, err)) {
+        free(rows);
+        kp_bundle_free(bundle);
+        return err->code;
+    }
+    print_summary(opt, rows, nrows, verdict, code, opt->out_dir);
+    free(rows);
+    kp_bundle_free(bundle);
+    return code;
+}

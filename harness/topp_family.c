@@ -1,0 +1,520 @@
+/* topp_family.c: the topp family's hooks for the runner: inputs, running an impl on any rows,
+ * the reference, the rule check with classified mismatches, exact-parity evidence, export. */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../cases/kp_tensor.h"
+#include "../cases/topp_case.h"
+#include "../receipts/kp_json.h"
+#include "../receipts/kp_npy.h"
+#include "kp_device.h"
+#include "kp_harness.h"
+
+#define MAX_JUDGED 8
+
+typedef struct topp_out {
+    int64_t nrows, stride, vocab;
+    float *x; /* [nrows, stride] */
+} topp_out;
+
+typedef struct topp_data {
+    kp_topp_case tc;
+    int64_t rows_total;   /* batch + extra filler rows */
+    float *logits;        /* [rows_total, stride] */
+    float *top_p;         /* [rows_total] */
+    int have_ref;
+    kp_topp_ref ref;
+    char ref_digest[KP_SHA256_HEX_LEN];
+    double ref_seconds;
+    struct {
+        const void *out;
+        kp_tie_policy policy;
+        double band;
+        kp_topp_judgement j;
+    } judged[MAX_JUDGED];
+    int njudged;
+} topp_data;
+
+static int topp_prepare(const kp_case *c, int64_t extra_rows, void **data, kp_error *err) {
+    topp_data *d = kp_calloc(1, sizeof *d, "topp case", err);
+    if (!d) return err->code;
+    int rc = kp_topp_case_read(c, &d->tc, err);
+    if (rc) return free(d), rc;
+    d->rows_total = d->tc.batch + extra_rows;
+    d->logits = kp_calloc((size_t)(d->rows_total * d->tc.stride), sizeof(float), "logits", err);
+    d->top_p = kp_calloc((size_t)d->rows_total, sizeof(float), "top_p", err);
+    if (!d->logits || !d->top_p || (rc = kp_topp_case_rows(&d->tc, 0, d->rows_total, d->logits, d->top_p, err))) {
+        free(d->logits), free(d->top_p), free(d);
+        return err->code;
+    }
+    *data = d;
+    return 0;
+}
+
+static void topp_release(void *data) {
+    topp_data *d = data;
+    if (!d) return;
+    for (int i = 0; i < d->njudged; i++) kp_topp_judgement_free(&d->judged[i].j);
+    if (d->have_ref) kp_topp_ref_free(&d->ref);
+    free(d->logits);
+    free(d->top_p);
+    free(d);
+}
+
+static int64_t topp_batch(const void *data) { return ((const topp_data *)data)->tc.batch; }
+
+static size_t topp_estimate(const kp_case *c, int nimpls, kp_error *err) {
+    kp_topp_case tc;
+    if (kp_topp_case_read(c, &tc, err)) return 0;
+    /* inputs (+65 filler rows), one output per impl run kept at once (+ repeat/probe scratch),
+     * the reference (keep, in_group: 1 byte; prob, mass_before: 8 bytes) and judgements */
+    double rows = (double)tc.batch + 65.0, elems = (double)tc.batch * (double)tc.vocab;
+    double bytes = rows * (double)tc.stride * 4.0 * (double)(nimpls + 3) + elems * (2.0 + 16.0 + 3.0 * 8.0);
+    return bytes > 1.8e19 ? 0 : (size_t)bytes;
+}
+
+static void add_tensor(cJSON *inputs, const char *name, kp_dtype dtype, int ndim, const int64_t *shape, int64_t stride,
+                       const void *data) {
+    char hex[KP_SHA256_HEX_LEN];
+    kp_buffer_digest(dtype, ndim, shape, stride, data, hex);
+    cJSON *t = cJSON_AddObjectToObject(inputs, name);
+    cJSON_AddStringToObject(t, "dtype", kp_dtype_name(dtype));
+    cJSON *s = cJSON_AddArrayToObject(t, "shape");
+    for (int i = 0; i < ndim; i++) cJSON_AddItemToArray(s, kp_json_int(shape[i]));
+    if (stride) kp_json_add_int(t, "row_stride", stride);
+    cJSON_AddStringToObject(t, "sha256", hex);
+}
+
+static void topp_describe_inputs(const void *data, cJSON *inputs) {
+    const topp_data *d = data;
+    int64_t shape[2] = {d->tc.batch, d->tc.vocab};
+    add_tensor(inputs, "logits", KP_F32, 2, shape, d->tc.stride, d->logits);
+    add_tensor(inputs, "top_p", KP_F32, 1, shape, 0, d->top_p);
+}
+
+/* One impl's buffers for a batch of chosen rows. The output buffer starts filled with guard bytes
+ * so a write into row padding [vocab, stride) shows; guard regions catch writes outside buffers. */
+typedef struct topp_launch {
+    const kp_impl *impl;
+    int64_t nrows;
+    kp_buf in, out, tp, ws;
+    kp_topp_args args;
+} topp_launch;
+
+static void launch_free(topp_launch *L) {
+    kp_buf_free(&L->in), kp_buf_free(&L->out), kp_buf_free(&L->tp), kp_buf_free(&L->ws);
+}
+
+static kp_result launch_setup(topp_data *d, const kp_impl *impl, const int64_t *rows, int64_t nrows, topp_launch *L,
+                              kp_error *err) {
+    const int64_t S = d->tc.stride, V = d->tc.vocab;
+    const size_t row_bytes = (size_t)S * sizeof(float);
+    memset(L, 0, sizeof *L);
+    L->impl = impl, L->nrows = nrows;
+    kp_memory mem = impl->memory;
+    if (mem == KP_MEMORY_CUDA && kp_device_init(err)) return KP_NOT_RUN;
+    float *in = malloc(row_bytes * (size_t)nrows), *tp = malloc(sizeof(float) * (size_t)nrows);
+    if (!in || !tp) {
+        free(in), free(tp);
+        kp_fail(err, KP_EXIT_ENV, "out of host memory for a batch of %lld rows", (long long)nrows);
+        return KP_FAILED;
+    }
+    for (int64_t i = 0; i < nrows; i++) {
+        memcpy(in + i * S, d->logits + rows[i] * S, row_bytes);
+        tp[i] = d->top_p[rows[i]];
+    }
+    int bad = kp_buf_alloc(&L->in, mem, row_bytes * (size_t)nrows, "logits", err) ||
+              kp_buf_alloc(&L->out, mem, row_bytes * (size_t)nrows, "out", err) ||
+              kp_buf_alloc(&L->tp, mem, sizeof(float) * (size_t)nrows, "top_p", err) ||
+              kp_buf_upload(&L->in, in, row_bytes * (size_t)nrows, "logits", err) ||
+              kp_buf_upload(&L->out, NULL, row_bytes * (size_t)nrows, "out", err) ||
+              kp_buf_upload(&L->tp, tp, sizeof(float) * (size_t)nrows, "top_p", err);
+    free(in), free(tp);
+    if (bad) return KP_FAILED;
+    kp_topp_args args = {.logits = kp_buf_ptr(&L->in), .out = kp_buf_ptr(&L->out), .top_p = kp_buf_ptr(&L->tp),
+                         .batch = nrows, .vocab = V, .row_stride = S,
+                         .stream = mem == KP_MEMORY_CUDA ? kp_device_stream() : NULL,
+                         .sm_count = mem == KP_MEMORY_CUDA ? kp_device_sm_count() : 0};
+    L->args = args;
+    char message[512] = "";
+    if (impl->supports && impl->supports(&L->args, message, sizeof message) != KP_RUN_OK) {
+        kp_fail(err, KP_EXIT_OK, "%s refuses this shape: %s", impl->name, message);
+        return KP_NOT_SUPPORTED;
+    }
+    size_t ws = impl->workspace_bytes ? impl->workspace_bytes(&L->args) : 0;
+    if (ws) {
+        if (kp_buf_alloc(&L->ws, mem, ws, "workspace", err)) return KP_FAILED;
+        L->args.workspace = kp_buf_ptr(&L->ws), L->args.workspace_bytes = ws;
+    }
+    return KP_PASSED;
+}
+
+/* Launch once; for CUDA impls the launch is asynchronous (kp_sync waits). */
+static kp_result launch_run(topp_launch *L, kp_error *err) {
+    char message[512] = "";
+    int rc = L->impl->run(&L->args, message, sizeof message);
+    if (rc == KP_RUN_NOT_SUPPORTED) {
+        kp_fail(err, KP_EXIT_OK, "%s refuses this shape: %s", L->impl->name, message);
+        return KP_NOT_SUPPORTED;
+    }
+    if (rc != KP_RUN_OK) {
+        kp_fail(err, KP_EXIT_ENV, "%s failed: %s", L->impl->name, message[0] ? message : "no message");
+        return KP_FAILED;
+    }
+    return KP_PASSED;
+}
+
+/* Wait, check every guard and the row padding, and copy the output back. */
+static kp_result launch_collect(topp_data *d, topp_launch *L, float *x, kp_error *err) {
+    const int64_t S = d->tc.stride, V = d->tc.vocab;
+    size_t bytes = (size_t)S * sizeof(float) * (size_t)L->nrows;
+    if (kp_sync(L->impl->memory, err) || kp_buf_check_guards(&L->out, "out", err) ||
+        kp_buf_check_guards(&L->in, "logits", err) || kp_buf_check_guards(&L->tp, "top_p", err) ||
+        (L->args.workspace_bytes && kp_buf_check_guards(&L->ws, "workspace", err)) ||
+        kp_buf_download(&L->out, x, bytes, "out", err))
+        return KP_FAILED;
+    for (int64_t r = 0; r < L->nrows; r++) {
+        const unsigned char *pad = (const unsigned char *)(x + r * S + V);
+        for (size_t k = 0; k < (size_t)(S - V) * sizeof(float); k++)
+            if (pad[k] != KP_GUARD_BYTE) {
+                kp_fail(err, KP_EXIT_ENV, "%s wrote into row padding of buffer 'out' (row %lld, element %lld)",
+                        L->impl->name, (long long)r, (long long)(V + (int64_t)k / 4));
+                return KP_FAILED;
+            }
+    }
+    return KP_PASSED;
+}
+
+static kp_result topp_run_rows(void *data, const kp_impl *impl, const int64_t *rows, int64_t nrows, void **outp,
+                               cJSON *info, kp_error *err) {
+    topp_data *d = data;
+    *outp = NULL;
+    topp_out *o = calloc(1, sizeof *o);
+    if (o) o->x = malloc((size_t)d->tc.stride * sizeof(float) * (size_t)nrows);
+    if (!o || !o->x) {
+        if (o) free(o);
+        kp_fail(err, KP_EXIT_ENV, "out of host memory for a batch of %lld rows", (long long)nrows);
+        return KP_FAILED;
+    }
+    o->nrows = nrows, o->stride = d->tc.stride, o->vocab = d->tc.vocab;
+    topp_launch L;
+    kp_result r = launch_setup(d, impl, rows, nrows, &L, err);
+    double t0 = kp_now();
+    if (r == KP_PASSED) r = launch_run(&L, err);
+    if (r == KP_PASSED) r = launch_collect(d, &L, o->x, err);
+    double seconds = kp_now() - t0;
+    if (info && r == KP_PASSED) {
+        kp_json_add_double(info, "wall_us", seconds * 1e6);
+        cJSON_AddStringToObject(info, "wall_note", "one launch, sync, guard checks and copy back; kparity bench times kernels");
+        kp_json_add_int(info, "workspace_bytes", (int64_t)L.args.workspace_bytes);
+    }
+    launch_free(&L);
+    if (r != KP_PASSED) {
+        free(o->x), free(o);
+        return r;
+    }
+    *outp = o;
+    return KP_PASSED;
+}
+
+static int cmp_us(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static int topp_bench(void *data, const kp_impl *impl, int reps, cJSON *timing, kp_error *err) {
+    topp_data *d = data;
+    int64_t B = d->tc.batch, *rows = malloc(sizeof *rows * (size_t)B);
+    double *us = malloc(sizeof *us * (size_t)reps);
+    if (!rows || !us) {
+        free(rows), free(us);
+        return kp_fail(err, KP_EXIT_ENV, "out of host memory");
+    }
+    for (int64_t r = 0; r < B; r++) rows[r] = r;
+    topp_launch L;
+    kp_timer *timer = NULL;
+    int rc = 0;
+    kp_result st = launch_setup(d, impl, rows, B, &L, err);
+    if (st != KP_PASSED) rc = err->code ? err->code : KP_EXIT_ENV;
+    if (!rc) rc = kp_timer_create(&timer, impl->memory, err);
+    for (int w = 0; !rc && w < 3; w++) /* warm-up: first-launch costs stay out of the figures */
+        if (launch_run(&L, err) != KP_PASSED || kp_sync(impl->memory, err)) rc = err->code ? err->code : KP_EXIT_ENV;
+    for (int i = 0; !rc && i < reps; i++) {
+        if (kp_timer_start(timer, err) || launch_run(&L, err) != KP_PASSED || kp_timer_stop(timer, &us[i], err))
+            rc = err->code ? err->code : KP_EXIT_ENV;
+    }
+    if (!rc) {
+        float *x = malloc((size_t)d->tc.stride * sizeof(float) * (size_t)B);
+        if (!x || launch_collect(d, &L, x, err) != KP_PASSED) rc = x ? err->code : kp_fail(err, KP_EXIT_ENV, "out of memory");
+        free(x);
+    }
+    if (!rc) {
+        qsort(us, (size_t)reps, sizeof *us, cmp_us);
+        double bytes = (double)B * (double)d->tc.vocab * 8.0 + (double)B * 4.0; /* read logits, write out, top_p */
+        kp_json_add_int(timing, "reps", reps);
+        kp_json_add_double(timing, "median_us", us[reps / 2]);
+        kp_json_add_double(timing, "min_us", us[0]);
+        kp_json_add_double(timing, "max_us", us[reps - 1]);
+        kp_json_add_double(timing, "bytes", bytes);
+        kp_json_add_double(timing, "gb_per_s", bytes / (us[reps / 2] * 1e-6) / 1e9);
+        cJSON_AddStringToObject(timing, "method", impl->memory == KP_MEMORY_CUDA
+                                                      ? "CUDA events around one launch, L2 flushed before each rep, 3 warm-ups"
+                                                      : "wall clock around one call, 3 warm-ups");
+    }
+    kp_timer_free(timer);
+    launch_free(&L);
+    free(rows), free(us);
+    return rc;
+}
+
+static void topp_free_output(void *out) {
+    topp_out *o = out;
+    if (o) free(o->x), free(o);
+}
+
+static const void *topp_out_row(const void *data, const void *out, int64_t i, size_t *bytes) {
+    (void)data;
+    const topp_out *o = out;
+    *bytes = (size_t)o->vocab * sizeof(float);
+    return o->x + i * o->stride;
+}
+
+static int topp_reference(void *data, const kp_check_spec *spec, cJSON *desc, kp_error *err) {
+    topp_data *d = data;
+    if (!d->have_ref) {
+        double t0 = kp_now();
+        int rc = kp_topp_reference(d->logits, d->tc.batch, d->tc.vocab, d->tc.stride, d->top_p, spec ? spec->band : 0.0,
+                                   &d->ref, err);
+        if (rc) return rc;
+        d->ref_seconds = kp_now() - t0;
+        d->have_ref = 1;
+        /* digest of what the rule decided: keep mask, probabilities and C_t, all machine-independent */
+        kp_sha256 h;
+        if (kp_sha256_init(&h, err)) return err->code;
+        size_t n = (size_t)(d->tc.batch * d->tc.vocab);
+        kp_sha256_update(&h, "kparity.reference.topp/v1", 26);
+        kp_sha256_update(&h, d->ref.keep, n);
+        kp_sha256_update(&h, d->ref.prob, n * sizeof(double));
+        kp_sha256_update(&h, d->ref.mass_before, n * sizeof(double));
+        kp_sha256_final_hex(&h, d->ref_digest);
+    }
+    if (desc && !cJSON_GetObjectItemCaseSensitive(desc, "sha256")) {
+        cJSON_AddStringToObject(desc, "provider", "reference.topp@host-f64");
+        cJSON_AddStringToObject(desc, "sha256", d->ref_digest);
+        cJSON_AddStringToObject(desc, "rule", "keep t iff mass strictly before t in (p desc, index asc) order < top_p; "
+                                              "at least one; top_p >= 1 keeps every finite token; NaN never kept");
+        kp_json_add_double(desc, "seconds", d->ref_seconds);
+        kp_json_add_int(desc, "threads", kp_thread_count());
+    }
+    return 0;
+}
+
+static const kp_topp_judgement *judge(topp_data *d, const kp_check_spec *spec, const topp_out *o, kp_error *err) {
+    for (int i = 0; i < d->njudged; i++)
+        if (d->judged[i].out == o && d->judged[i].policy == spec->tie_policy && d->judged[i].band == spec->band)
+            return &d->judged[i].j;
+    if (topp_reference(d, spec, NULL, err)) return NULL;
+    if (d->njudged == MAX_JUDGED) { /* evict the oldest */
+        kp_topp_judgement_free(&d->judged[0].j);
+        memmove(&d->judged[0], &d->judged[1], sizeof d->judged[0] * (MAX_JUDGED - 1));
+        d->njudged--;
+    }
+    int slot = d->njudged;
+    if (kp_topp_judge(&d->ref, d->logits, o->x, o->stride, spec->tie_policy, spec->band, &d->judged[slot].j, err))
+        return NULL;
+    d->judged[slot].out = o, d->judged[slot].policy = spec->tie_policy, d->judged[slot].band = spec->band;
+    d->njudged++;
+    return &d->judged[slot].j;
+}
+
+static void add_bits(cJSON *obj, const char *key, float v) {
+    char text[64];
+    uint32_t bits;
+    memcpy(&bits, &v, 4);
+    snprintf(text, sizeof text, "%.9g (0x%08x)", (double)v, bits);
+    cJSON_AddStringToObject(obj, key, text);
+}
+
+/* One row of a judgement, with its index lists as evidence. */
+static int row_json(topp_data *d, const kp_topp_judgement *j, int64_t r, cJSON *row, kp_evidence *ev, const char *tag,
+                    kp_error *err) {
+    const kp_topp_row_judgement *rj = &j->rows[r];
+    kp_json_add_int(row, "kept", rj->kept_count);
+    kp_json_add_double(row, "kept_mass", rj->kept_mass);
+    kp_json_add_int(row, "group_kept", rj->group_kept);
+    cJSON_AddBoolToObject(row, "group_lowest_first", rj->group_lowest_first);
+    cJSON_AddBoolToObject(row, "all_neginf", rj->all_neginf);
+    kp_json_add_int(row, "altered", rj->altered_count);
+    kp_json_add_int(row, "nan_out", rj->nan_out_count);
+    cJSON *flags = cJSON_AddObjectToObject(row, "conformance");
+    cJSON_AddBoolToObject(flags, "mass", rj->mass_ok);
+    cJSON_AddBoolToObject(flags, "minimal", rj->minimal_ok);
+    cJSON_AddBoolToObject(flags, "monotone", rj->monotone_ok);
+    cJSON_AddBoolToObject(flags, "no_nan", rj->no_nan_ok);
+    cJSON_AddBoolToObject(flags, "nonempty", rj->nonempty_ok);
+    cJSON_AddBoolToObject(row, "meets_rule", rj->rule_ok);
+    char name[96];
+    snprintf(name, sizeof name, "%s.row%lld.strict", tag, (long long)r);
+    if (kp_evidence_list(ev, row, "strict", name, j->strict_idx + j->strict_off[r], j->strict_off[r + 1] - j->strict_off[r], err))
+        return err->code;
+    snprintf(name, sizeof name, "%s.row%lld.tie", tag, (long long)r);
+    if (kp_evidence_list(ev, row, "tie", name, j->tie_idx + j->tie_off[r], j->tie_off[r + 1] - j->tie_off[r], err))
+        return err->code;
+    snprintf(name, sizeof name, "%s.row%lld.band", tag, (long long)r);
+    if (kp_evidence_list(ev, row, "band", name, j->band_idx + j->band_off[r], j->band_off[r + 1] - j->band_off[r], err))
+        return err->code;
+    (void)d;
+    return 0;
+}
+
+static void ref_row_json(const topp_data *d, int64_t r, cJSON *row) {
+    const kp_topp_ref_row *rr = &d->ref.rows[r];
+    kp_json_add_float(row, "top_p", (float)rr->top_p);
+    kp_json_add_int(row, "finite", rr->finite_count);
+    if (rr->nan_count) kp_json_add_int(row, "nan_inputs", rr->nan_count);
+    kp_json_add_int(row, "kept", rr->kept_count);
+    kp_json_add_double(row, "kept_mass", rr->kept_mass);
+    kp_json_add_int(row, "boundary_token", rr->boundary_token);
+    if (rr->boundary_token >= 0) add_bits(row, "boundary_logit", rr->boundary_logit);
+    kp_json_add_int(row, "tie_group_size", rr->tie_group_size);
+    kp_json_add_int(row, "tie_needed", rr->tie_needed);
+    kp_json_add_int(row, "band_tokens", rr->band_count);
+}
+
+static kp_result topp_rule(void *data, const kp_check_spec *spec, const void *out, const kp_impl *impl, cJSON *check,
+                           kp_evidence *ev, kp_error *err) {
+    topp_data *d = data;
+    const kp_topp_judgement *j = judge(d, spec, out, err);
+    if (!j) return KP_FAILED;
+    int64_t strict = 0, tie = 0, band = 0, neginf_rows = 0, B = d->tc.batch;
+    for (int64_t r = 0; r < B; r++) {
+        strict += j->rows[r].strict_count, tie += j->rows[r].tie_count, band += j->rows[r].band_count;
+        neginf_rows += j->rows[r].all_neginf;
+    }
+    cJSON *f = cJSON_AddObjectToObject(check, "findings");
+    kp_json_add_int(f, "rows", B);
+    kp_json_add_int(f, "rows_meeting_rule", j->rows_rule_ok);
+    kp_json_add_int(f, "strict", strict);
+    kp_json_add_int(f, "tie", tie);
+    kp_json_add_int(f, "band", band);
+    kp_json_add_int(f, "all_neginf_rows", neginf_rows);
+    cJSON *rows = cJSON_AddArrayToObject(f, "per_row");
+    for (int64_t r = 0; r < B; r++) {
+        cJSON *row = cJSON_CreateObject();
+        cJSON_AddItemToArray(rows, row);
+        kp_json_add_int(row, "row", r);
+        cJSON *ref = cJSON_AddObjectToObject(row, "reference");
+        ref_row_json(d, r, ref);
+        cJSON *mine = cJSON_AddObjectToObject(row, "impl");
+        if (row_json(d, j, r, mine, ev, impl->name, err)) return KP_FAILED;
+    }
+    char summary[256];
+    snprintf(summary, sizeof summary, "%lld/%lld rows meet the rule; %lld strict, %lld tie, %lld band%s",
+             (long long)j->rows_rule_ok, (long long)B, (long long)strict, (long long)tie, (long long)band,
+             neginf_rows ? "; ALL -inf rows present" : "");
+    if (neginf_rows) {
+        size_t n = strlen(summary);
+        snprintf(summary + n, sizeof summary - n, " (%lld)", (long long)neginf_rows);
+    }
+    cJSON_AddStringToObject(check, "summary", summary);
+    return j->rows_rule_ok == B ? KP_PASSED : KP_INCORRECT;
+}
+
+static int topp_explain_exact(void *data, const kp_check_spec *spec, const void *out_a, const void *out_b,
+                              const int64_t *rows, int64_t nrows, cJSON *rows_json, kp_evidence *ev, kp_error *err) {
+    topp_data *d = data;
+    const kp_topp_judgement *ja = judge(d, spec, out_a, err);
+    if (!ja) return err->code;
+    const kp_topp_judgement *jb = judge(d, spec, out_b, err);
+    if (!jb) return err->code;
+    for (int64_t k = 0; k < nrows; k++) {
+        int64_t r = rows[k];
+        cJSON *row = cJSON_GetArrayItem(rows_json, (int)k);
+        cJSON *ref = cJSON_AddObjectToObject(row, "reference");
+        ref_row_json(d, r, ref);
+        cJSON *a = cJSON_AddObjectToObject(row, spec->impl[0]->name);
+        cJSON *b = cJSON_AddObjectToObject(row, spec->impl[1]->name);
+        if (row_json(d, ja, r, a, ev, spec->impl[0]->name, err) || row_json(d, jb, r, b, ev, spec->impl[1]->name, err))
+            return err->code;
+        int ok_a = ja->rows[r].rule_ok, ok_b = jb->rows[r].rule_ok;
+        char who[200];
+        if (ok_a && ok_b) snprintf(who, sizeof who, "both");
+        else if (ok_a) snprintf(who, sizeof who, "%s", spec->impl[0]->name);
+        else if (ok_b) snprintf(who, sizeof who, "%s", spec->impl[1]->name);
+        else snprintf(who, sizeof who, "neither");
+        cJSON_AddStringToObject(row, "meets_rule", who);
+    }
+    return 0;
+}
+
+static int topp_has_defect(void *data, const void *out, const char *defect, int64_t *rows_with) {
+    topp_data *d = data;
+    const topp_out *o = out;
+    *rows_with = 0;
+    if (strcmp(defect, "all_neginf")) return 0;
+    for (int64_t r = 0; r < d->tc.batch; r++) {
+        const float *x = o->x + r * o->stride, *in = d->logits + r * d->tc.stride;
+        int finite_in = 0, all = 1;
+        for (int64_t i = 0; i < d->tc.vocab; i++) {
+            finite_in |= isfinite(in[i]);
+            all &= isinf(x[i]) && x[i] < 0;
+        }
+        *rows_with += finite_in && all;
+    }
+    return *rows_with == d->tc.batch;
+}
+
+static int topp_export(void *data, const char *dir, const kp_impl *const *impls, const void *const *outs, int nimpls,
+                       kp_error *err) {
+    topp_data *d = data;
+    const int64_t B = d->tc.batch, V = d->tc.vocab;
+    int64_t shape[2] = {B, V};
+    float *dense = kp_calloc((size_t)(B * V), sizeof(float), "export", err);
+    if (!dense) return err->code;
+    char path[1024];
+    int rc = 0;
+    for (int64_t r = 0; r < B; r++) memcpy(dense + r * V, d->logits + r * d->tc.stride, (size_t)V * sizeof(float));
+    snprintf(path, sizeof path, "%s/logits.npy", dir);
+    rc = kp_npy_write(path, "<f4", 2, shape, dense, (size_t)(B * V) * 4, err);
+    snprintf(path, sizeof path, "%s/top_p.npy", dir);
+    if (!rc) rc = kp_npy_write(path, "<f4", 1, shape, d->top_p, (size_t)B * 4, err);
+    if (!rc) rc = topp_reference(d, NULL, NULL, err);
+    snprintf(path, sizeof path, "%s/reference_keep.npy", dir);
+    if (!rc) rc = kp_npy_write(path, "|u1", 2, shape, d->ref.keep, (size_t)(B * V), err);
+    snprintf(path, sizeof path, "%s/reference_prob.npy", dir);
+    if (!rc) rc = kp_npy_write(path, "<f8", 2, shape, d->ref.prob, (size_t)(B * V) * 8, err);
+    snprintf(path, sizeof path, "%s/reference_mass_before.npy", dir);
+    if (!rc) rc = kp_npy_write(path, "<f8", 2, shape, d->ref.mass_before, (size_t)(B * V) * 8, err);
+    for (int i = 0; !rc && i < nimpls; i++) {
+        const topp_out *o = outs[i];
+        for (int64_t r = 0; r < B; r++) memcpy(dense + r * V, o->x + r * o->stride, (size_t)V * sizeof(float));
+        snprintf(path, sizeof path, "%s/%s.npy", dir, impls[i]->name);
+        rc = kp_npy_write(path, "<f4", 2, shape, dense, (size_t)(B * V) * 4, err);
+    }
+    free(dense);
+    return rc;
+}
+
+const kp_family kp_topp_family = {
+    .name = "topp",
+    .prepare = topp_prepare,
+    .release = topp_release,
+    .batch = topp_batch,
+    .estimate_bytes = topp_estimate,
+    .describe_inputs = topp_describe_inputs,
+    .run_rows = topp_run_rows,
+    .free_output = topp_free_output,
+    .out_row = topp_out_row,
+    .reference = topp_reference,
+    .rule = topp_rule,
+    .explain_exact = topp_explain_exact,
+    .has_defect = topp_has_defect,
+    .bench = topp_bench,
+    .export_npy = topp_export,
+};
+
+const kp_family *kp_family_find(const char *name) { return !strcmp(name, "topp") ? &kp_topp_family : NULL; }
