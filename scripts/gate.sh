@@ -1,0 +1,7 @@
+#!/bin/sh
+# gate.sh: set up, build, then run the default startup gate (ci/gates/default.json): the CUDA
+# impls when a GPU is present, their host ports otherwise. Extra arguments go to `kparity gate`.
+set -eu
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+exec "${KPARITY_BUILD_DIR:-build}/kparity" gate --config ci/gates/default.json "$@"

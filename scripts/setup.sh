@@ -1,0 +1,40 @@
+#!/bin/sh
+# setup.sh: install what kparity needs on a fresh Debian 12 machine, then configure and build it
+# into build/. Safe to run again: it installs only what is missing and rebuilds incrementally.
+set -eu
+cd "$(dirname "$0")/.."
+
+need=""
+command -v cc >/dev/null 2>&1 || need="$need build-essential"
+command -v cmake >/dev/null 2>&1 || need="$need cmake"
+command -v pkg-config >/dev/null 2>&1 || need="$need pkg-config"
+pkg-config --exists criterion 2>/dev/null || need="$need libcriterion-dev"
+pkg-config --exists libcjson 2>/dev/null || need="$need libcjson-dev"
+pkg-config --exists libcrypto 2>/dev/null || need="$need libssl-dev"
+
+# cuRAND's host generator makes every case's inputs, so the CUDA toolkit is needed even without a GPU.
+cuda_root=${CUDAToolkit_ROOT:-/usr/local/cuda}
+have_curand=0
+[ -e "$cuda_root/include/curand.h" ] && have_curand=1
+[ -e /usr/include/curand.h ] && have_curand=1
+[ $have_curand = 1 ] || need="$need nvidia-cuda-toolkit"
+
+if [ -n "$need" ]; then
+  echo "setup: installing:$need" >&2
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  if ! DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $need >/dev/null; then
+    echo "setup: apt-get could not install:$need" >&2
+    case $need in *nvidia-cuda-toolkit*)
+      echo "setup: hint: the CUDA toolkit comes from NVIDIA's CUDA repository, or from Debian's non-free" \
+           "component (nvidia-cuda-toolkit); set CUDAToolkit_ROOT if it is installed elsewhere" >&2;;
+    esac
+    exit 2
+  fi
+fi
+
+[ -x "$cuda_root/bin/nvcc" ] && export PATH="$cuda_root/bin:$PATH"
+build=${KPARITY_BUILD_DIR:-build}
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release ${KPARITY_CMAKE_ARGS:-} >/dev/null
+cmake --build "$build" -j"$(nproc)"
