@@ -1,0 +1,638 @@
+/* test_kernels_host_topp.c: the host ports of topp.split_logit and topp.split_prob against the
+ * seed's forced-logit defect and the top-p rule (judged here in float64), plus the impl registry. */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../cases/kp_sha256.h"
+#include "../kernels/kp_registry.h"
+#include "../kernels/topp_split.h"
+#include "kp_test_util.h"
+
+#ifndef KP_SOURCE_DIR
+#define KP_SOURCE_DIR "." /* standalone builds run from the repository root */
+#endif
+
+/* ---- inputs: a small seeded generator, independent of cases/ on purpose ---- */
+
+static uint64_t splitmix(uint64_t *state) {
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double uniform01(uint64_t *state) { return ((double)(splitmix(state) >> 11) + 0.5) * 0x1p-53; }
+
+/* 2 * N(0, 1), the seed's ordinary logits. */
+static void fill_ordinary(float *row, int64_t vocab, uint64_t seed) {
+    uint64_t st = seed * 0x2545f4914f6cdd1dull + 1;
+    for (int64_t i = 0; i < vocab; i++) {
+        double u = uniform01(&st), v = uniform01(&st);
+        row[i] = (float)(2.0 * sqrt(-2.0 * log(u)) * cos(2.0 * M_PI * v));
+    }
+}
+
+static float *alloc_floats(int64_t n) {
+    float *p = malloc((size_t)n * sizeof *p);
+    cr_assert(p, "out of memory for %lld floats", (long long)n);
+    return p;
+}
+
+static uint32_t bits_of(float x) {
+    uint32_t b;
+    memcpy(&b, &x, sizeof b);
+    return b;
+}
+
+static const kp_impl *impl_named(const char *name) {
+    const kp_impl *impl = kp_impl_find(name);
+    cr_assert(impl, "impl %s is not registered", name);
+    return impl;
+}
+
+static int run_topp(const kp_impl *impl, const float *logits, float *out, const float *top_p, int64_t batch,
+                    int64_t vocab, int64_t stride, int32_t sm_count) {
+    kp_topp_args a = {.logits = logits, .out = out, .top_p = top_p, .batch = batch, .vocab = vocab,
+                      .row_stride = stride, .sm_count = sm_count};
+    char msg[256] = "";
+    int rc = impl->run(&a, msg, sizeof msg);
+    cr_assert_eq(rc, KP_RUN_OK, "%s refused or failed: %s", impl->name, msg);
+    return rc;
+}
+
+/* ---- the judge: float64 mass with libm exp, written from the rule, not from the impls ---- */
+
+typedef struct row_verdict {
+    int64_t kept, finite, altered; /* altered: neither -inf nor the input's bits */
+    double mass;                   /* float64 mass of the kept set */
+    double min_kept_prob;
+    float min_kept, max_dropped;   /* logits */
+} row_verdict;
+
+static row_verdict judge_row(const float *x, const float *y, int64_t vocab) {
+    row_verdict v = {0, 0, 0, 0.0, INFINITY, INFINITY, -INFINITY};
+    double m = -INFINITY, z = 0.0;
+    for (int64_t i = 0; i < vocab; i++)
+        if (isfinite(x[i]) && x[i] > m) m = x[i];
+    for (int64_t i = 0; i < vocab; i++)
+        if (isfinite(x[i])) z += exp((double)x[i] - m);
+    for (int64_t i = 0; i < vocab; i++) {
+        int finite = isfinite(x[i]) != 0;
+        v.finite += finite;
+        int kept = finite && bits_of(y[i]) == bits_of(x[i]);
+        if (kept) {
+            double prob = exp((double)x[i] - m) / z;
+            v.kept++;
+            v.mass += prob;
+            if (prob < v.min_kept_prob) v.min_kept_prob = prob;
+            if (x[i] < v.min_kept) v.min_kept = x[i];
+        } else if (bits_of(y[i]) != bits_of(-INFINITY)) {
+            v.altered++;
+        } else if (finite && x[i] > v.max_dropped) {
+            v.max_dropped = x[i];
+        }
+    }
+    return v;
+}
+
+/* f32 kernels summing ~1e5 terms reach ~1e-6 of mass error; 1e-5 leaves room and still catches a
+ * missing boundary token of 2*N(0,1) logits at p = 0.95 only when it is larger than that. */
+#define MASS_BAND 1e-5
+
+/* The rule's properties for one row; returns a reason or NULL. */
+static const char *rule_violation(const float *x, const float *y, int64_t vocab, float top_p, int minimal,
+                                  row_verdict *out_v) {
+    row_verdict v = judge_row(x, y, vocab);
+    if (out_v) *out_v = v;
+    if (v.altered) return "an output is neither -inf nor the input's bits";
+    if (v.finite && v.kept == 0) return "every token dropped although the row has finite logits";
+    if (top_p >= 1.0f && v.kept != v.finite) return "top_p >= 1 dropped a finite token";
+    if (v.mass < (double)top_p - MASS_BAND && v.kept != v.finite) return "kept mass below top_p";
+    if (v.min_kept < v.max_dropped) return "not monotone: a dropped logit exceeds a kept one";
+    if (minimal && v.mass - v.min_kept_prob >= (double)top_p + MASS_BAND) return "not minimal";
+    return NULL;
+}
+
+Test(topp_judge, catches_planted_defects) {
+    enum { V = 4096 };
+    float *x = alloc_floats(V), *y = alloc_floats(V);
+    fill_ordinary(x, V, 7);
+    float p = 0.9f;
+    run_topp(impl_named("topp.split_prob@host"), x, y, &p, 1, V, V, 0);
+    cr_assert_null(rule_violation(x, y, V, p, 1, NULL), "control: split_prob must pass the judge");
+
+    float *bad = alloc_floats(V);
+    for (int i = 0; i < V; i++) bad[i] = -INFINITY; /* the seed's defect */
+    cr_assert_not_null(rule_violation(x, bad, V, p, 0, NULL));
+
+    memcpy(bad, y, V * sizeof *bad); /* drop the largest kept token: mass and monotonicity break */
+    int64_t top = 0;
+    for (int i = 1; i < V; i++)
+        if (x[i] > x[top]) top = i;
+    bad[top] = -INFINITY;
+    cr_assert_not_null(rule_violation(x, bad, V, p, 0, NULL));
+
+    memcpy(bad, x, V * sizeof *bad); /* keep everything: not minimal */
+    cr_assert_not_null(rule_violation(x, bad, V, p, 1, NULL));
+
+    memcpy(bad, y, V * sizeof *bad); /* alter a kept value */
+    bad[top] = nextafterf(bad[top], 0.0f);
+    cr_assert_not_null(rule_violation(x, bad, V, p, 0, NULL));
+    free(x), free(y), free(bad);
+}
+
+/* ---- the seed's forced-logit case ---- */
+
+typedef struct forced_shape {
+    int64_t vocab, token;
+} forced_shape;
+static const forced_shape forced_shapes[] = {{131072, 13}, {154856, 154842}};
+static const float forced_values[] = {1e9f, (float)(1e9 / 0.6)};
+static const int64_t forced_batches[] = {4, 64}; /* split count 16 and 1 at 132 SMs */
+
+/* Every row forced except row 1, an ordinary control row. */
+static void make_forced_batch(float *x, float *p, int64_t batch, forced_shape sh, float value) {
+    for (int64_t r = 0; r < batch; r++) {
+        fill_ordinary(x + r * sh.vocab, sh.vocab, 58231 + (uint64_t)r);
+        if (r != 1) x[r * sh.vocab + sh.token] = value;
+        p[r] = 0.95f;
+    }
+}
+
+Test(topp_host, split_logit_reproduces_forced_defect, .timeout = 120) {
+    const kp_impl *impl = impl_named("topp.split_logit@host");
+    for (size_t s = 0; s < 2; s++)
+        for (size_t v = 0; v < 2; v++)
+            for (size_t b = 0; b < 2; b++) {
+                forced_shape sh = forced_shapes[s];
+                int64_t batch = forced_batches[b];
+                float *x = alloc_floats(batch * sh.vocab), *y = alloc_floats(batch * sh.vocab), p[64];
+                make_forced_batch(x, p, batch, sh, forced_values[v]);
+                run_topp(impl, x, y, p, batch, sh.vocab, sh.vocab, 0);
+                for (int64_t r = 0; r < batch; r++) {
+                    const float *yr = y + r * sh.vocab;
+                    int64_t finite_out = 0;
+                    for (int64_t i = 0; i < sh.vocab; i++) finite_out += bits_of(yr[i]) != bits_of(-INFINITY);
+                    if (r == 1) {
+                        const char *why = rule_violation(x + r * sh.vocab, yr, sh.vocab, p[r], 0, NULL);
+                        cr_assert_null(why, "control row (vocab %lld, batch %lld): %s", (long long)sh.vocab,
+                                       (long long)batch, why);
+                    } else {
+                        cr_assert_eq(finite_out, 0,
+                                     "forced row %lld (vocab %lld, value %g, batch %lld) kept %lld tokens; the seed's "
+                                     "defect masks every token",
+                                     (long long)r, (long long)sh.vocab, (double)forced_values[v], (long long)batch,
+                                     (long long)finite_out);
+                    }
+                }
+                free(x), free(y);
+            }
+}
+
+Test(topp_host, split_prob_keeps_exactly_forced_token, .timeout = 120) {
+    const kp_impl *impl = impl_named("topp.split_prob@host");
+    for (size_t s = 0; s < 2; s++)
+        for (size_t v = 0; v < 2; v++)
+            for (size_t b = 0; b < 2; b++) {
+                forced_shape sh = forced_shapes[s];
+                int64_t batch = forced_batches[b];
+                float *x = alloc_floats(batch * sh.vocab), *y = alloc_floats(batch * sh.vocab), p[64];
+                make_forced_batch(x, p, batch, sh, forced_values[v]);
+                run_topp(impl, x, y, p, batch, sh.vocab, sh.vocab, 0);
+                for (int64_t r = 0; r < batch; r++) {
+                    const float *xr = x + r * sh.vocab, *yr = y + r * sh.vocab;
+                    const char *why = rule_violation(xr, yr, sh.vocab, p[r], r == 1, NULL);
+                    cr_assert_null(why, "row %lld (vocab %lld, batch %lld): %s", (long long)r, (long long)sh.vocab,
+                                   (long long)batch, why);
+                    if (r == 1) continue;
+                    for (int64_t i = 0; i < sh.vocab; i++) {
+                        uint32_t want = i == sh.token ? bits_of(xr[i]) : bits_of(-INFINITY);
+                        cr_assert_eq(bits_of(yr[i]), want, "forced row %lld, token %lld: got %08x, want %08x",
+                                     (long long)r, (long long)i, bits_of(yr[i]), want);
+                    }
+                }
+                free(x), free(y);
+            }
+}
+
+/* ---- ordinary rows against the rule ---- */
+
+Test(topp_host, ordinary_rows_follow_rule, .timeout = 120) {
+    static const int64_t vocabs[] = {1, 5, 7, 2048, 2049, 5003, 131072, 154856};
+    static const float ps[] = {0.95f, 0.5f, 0.1f, 0.999f, 1e-6f};
+    static const char *names[] = {"topp.split_logit@host", "topp.split_prob@host"};
+    for (int n = 0; n < 2; n++) {
+        const kp_impl *impl = impl_named(names[n]);
+        for (size_t v = 0; v < sizeof vocabs / sizeof vocabs[0]; v++) {
+            int64_t vocab = vocabs[v], batch = 5;
+            float *x = alloc_floats(batch * vocab), *y = alloc_floats(batch * vocab), p[5];
+            for (int64_t r = 0; r < batch; r++) {
+                fill_ordinary(x + r * vocab, vocab, 1000 * (uint64_t)v + (uint64_t)r);
+                p[r] = ps[r];
+            }
+            run_topp(impl, x, y, p, batch, vocab, vocab, 0);
+            for (int64_t r = 0; r < batch; r++) {
+                row_verdict rv;
+                /* split_prob closes its bracket to adjacent floats, so it must also be minimal */
+                const char *why = rule_violation(x + r * vocab, y + r * vocab, vocab, p[r], n == 1, &rv);
+                cr_assert_null(why, "%s vocab %lld row %lld p %g: %s (kept %lld, mass %.9f)", names[n],
+                               (long long)vocab, (long long)r, (double)p[r], why, (long long)rv.kept, rv.mass);
+                if (vocab >= 2048 && p[r] < 0.99f)
+                    cr_assert_lt(rv.kept, rv.finite, "%s vocab %lld row %lld p %g filtered nothing", names[n],
+                                 (long long)vocab, (long long)r, (double)p[r]);
+            }
+            free(x), free(y);
+        }
+    }
+}
+
+Test(topp_host, top_p_at_least_one_keeps_every_finite_token) {
+    enum { V = 3000 };
+    static const char *names[] = {"topp.split_logit@host", "topp.split_prob@host"};
+    float *x = alloc_floats(2 * V), *y = alloc_floats(2 * V), p[2] = {1.0f, 1.5f};
+    fill_ordinary(x, V, 11);
+    fill_ordinary(x + V, V, 12);
+    for (int i = 0; i < 2 * V; i += 7) x[i] = -INFINITY;
+    x[5] = NAN; /* NaN counts as absent: dropped */
+    for (int n = 0; n < 2; n++) {
+        run_topp(impl_named(names[n]), x, y, p, 2, V, V, 0);
+        for (int i = 0; i < 2 * V; i++) {
+            uint32_t want = isfinite(x[i]) ? bits_of(x[i]) : bits_of(-INFINITY);
+            cr_assert_eq(bits_of(y[i]), want, "%s element %d: got %08x want %08x", names[n], i, bits_of(y[i]), want);
+        }
+    }
+    free(x), free(y);
+}
+
+Test(topp_host, rows_without_finite_logits_are_copied) {
+    enum { V = 4100 };
+    static const char *names[] = {"topp.split_logit@host", "topp.split_prob@host"};
+    float *x = alloc_floats(2 * V), *y = alloc_floats(2 * V), p[2] = {0.95f, 0.5f};
+    for (int i = 0; i < V; i++) x[i] = -INFINITY;
+    uint32_t nan_bits = 0x7fc01234u;
+    for (int i = V; i < 2 * V; i++) memcpy(&x[i], &nan_bits, sizeof nan_bits);
+    for (int n = 0; n < 2; n++) {
+        memset(y, 0, 2 * V * sizeof *y);
+        run_topp(impl_named(names[n]), x, y, p, 2, V, V, 0);
+        cr_assert(memcmp(x, y, 2 * V * sizeof *y) == 0, "%s changed a row with no finite logit", names[n]);
+    }
+    free(x), free(y);
+}
+
+/* ---- ties ---- */
+
+/* A row of `high` tokens at 3.0, a tie group of `group` tokens at 1.0 spread over several tiles, the
+ * rest at -2.0; top_p puts the boundary half a copy into the group, so the rule needs exactly
+ * `want` copies (computed here in float64). */
+static void make_tie_row(float *x, int64_t vocab, int64_t group, int64_t first, int64_t step, int64_t *want,
+                         float *p, double copies) {
+    const int64_t high = 10;
+    for (int64_t i = 0; i < vocab; i++) x[i] = -2.0f;
+    for (int64_t i = 0; i < high; i++) x[vocab - 1 - 3 * i] = 3.0f;
+    for (int64_t g = 0; g < group; g++) x[first + g * step] = 1.0f;
+    double z = (double)high * exp(5.0) + (double)group * exp(3.0) + (double)(vocab - high - group);
+    double d = exp(3.0) / z, top = (double)high * exp(5.0) / z;
+    *p = (float)(top + copies * d);
+    *want = (int64_t)floor(copies) + 1;
+}
+
+Test(topp_host, tie_group_straddling_boundary_keeps_lowest_index_copies) {
+    enum { V = 7000 };
+    static const char *names[] = {"topp.split_prob@host", "topp.split_logit@host"};
+    static const double copies[] = {0.5, 41.5, 150.5, 298.5};
+    float *x = alloc_floats(V), *y = alloc_floats(V);
+    for (int n = 0; n < 2; n++)
+        for (size_t c = 0; c < sizeof copies / sizeof copies[0]; c++) {
+            int64_t want, group = 300, first = 1500, step = 13; /* indices 1500 .. 5387: tiles 0 to 2 */
+            float p;
+            make_tie_row(x, V, group, first, step, &want, &p, copies[c]);
+            run_topp(impl_named(names[n]), x, y, &p, 1, V, V, 0);
+            int64_t kept_group = 0;
+            for (int64_t g = 0; g < group; g++) {
+                int64_t i = first + g * step;
+                int kept = bits_of(y[i]) == bits_of(x[i]);
+                cr_assert_eq(kept, g < want, "%s copies %.1f: group member %lld (index %lld) %s; want the %lld "
+                             "lowest-index copies",
+                             names[n], copies[c], (long long)g, (long long)i, kept ? "kept" : "dropped",
+                             (long long)want);
+                kept_group += kept;
+            }
+            for (int64_t i = 0; i < V; i++) {
+                if (x[i] == 3.0f) cr_assert_eq(bits_of(y[i]), bits_of(x[i]), "%s dropped a 3.0 token", names[n]);
+                if (x[i] == -2.0f) cr_assert_eq(bits_of(y[i]), bits_of(-INFINITY), "%s kept a -2.0 token", names[n]);
+            }
+            cr_assert_eq(kept_group, want);
+        }
+    free(x), free(y);
+}
+
+/* vLLM's test_topp_tie_break_deterministic: 1000 logits of 1.0, 1000 of 0.0, p = 0.5. */
+Test(topp_host, thousand_way_tie_keeps_prefix) {
+    enum { V = 128256, B = 4 };
+    float *x = alloc_floats(B * V), *y = alloc_floats(B * V), p[B];
+    for (int64_t r = 0; r < B; r++) {
+        for (int64_t i = 0; i < V; i++) x[r * V + i] = i < 1000 ? 1.0f : i < 2000 ? 0.0f : -INFINITY;
+        p[r] = 0.5f;
+    }
+    double z = 1000.0 * exp(1.0) + 1000.0;
+    int64_t want = (int64_t)ceil(0.5 * z / exp(1.0)); /* 684 copies of 1.0 reach 0.5 */
+    const kp_impl *impl = impl_named("topp.split_prob@host");
+    for (int rep = 0; rep < 5; rep++) {
+        run_topp(impl, x, y, p, B, V, V, 0);
+        for (int64_t r = 0; r < B; r++)
+            for (int64_t i = 0; i < V; i++) {
+                uint32_t expect = i < want ? bits_of(1.0f) : bits_of(-INFINITY);
+                cr_assert_eq(bits_of(y[r * V + i]), expect, "rep %d row %lld token %lld (want the first %lld kept)",
+                             rep, (long long)r, (long long)i, (long long)want);
+            }
+    }
+    free(x), free(y);
+}
+
+/* ---- invariance and determinism ---- */
+
+Test(topp_host, split_prob_row_bits_do_not_depend_on_batch, .timeout = 120) {
+    static const int64_t vocabs[] = {5003, 131072};
+    static const int64_t batches[] = {4, 64, 65};
+    const kp_impl *impl = impl_named("topp.split_prob@host");
+    for (size_t v = 0; v < 2; v++) {
+        int64_t vocab = vocabs[v];
+        float *pool = alloc_floats(65 * vocab), ppool[65];
+        for (int64_t r = 0; r < 65; r++) {
+            fill_ordinary(pool + r * vocab, vocab, 500 + (uint64_t)r);
+            ppool[r] = r % 3 == 0 ? 0.95f : r % 3 == 1 ? 0.5f : 0.99f;
+        }
+        pool[17 * vocab + 3] = 1e9f; /* a forced row among them */
+        float *alone = alloc_floats(65 * vocab), *y = alloc_floats(65 * vocab);
+        for (int64_t r = 0; r < 65; r++) run_topp(impl, pool + r * vocab, alone + r * vocab, &ppool[r], 1, vocab, vocab, 0);
+        for (size_t b = 0; b < 3; b++) {
+            int64_t batch = batches[b];
+            if (vocab > 5003 && batch > 4) continue; /* the large vocab only at the smallest batch: time */
+            /* a batch of rows rotated through the pool, so each row sits at a new position */
+            for (int64_t shift = 0; shift < 65; shift += batch) {
+                float *x = alloc_floats(batch * vocab), p[65];
+                for (int64_t r = 0; r < batch; r++) {
+                    int64_t src = (r + shift) % 65;
+                    memcpy(x + r * vocab, pool + src * vocab, (size_t)vocab * sizeof *x);
+                    p[r] = ppool[src];
+                }
+                run_topp(impl, x, y, p, batch, vocab, vocab, 0);
+                for (int64_t r = 0; r < batch; r++) {
+                    int64_t src = (r + shift) % 65;
+                    cr_assert(memcmp(y + r * vocab, alone + src * vocab, (size_t)vocab * sizeof *y) == 0,
+                              "row %lld at position %lld of batch %lld (vocab %lld) differs from the row alone",
+                              (long long)src, (long long)r, (long long)batch, (long long)vocab);
+                }
+                free(x);
+            }
+        }
+        free(pool), free(alone), free(y);
+    }
+}
+
+Test(topp_host, repeat_calls_and_thread_counts_agree, .timeout = 120) {
+    enum { V = 154856, B = 8 };
+    static const char *names[] = {"topp.split_logit@host", "topp.split_prob@host"};
+    float *x = alloc_floats(B * V), *first = alloc_floats(B * V), *y = alloc_floats(B * V), p[B];
+    for (int64_t r = 0; r < B; r++) {
+        fill_ordinary(x + r * V, V, 900 + (uint64_t)r);
+        p[r] = 0.95f;
+    }
+    for (int n = 0; n < 2; n++) {
+        const kp_impl *impl = impl_named(names[n]);
+        setenv("KPARITY_THREADS", "1", 1);
+        run_topp(impl, x, first, p, B, V, V, 0);
+        static const char *threads[] = {"1", "3", "8"};
+        for (int rep = 0; rep < 3; rep++) {
+            setenv("KPARITY_THREADS", threads[rep], 1);
+            run_topp(impl, x, y, p, B, V, V, 0);
+            cr_assert(memcmp(first, y, sizeof(float) * B * V) == 0, "%s: call %d with %s threads differs", names[n],
+                      rep + 2, threads[rep]);
+        }
+    }
+    unsetenv("KPARITY_THREADS");
+    free(x), free(first), free(y);
+}
+
+Test(topp_host, padding_between_vocab_and_stride_untouched) {
+    enum { V = 4099, STRIDE = V + 37, B = 3 };
+    static const char *names[] = {"topp.split_logit@host", "topp.split_prob@host"};
+    const uint32_t sentinel = 0x7fbadbadu;
+    float *x = alloc_floats(B * STRIDE), *y = alloc_floats(B * STRIDE), p[B] = {0.95f, 0.5f, 1.0f};
+    for (int64_t r = 0; r < B; r++) {
+        fill_ordinary(x + r * STRIDE, V, 77 + (uint64_t)r);
+        for (int64_t i = V; i < STRIDE; i++) x[r * STRIDE + i] = 1e30f; /* must never be read as a logit */
+    }
+    for (int n = 0; n < 2; n++) {
+        for (int64_t i = 0; i < B * STRIDE; i++) memcpy(&y[i], &sentinel, sizeof sentinel);
+        run_topp(impl_named(names[n]), x, y, p, B, V, STRIDE, 0);
+        for (int64_t r = 0; r < B; r++) {
+            for (int64_t i = V; i < STRIDE; i++)
+                cr_assert_eq(bits_of(y[r * STRIDE + i]), sentinel, "%s wrote padding row %lld element %lld",
+                             names[n], (long long)r, (long long)i);
+            const char *why = rule_violation(x + r * STRIDE, y + r * STRIDE, V, p[r], 0, NULL);
+            cr_assert_null(why, "%s row %lld with stride %d: %s", names[n], (long long)r, STRIDE, why);
+        }
+    }
+    free(x), free(y);
+}
+
+Test(topp_host, bad_args_are_refused_naming_the_field) {
+    float x[8] = {0}, y[8], p = 0.9f;
+    static const char *names[] = {"topp.split_logit@host", "topp.split_prob@host"};
+    for (int n = 0; n < 2; n++) {
+        const kp_impl *impl = impl_named(names[n]);
+        struct {
+            kp_topp_args a;
+            const char *field;
+        } bad[] = {
+            {{NULL, y, &p, 1, 8, 8, NULL, NULL, 0, 0}, "logits"},
+            {{x, NULL, &p, 1, 8, 8, NULL, NULL, 0, 0}, "out"},
+            {{x, y, NULL, 1, 8, 8, NULL, NULL, 0, 0}, "top_p"},
+            {{x, y, &p, 0, 8, 8, NULL, NULL, 0, 0}, "batch"},
+            {{x, y, &p, -3, 8, 8, NULL, NULL, 0, 0}, "batch"},
+            {{x, y, &p, 1, 0, 8, NULL, NULL, 0, 0}, "vocab"},
+            {{x, y, &p, 1, 8, 7, NULL, NULL, 0, 0}, "row_stride"},
+        };
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            char msg[256] = "";
+            for (int k = 0; k < 8; k++) y[k] = 42.0f;
+            int rc = impl->supports(&bad[i].a, msg, sizeof msg);
+            cr_assert_eq(rc, KP_RUN_NOT_SUPPORTED, "%s supports() case %zu: rc %d", names[n], i, rc);
+            cr_assert(strstr(msg, bad[i].field), "%s supports() message '%s' does not name %s", names[n], msg,
+                      bad[i].field);
+            msg[0] = '\0';
+            rc = impl->run(&bad[i].a, msg, sizeof msg);
+            cr_assert(rc == KP_RUN_NOT_SUPPORTED || rc == KP_RUN_FAILED, "%s run() case %zu: rc %d", names[n], i, rc);
+            cr_assert(strstr(msg, bad[i].field), "%s run() message '%s' does not name %s", names[n], msg,
+                      bad[i].field);
+            for (int k = 0; k < 8; k++) cr_assert_eq(y[k], 42.0f, "%s wrote out on a refused call", names[n]);
+        }
+        char msg[64];
+        cr_assert_eq(impl->supports(NULL, msg, sizeof msg), KP_RUN_NOT_SUPPORTED);
+        kp_topp_args ok = {x, y, &p, 1, 8, 8, NULL, NULL, 0, 0};
+        cr_assert_eq(impl->supports(&ok, msg, sizeof msg), KP_RUN_OK);
+        cr_assert_eq(impl->workspace_bytes(&ok), 0);
+        cr_assert_eq(impl->memory, KP_MEMORY_HOST);
+        cr_assert_eq(impl->abi, KP_ABI_VERSION);
+    }
+}
+
+/* ---- registry and plugins ---- */
+
+Test(registry, finds_builtins_by_exact_name) {
+    int count = kp_impl_count();
+    cr_assert_geq(count, kp_registry_has_cuda() ? 4 : 2);
+    cr_assert_eq(kp_impl_find("topp.split_logit@host"), &kp_topp_split_logit_host);
+    cr_assert_eq(kp_impl_find("topp.split_prob@host"), &kp_topp_split_prob_host);
+    cr_assert_null(kp_impl_find("topp.split_prob"));
+    cr_assert_null(kp_impl_find("topp.split_prob@host "));
+    cr_assert_null(kp_impl_find(NULL));
+    cr_assert_null(kp_impl_at(-1));
+    cr_assert_null(kp_impl_at(count));
+    int seen_logit = 0, seen_prob = 0;
+    for (int i = 0; i < count; i++) {
+        const kp_impl *impl = kp_impl_at(i);
+        cr_assert_not_null(impl);
+        cr_assert_eq(kp_impl_find(impl->name), impl, "%s is not found by its own name", impl->name);
+        const char *sha = "unset";
+        cr_assert_null(kp_impl_origin(impl, &sha), "a built-in has no plugin origin");
+        cr_assert_null(sha);
+        seen_logit += impl == &kp_topp_split_logit_host;
+        seen_prob += impl == &kp_topp_split_prob_host;
+    }
+    cr_assert(seen_logit == 1 && seen_prob == 1);
+#ifdef KP_HAVE_CUDA
+    cr_assert_eq(kp_impl_find("topp.split_prob@cuda"), &kp_topp_split_prob_cuda);
+    cr_assert_eq(kp_impl_find("topp.split_logit@cuda"), &kp_topp_split_logit_cuda);
+#endif
+}
+
+/* Build tests/fixtures/plugin_topp_copy.c with extra -D flags into dir/name. */
+static char *build_fixture(const char *dir, const char *name, const char *define1, const char *define2) {
+    char *so, *src, *inc;
+    cr_assert(asprintf(&so, "%s/%s", dir, name) > 0);
+    cr_assert(asprintf(&src, "%s/tests/fixtures/plugin_topp_copy.c", KP_SOURCE_DIR) > 0);
+    cr_assert(asprintf(&inc, "-I%s/kernels", KP_SOURCE_DIR) > 0);
+    char *argv[16];
+    int n = 0;
+    argv[n++] = "/usr/bin/env";
+    argv[n++] = "cc";
+    argv[n++] = "-shared";
+    argv[n++] = "-fPIC";
+    argv[n++] = "-std=c11";
+    argv[n++] = inc;
+    if (define1) argv[n++] = (char *)define1;
+    if (define2) argv[n++] = (char *)define2;
+    argv[n++] = "-o";
+    argv[n++] = so;
+    argv[n++] = src;
+    argv[n] = NULL;
+    char *out = NULL, *err = NULL;
+    int rc = kpt_run(argv, &out, &err);
+    cr_assert_eq(rc, 0, "building the plugin fixture failed (%d): %s%s", rc, out, err);
+    free(out), free(err), free(src), free(inc);
+    return so;
+}
+
+static void expect_load_error(const char *path, const char *needle) {
+    int before = kp_impl_count();
+    kp_error err = {0};
+    int rc = kp_plugin_load(path, &err);
+    cr_assert_eq(rc, KP_EXIT_USAGE, "loading %s: rc %d (%s)", path, rc, err.msg);
+    cr_assert_eq(err.code, KP_EXIT_USAGE);
+    cr_assert(strstr(err.msg, path), "message '%s' does not name the path %s", err.msg, path);
+    cr_assert(strstr(err.msg, needle), "message '%s' does not name %s", err.msg, needle);
+    cr_assert_eq(kp_impl_count(), before, "a refused plugin registered something");
+}
+
+Test(registry, plugin_load_errors_name_path_and_field, .timeout = 60) {
+    char *dir = kpt_tempdir();
+    cr_assert_not_null(dir);
+    char *missing;
+    cr_assert(asprintf(&missing, "%s/no-such-plugin.so", dir) > 0);
+    expect_load_error(missing, "cannot load");
+
+    char *not_a_lib;
+    cr_assert(asprintf(&not_a_lib, "%s/not-a-library.so", dir) > 0);
+    cr_assert_eq(kpt_write(not_a_lib, "hello\n", 6), 0);
+    expect_load_error(not_a_lib, "cannot load");
+
+    char *so = build_fixture(dir, "no_entry.so", "-DKPT_FIXTURE_NO_ENTRY", NULL);
+    expect_load_error(so, KP_PLUGIN_ENTRY_NAME);
+    free(so);
+    so = build_fixture(dir, "abi.so", "-DKPT_FIXTURE_ABI=2u", NULL);
+    expect_load_error(so, "abi");
+    free(so);
+    so = build_fixture(dir, "family.so", "-DKPT_FIXTURE_FAMILY=\"toppp\"", "-DKPT_FIXTURE_NAME=\"toppp.copy@host\"");
+    expect_load_error(so, "family");
+    free(so);
+    static const char *bad_names[] = {"-DKPT_FIXTURE_NAME=\"moe.copy@host\"", "-DKPT_FIXTURE_NAME=\"topp.copy\"",
+                                      "-DKPT_FIXTURE_NAME=\"topp.@host\"", "-DKPT_FIXTURE_NAME=\"topp.copy@\"",
+                                      "-DKPT_FIXTURE_NAME=\"topp.co py@host\"", "-DKPT_FIXTURE_NAME=\"toppcopy@host\""};
+    for (size_t i = 0; i < sizeof bad_names / sizeof bad_names[0]; i++) {
+        char file[32];
+        snprintf(file, sizeof file, "name%zu.so", i);
+        so = build_fixture(dir, file, bad_names[i], NULL);
+        expect_load_error(so, "name");
+        free(so);
+    }
+    so = build_fixture(dir, "memory.so", "-DKPT_FIXTURE_MEMORY=7", NULL);
+    expect_load_error(so, "memory");
+    free(so);
+    so = build_fixture(dir, "run.so", "-DKPT_FIXTURE_NULL_RUN", NULL);
+    expect_load_error(so, "run");
+    free(so);
+    so = build_fixture(dir, "clash.so", "-DKPT_FIXTURE_NAME=\"topp.split_prob@host\"", NULL);
+    expect_load_error(so, "already registered");
+    free(so);
+    so = build_fixture(dir, "twice.so", "-DKPT_FIXTURE_COUNT=2", NULL);
+    expect_load_error(so, "repeats");
+    free(so);
+    so = build_fixture(dir, "empty.so", "-DKPT_FIXTURE_COUNT=0", NULL);
+    expect_load_error(so, "at least one");
+    free(so);
+
+    kp_error err = {0};
+    cr_assert_eq(kp_plugin_load("libm.so.6", &err), KP_EXIT_USAGE, "a bare name must be refused");
+    cr_assert(strstr(err.msg, "libm.so.6"));
+    kpt_rmtree(dir);
+    free(dir), free(missing), free(not_a_lib);
+}
+
+Test(registry, plugin_loads_and_records_origin, .timeout = 60) {
+    char *dir = kpt_tempdir();
+    cr_assert_not_null(dir);
+    char *so = build_fixture(dir, "copy.so", NULL, NULL);
+    int before = kp_impl_count();
+    kp_error err = {0};
+    int rc = kp_plugin_load(so, &err);
+    cr_assert_eq(rc, 0, "loading %s: %s", so, err.msg);
+    cr_assert_eq(kp_impl_count(), before + 1);
+    const kp_impl *impl = kp_impl_find("topp.copy@host");
+    cr_assert_not_null(impl);
+    cr_assert_eq(kp_impl_at(before), impl);
+    const char *sha = NULL;
+    const char *origin = kp_impl_origin(impl, &sha);
+    cr_assert_str_eq(origin, so);
+    char want[KP_SHA256_HEX_LEN];
+    cr_assert_eq(kp_sha256_file_hex(so, want, &err), 0);
+    cr_assert_str_eq(sha, want);
+
+    /* the plugin's run() is callable through the registry */
+    float x[4] = {1, 2, 3, 4}, y[4] = {0}, p = 0.5f;
+    kp_topp_args a = {x, y, &p, 1, 4, 4, NULL, NULL, 0, 0};
+    char msg[64];
+    cr_assert_eq(impl->run(&a, msg, sizeof msg), KP_RUN_OK);
+    cr_assert(memcmp(x, y, sizeof x) == 0);
+
+    /* the same plugin twice clashes on the name and names the first origin */
+    expect_load_error(so, "already registered");
+    kpt_rmtree(dir);
+    free(dir), free(so);
+}
