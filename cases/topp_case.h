@@ -10,8 +10,9 @@
  * Profiles:
  *   ordinary  LLM-like: tail everywhere, plus a head of H = min(16, vocab / 8) dominant tokens
  *             at distinct positions (slot 1, partial Fisher-Yates) with logit 14 - 0.75 j + tail.
- *             At vocab 154,856 the head holds about two thirds of the mass, so the top-p boundary
- *             falls in the long tail, where a 1e-6 change in mass moves it.
+ *             At vocab 154,856 the head holds 55-95% of the mass (its own tail noise varies),
+ *             so a 0.95 boundary falls in the long tail, hundreds to tens of thousands of tokens
+ *             in, where a 1e-6 change in mass moves it.
  *   forced    ordinary, then token `force_token` set to (float)`force_value` in every row
  *             (the thinking-budget processor's 1e9, or 1e9/0.6 after temperature 0.6).
  *   ties      tail - 12 everywhere, then `tie_count` tokens (default 1000) at logit 1.0 and
