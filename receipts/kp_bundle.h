@@ -4,10 +4,11 @@
  * Receipt shape (schema "kparity.receipt/v1") as the bundle reads it; the harness fills the rest:
  *   { "schema", "index", "case": {"name", "family", ...}, "result": "PASSED|INCORRECT|FAILED|NOT_RUN|NOT_SUPPORTED",
  *     "reasons": [str], "duration_s",
- *     "checks": [ {"check", "label", "impl", "result", "summary", ...} ],
+ *     "checks": [ {"check", "label", "impl", "result", "summary", "key_figure" (optional), ...} ],
  *     "artifacts": [ {"name", "file": "artifacts/<sha256>.npy", "sha256"} ],
  *     "chain": {"prev": "<sha256 of the previous receipt file, 64 zeros for the first>"} }
- * The bundle sets "index" and "chain" itself. */
+ * The bundle sets "index" and "chain" itself. Results are the DESIGN.md vocabulary; the reports show
+ * a check's "key_figure" (string or number) where given, else its "summary". */
 #ifndef KP_BUNDLE_H
 #define KP_BUNDLE_H
 
@@ -20,8 +21,8 @@
 
 typedef struct kp_bundle kp_bundle;
 
-/* Create `dir` (it must not exist, or be an empty folder) with receipts/ and artifacts/.
- * KP_EXIT_USAGE naming the path when it cannot be created or written. */
+/* Create `dir` (it must not exist, or be an empty folder; its parent must exist) with receipts/ and
+ * artifacts/. KP_EXIT_USAGE naming the path and the reason when it cannot be created or written. */
 int kp_bundle_open(kp_bundle **out, const char *dir, kp_error *err);
 const char *kp_bundle_dir(const kp_bundle *b);
 
@@ -31,7 +32,9 @@ int kp_bundle_add_artifact(kp_bundle *b, const char *descr, int ndim, const int6
                            size_t data_bytes, char digest[KP_SHA256_HEX_LEN], char relpath[128], kp_error *err);
 
 /* Append a receipt: the bundle sets "index" and "chain.prev", prints it, writes
- * receipts/NNNN.json atomically and takes ownership of `receipt`. */
+ * receipts/NNNN.json atomically and takes ownership of `receipt` (also when it fails).
+ * KP_EXIT_USAGE for a receipt without case.name, with a result outside the vocabulary, or naming
+ * an artifact this bundle does not hold. */
 int kp_bundle_add_receipt(kp_bundle *b, cJSON *receipt, kp_error *err);
 
 /* Finish: junit.xml, summary.md, report.html, bundle.json (with `meta` merged in: config digest,
@@ -44,7 +47,24 @@ void kp_bundle_free(kp_bundle *b);
  * naming the first bad file otherwise; KP_EXIT_USAGE when `dir` is not a bundle. */
 int kp_bundle_verify(const char *dir, kp_error *err);
 
-/* Read a receipt file of a bundle (for replay). Caller frees with cJSON_Delete. */
+/* Read a receipt file of a bundle (for replay), numbers kept exact (kp_json_parse).
+ * KP_EXIT_USAGE naming the path and the line of a syntax error. Caller frees with cJSON_Delete. */
 int kp_bundle_read_json(const char *path, cJSON **out, kp_error *err);
+
+/* Every file under `dir` as sorted relative paths ('/'-separated, strcmp order = LC_ALL=C sort),
+ * folders walked recursively. KP_EXIT_USAGE naming an entry that is neither a regular file nor a
+ * folder (a symlink, a socket), or whose name a manifest line cannot hold (control character, backslash). */
+int kp_bundle_list_files(const char *dir, char ***paths, size_t *count, kp_error *err);
+void kp_bundle_free_list(char **paths, size_t count);
+/* (Re)write DIR/manifest.sha256 over every other file: "<64 hex>  <path>\n", sorted by path. */
+int kp_bundle_write_manifest(const char *dir, kp_error *err);
+
+/* The reports, rendered from receipt rows: an array of {"file", "case", "result", "reasons": [str],
+ * "checks": [as in the receipt]}, which the bundle keeps one per receipt. Each check gives one JUnit
+ * testcase and one table row; a receipt without checks gives one, labelled "case", carrying the
+ * receipt's own result. Malloc'd text; NULL only when out of memory. */
+char *kp_report_junit(const cJSON *rows);
+char *kp_report_summary_md(const cJSON *rows, const char *verdict, int exit_code);
+char *kp_report_html(const cJSON *rows, const char *verdict, int exit_code);
 
 #endif

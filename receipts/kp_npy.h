@@ -16,7 +16,24 @@ int kp_npy_encode(const char *descr, int ndim, const int64_t *shape, const void 
 int kp_npy_write(const char *path, const char *descr, int ndim, const int64_t *shape, const void *data,
                  size_t data_bytes, kp_error *err);
 
-/* Write a whole file atomically: temporary file in the same folder, fsync, rename, fsync folder. */
+/* What a .npy header says. Of files numpy itself wrote, format 2.0/3.0 headers are read; '>' byte
+ * order, fortran_order True and more than KP_NPY_MAX_DIMS dimensions are refused. */
+#define KP_NPY_MAX_DIMS 8
+typedef struct kp_npy_info {
+    char descr[8];
+    int ndim;
+    int64_t shape[KP_NPY_MAX_DIMS];
+    size_t itemsize;
+    size_t data_offset; /* where the data starts in the file */
+    size_t data_bytes;  /* prod(shape) * itemsize, checked against the file length */
+} kp_npy_info;
+/* Parse and check the header of a whole .npy file held in memory; KP_EXIT_USAGE saying what is wrong. */
+int kp_npy_decode(const unsigned char *buf, size_t len, kp_npy_info *info, kp_error *err);
+
+/* Write a whole file atomically: temporary file in the same folder, fsync, rename, fsync folder.
+ * KP_EXIT_USAGE naming the path when it cannot be created there, KP_EXIT_ENV when a write or sync fails. */
 int kp_write_file_atomic(const char *path, const void *data, size_t len, kp_error *err);
+/* Read a whole file into a malloc'd buffer with a NUL after the data; KP_EXIT_USAGE naming the path. */
+int kp_read_file(const char *path, char **buf, size_t *len, kp_error *err);
 
 #endif

@@ -1,0 +1,364 @@
+/* kp_bundle.c: writing a bundle: the folder, content-addressed artifacts, hash-chained receipts,
+ * then the reports, bundle.json and, last, manifest.sha256 over everything else. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "kp_bundle.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "kp_json.h"
+#include "kp_npy.h"
+
+#define ZERO_DIGEST "0000000000000000000000000000000000000000000000000000000000000000"
+
+struct kp_bundle {
+    char *dir;
+    int64_t count;                 /* receipts written */
+    char prev[KP_SHA256_HEX_LEN];  /* digest of the last receipt file, the next receipt's chain.prev */
+    cJSON *rows;                   /* per receipt: file, sha256, case, result, reasons, checks (for the reports) */
+    int finished;
+};
+
+static const char *const vocabulary[] = {"PASSED", "INCORRECT", "FAILED", "NOT_RUN", "NOT_SUPPORTED"};
+
+static int in_vocabulary(const char *s) {
+    for (size_t i = 0; s && i < sizeof vocabulary / sizeof vocabulary[0]; i++)
+        if (strcmp(s, vocabulary[i]) == 0) return 1;
+    return 0;
+}
+
+static char *join(const char *dir, const char *rel) {
+    char *p = NULL;
+    return asprintf(&p, "%s/%s", dir, rel) < 0 ? NULL : p;
+}
+
+static char *parent_of(const char *path) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) return strdup(".");
+    return strndup(path, slash == path ? 1 : (size_t)(slash - path));
+}
+
+/* Explain a failed mkdir of the bundle folder in terms of its parent, since that is what the
+ * user has to fix. */
+static int creation_failed(const char *dir, int e, kp_error *err) {
+    char *parent = parent_of(dir);
+    const char *p = parent ? parent : "its parent";
+    struct stat st;
+    int rc;
+    if (e == ENOENT) rc = kp_fail(err, KP_EXIT_USAGE, "%s: cannot create the bundle folder: parent %s does not exist", dir, p);
+    else if (e == ENOTDIR || (stat(p, &st) == 0 && !S_ISDIR(st.st_mode)))
+        rc = kp_fail(err, KP_EXIT_USAGE, "%s: cannot create the bundle folder: %s (a parent of it is a file, not a folder)",
+                     dir, strerror(e));
+    else rc = kp_fail(err, KP_EXIT_USAGE, "%s: cannot create the bundle folder: %s (is %s writable?)", dir, strerror(e), p);
+    free(parent);
+    return rc;
+}
+
+int kp_bundle_open(kp_bundle **out, const char *dir, kp_error *err) {
+    *out = NULL;
+    if (!dir || !*dir) return kp_fail(err, KP_EXIT_USAGE, "bundle folder: empty path");
+    struct stat st;
+    if (stat(dir, &st) == 0) {
+        if (!S_ISDIR(st.st_mode))
+            return kp_fail(err, KP_EXIT_USAGE, "%s: exists and is not a folder; a bundle needs a new or empty folder", dir);
+        DIR *d = opendir(dir);
+        if (!d) return kp_fail(err, KP_EXIT_USAGE, "%s: cannot read the folder: %s", dir, strerror(errno));
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL) {
+            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+            /* Refusing beats mixing: an old manifest or stray receipt would make the new bundle fail verify. */
+            kp_fail(err, KP_EXIT_USAGE, "%s: folder is not empty (it holds '%s'); a bundle needs a new or empty folder",
+                    dir, e->d_name);
+            closedir(d);
+            return KP_EXIT_USAGE;
+        }
+        closedir(d);
+    } else if (errno != ENOENT || mkdir(dir, 0755) != 0) {
+        return creation_failed(dir, errno, err);
+    }
+
+    kp_bundle *b = calloc(1, sizeof *b);
+    if (!b || !(b->dir = strdup(dir)) || !(b->rows = cJSON_CreateArray())) {
+        kp_bundle_free(b);
+        return kp_fail(err, KP_EXIT_ENV, "out of memory opening bundle %s", dir);
+    }
+    size_t n = strlen(b->dir);
+    while (n > 1 && b->dir[n - 1] == '/') b->dir[--n] = '\0';
+    memcpy(b->prev, ZERO_DIGEST, KP_SHA256_HEX_LEN);
+    /* Making the two subfolders is also the writability check: it is the first write into `dir`. */
+    const char *subs[] = {"receipts", "artifacts"};
+    for (int i = 0; i < 2; i++) {
+        char *p = join(b->dir, subs[i]);
+        int ok = p && mkdir(p, 0755) == 0;
+        int e = errno;
+        free(p);
+        if (!ok) {
+            kp_fail(err, KP_EXIT_USAGE, "%s: cannot create %s/ in it: %s (is the folder writable?)", dir, subs[i], strerror(e));
+            kp_bundle_free(b);
+            return KP_EXIT_USAGE;
+        }
+    }
+    *out = b;
+    return 0;
+}
+
+const char *kp_bundle_dir(const kp_bundle *b) { return b->dir; }
+
+int kp_bundle_add_artifact(kp_bundle *b, const char *descr, int ndim, const int64_t *shape, const void *data,
+                           size_t data_bytes, char digest[KP_SHA256_HEX_LEN], char relpath[128], kp_error *err) {
+    if (b->finished) return kp_fail(err, KP_EXIT_USAGE, "%s: bundle already finished; no artifact can be added", b->dir);
+    unsigned char *buf;
+    size_t len;
+    if (kp_npy_encode(descr, ndim, shape, data, data_bytes, &buf, &len, err)) return err->code;
+    kp_sha256_hex(buf, len, digest);
+    snprintf(relpath, 128, "artifacts/%s.npy", digest);
+    char *path = join(b->dir, relpath);
+    int rc = 0;
+    struct stat st;
+    if (!path) rc = kp_fail(err, KP_EXIT_ENV, "out of memory");
+    else if (stat(path, &st) != 0) rc = kp_write_file_atomic(path, buf, len, err);
+    /* else: the name is the digest of these exact bytes, so the file already holds them */
+    free(path);
+    free(buf);
+    return rc;
+}
+
+static int replace_member(cJSON *obj, const char *key, cJSON *value) {
+    if (!value) return 0;
+    if (cJSON_GetObjectItemCaseSensitive(obj, key)) return cJSON_ReplaceItemInObjectCaseSensitive(obj, key, value);
+    if (cJSON_AddItemToObject(obj, key, value)) return 1;
+    cJSON_Delete(value);
+    return 0;
+}
+
+/* What the reports and verify rely on, checked while the harness can still say which receipt. */
+static int check_receipt(const kp_bundle *b, const cJSON *r, int64_t index, kp_error *err) {
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(r, "case");
+    const char *name = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(c, "name"));
+    const char *result = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "result"));
+    if (!cJSON_IsObject(r) || !name)
+        return kp_fail(err, KP_EXIT_USAGE, "receipt %lld: no case.name string", (long long)index);
+    if (!in_vocabulary(result))
+        return kp_fail(err, KP_EXIT_USAGE, "receipt %lld (%s): result '%s' is not PASSED, INCORRECT, FAILED, NOT_RUN or "
+                       "NOT_SUPPORTED", (long long)index, name, result ? result : "(missing)");
+    const cJSON *checks = cJSON_GetObjectItemCaseSensitive(r, "checks"), *x;
+    if (checks && !cJSON_IsArray(checks))
+        return kp_fail(err, KP_EXIT_USAGE, "receipt %lld (%s): \"checks\" is not an array", (long long)index, name);
+    cJSON_ArrayForEach(x, checks) {
+        const char *cr = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(x, "result"));
+        if (!in_vocabulary(cr))
+            return kp_fail(err, KP_EXIT_USAGE, "receipt %lld (%s): a check's result '%s' is not in the result vocabulary",
+                           (long long)index, name, cr ? cr : "(missing)");
+    }
+    const cJSON *artifacts = cJSON_GetObjectItemCaseSensitive(r, "artifacts");
+    if (artifacts && !cJSON_IsArray(artifacts))
+        return kp_fail(err, KP_EXIT_USAGE, "receipt %lld (%s): \"artifacts\" is not an array", (long long)index, name);
+    cJSON_ArrayForEach(x, artifacts) {
+        const char *file = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(x, "file"));
+        const char *sha = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(x, "sha256"));
+        char expected[128];
+        snprintf(expected, sizeof expected, "artifacts/%s.npy", sha ? sha : "");
+        char *path = file ? join(b->dir, file) : NULL;
+        struct stat st;
+        int held = path && stat(path, &st) == 0 && S_ISREG(st.st_mode);
+        free(path);
+        if (!file || !sha || strlen(sha) != 64 || strcmp(file, expected) != 0 || !held)
+            return kp_fail(err, KP_EXIT_USAGE, "receipt %lld (%s): artifact entry '%s' is not a file this bundle holds "
+                           "(add it with kp_bundle_add_artifact; \"file\" must be artifacts/<sha256>.npy)",
+                           (long long)index, name, file ? file : "(no file)");
+    }
+    return 0;
+}
+
+int kp_bundle_add_receipt(kp_bundle *b, cJSON *receipt, kp_error *err) {
+    int64_t index = b->count + 1;
+    char rel[64], digest[KP_SHA256_HEX_LEN];
+    char *text = NULL, *path = NULL;
+    int rc = 0;
+    if (b->finished) {
+        rc = kp_fail(err, KP_EXIT_USAGE, "%s: bundle already finished; no receipt can be added", b->dir);
+        goto out;
+    }
+    if ((rc = check_receipt(b, receipt, index, err))) goto out;
+    cJSON *chain = cJSON_CreateObject();
+    if (!replace_member(receipt, "index", kp_json_int(index)) || !chain ||
+        !cJSON_AddStringToObject(chain, "prev", b->prev) || !replace_member(receipt, "chain", chain)) {
+        rc = kp_fail(err, KP_EXIT_ENV, "out of memory building receipt %lld", (long long)index);
+        goto out;
+    }
+    char *printed = kp_json_print(receipt);
+    if (!printed || asprintf(&text, "%s\n", printed) < 0) text = NULL;
+    cJSON_free(printed);
+    snprintf(rel, sizeof rel, "receipts/%04lld.json", (long long)index);
+    if (!text || !(path = join(b->dir, rel))) {
+        rc = kp_fail(err, KP_EXIT_ENV, "out of memory printing receipt %lld", (long long)index);
+        goto out;
+    }
+    if ((rc = kp_write_file_atomic(path, text, strlen(text), err))) goto out;
+    kp_sha256_hex(text, strlen(text), digest);
+
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(receipt, "case");
+    cJSON *row = cJSON_CreateObject();
+    cJSON *reasons = cJSON_GetObjectItemCaseSensitive(receipt, "reasons");
+    cJSON *checks = cJSON_GetObjectItemCaseSensitive(receipt, "checks");
+    if (!row || !cJSON_AddItemToArray(b->rows, row) || !cJSON_AddStringToObject(row, "file", rel) ||
+        !cJSON_AddStringToObject(row, "sha256", digest) ||
+        !cJSON_AddStringToObject(row, "case", cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(c, "name"))) ||
+        !cJSON_AddStringToObject(row, "result", cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(receipt, "result"))) ||
+        !replace_member(row, "reasons", reasons ? cJSON_Duplicate(reasons, 1) : cJSON_CreateArray()) ||
+        !replace_member(row, "checks", checks ? cJSON_Duplicate(checks, 1) : cJSON_CreateArray())) {
+        rc = kp_fail(err, KP_EXIT_ENV, "out of memory recording receipt %lld", (long long)index);
+        goto out;
+    }
+    memcpy(b->prev, digest, KP_SHA256_HEX_LEN);
+    b->count = index;
+out:
+    free(text);
+    free(path);
+    cJSON_Delete(receipt);
+    return rc;
+}
+
+static int write_text(const kp_bundle *b, const char *rel, char *text, kp_error *err) {
+    if (!text) return kp_fail(err, KP_EXIT_ENV, "out of memory rendering %s", rel);
+    char *path = join(b->dir, rel);
+    int rc = path ? kp_write_file_atomic(path, text, strlen(text), err) : kp_fail(err, KP_EXIT_ENV, "out of memory");
+    free(path);
+    free(text);
+    return rc;
+}
+
+static cJSON *bundle_doc(const kp_bundle *b, const char *verdict, int exit_code, cJSON *meta, kp_error *err) {
+    cJSON *doc = cJSON_CreateObject(), *list = NULL;
+    if (!doc || !cJSON_AddStringToObject(doc, "schema", "kparity.bundle/v1") || !cJSON_AddStringToObject(doc, "verdict", verdict) ||
+        !kp_json_add_int(doc, "exit_code", exit_code) || !(list = cJSON_AddArrayToObject(doc, "receipts")))
+        goto oom;
+    const cJSON *row;
+    cJSON_ArrayForEach(row, b->rows) {
+        cJSON *entry = cJSON_CreateObject();
+        if (!entry || !cJSON_AddItemToArray(list, entry)) {
+            cJSON_Delete(entry);
+            goto oom;
+        }
+        const char *keys[] = {"file", "sha256", "case", "result"};
+        for (int k = 0; k < 4; k++)
+            if (!cJSON_AddStringToObject(entry, keys[k], cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(row, keys[k]))))
+                goto oom;
+    }
+    if (!cJSON_AddStringToObject(doc, "chain_head", b->prev)) goto oom;
+    /* meta adds to the bundle's own members and never replaces one: verify trusts receipts and chain_head. */
+    while (meta && meta->child) {
+        cJSON *m = cJSON_DetachItemViaPointer(meta, meta->child);
+        if (!m->string || cJSON_GetObjectItemCaseSensitive(doc, m->string)) {
+            kp_fail(err, KP_EXIT_USAGE, "%s/bundle.json: meta member '%s' clashes with one the bundle writes",
+                    b->dir, m->string ? m->string : "(unnamed)");
+            cJSON_Delete(m);
+            cJSON_Delete(doc);
+            return NULL;
+        }
+        if (!cJSON_AddItemToObject(doc, m->string, m)) {
+            cJSON_Delete(m);
+            goto oom;
+        }
+    }
+    return doc;
+oom:
+    cJSON_Delete(doc);
+    kp_fail(err, KP_EXIT_ENV, "out of memory building bundle.json");
+    return NULL;
+}
+
+int kp_bundle_finish(kp_bundle *b, const char *verdict, int exit_code, cJSON *meta, kp_error *err) {
+    int rc = 0;
+    if (b->finished) {
+        rc = kp_fail(err, KP_EXIT_USAGE, "%s: bundle already finished", b->dir);
+        goto out;
+    }
+    if (meta && !cJSON_IsObject(meta)) {
+        rc = kp_fail(err, KP_EXIT_USAGE, "%s: bundle meta is not a JSON object", b->dir);
+        goto out;
+    }
+    if (!verdict) verdict = "";
+    /* bundle.json first in memory: a meta clash then fails before any file is written. */
+    cJSON *doc = bundle_doc(b, verdict, exit_code, meta, err);
+    if (!doc) {
+        rc = err->code;
+        goto out;
+    }
+    char *printed = kp_json_print(doc), *text = NULL;
+    cJSON_Delete(doc);
+    if (!printed || asprintf(&text, "%s\n", printed) < 0) text = NULL;
+    cJSON_free(printed);
+    if (!text) {
+        rc = kp_fail(err, KP_EXIT_ENV, "out of memory printing bundle.json");
+        goto out;
+    }
+    if ((rc = write_text(b, "junit.xml", kp_report_junit(b->rows), err)) ||
+        (rc = write_text(b, "summary.md", kp_report_summary_md(b->rows, verdict, exit_code), err)) ||
+        (rc = write_text(b, "report.html", kp_report_html(b->rows, verdict, exit_code), err))) {
+        free(text);
+        goto out;
+    }
+    if ((rc = write_text(b, "bundle.json", text, err))) goto out;
+    /* Last, so it covers every other file in its final form. */
+    if ((rc = kp_bundle_write_manifest(b->dir, err))) goto out;
+    b->finished = 1;
+out:
+    cJSON_Delete(meta);
+    return rc;
+}
+
+void kp_bundle_free(kp_bundle *b) {
+    if (!b) return;
+    free(b->dir);
+    cJSON_Delete(b->rows);
+    free(b);
+}
+
+int kp_bundle_write_manifest(const char *dir, kp_error *err) {
+    char **paths;
+    size_t count;
+    if (kp_bundle_list_files(dir, &paths, &count, err)) return err->code;
+    size_t cap = count * 80 + 1; /* 64 hex + 2 spaces + newline + the path, below */
+    for (size_t i = 0; i < count; i++) cap += strlen(paths[i]);
+    char *text = malloc(cap), *at = text;
+    int rc = text ? 0 : kp_fail(err, KP_EXIT_ENV, "out of memory writing the manifest");
+    for (size_t i = 0; !rc && i < count; i++) {
+        if (strcmp(paths[i], "manifest.sha256") == 0) continue;
+        char *full = join(dir, paths[i]), hex[KP_SHA256_HEX_LEN];
+        if (!full) rc = kp_fail(err, KP_EXIT_ENV, "out of memory");
+        else if (!(rc = kp_sha256_file_hex(full, hex, err))) at += sprintf(at, "%s  %s\n", hex, paths[i]);
+        free(full);
+    }
+    if (!rc) {
+        char *path = join(dir, "manifest.sha256");
+        rc = path ? kp_write_file_atomic(path, text, (size_t)(at - text), err) : kp_fail(err, KP_EXIT_ENV, "out of memory");
+        free(path);
+    }
+    free(text);
+    kp_bundle_free_list(paths, count);
+    return rc;
+}
+
+int kp_bundle_read_json(const char *path, cJSON **out, kp_error *err) {
+    *out = NULL;
+    char *text;
+    size_t len, at = 0;
+    if (kp_read_file(path, &text, &len, err)) return err->code;
+    cJSON *doc = kp_json_parse(text, len, &at);
+    if (!doc) {
+        size_t line = 1;
+        for (size_t i = 0; i < at && i < len; i++) line += text[i] == '\n';
+        free(text);
+        return kp_fail(err, KP_EXIT_USAGE, "%s: not valid JSON (line %zu, byte %zu)", path, line, at);
+    }
+    free(text);
+    *out = doc;
+    return 0;
+}

@@ -1,0 +1,276 @@
+/* kp_verify.c: `kparity verify`: recheck a bundle byte for byte (manifest.sha256, no file added or
+ * removed) and then what the digests alone cannot show (bundle.json's receipt list, the chain, artifacts). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "kp_bundle.h"
+#include "kp_json.h"
+#include "kp_npy.h"
+
+#define ZERO_DIGEST "0000000000000000000000000000000000000000000000000000000000000000"
+
+typedef struct {
+    char *path;
+    char hex[KP_SHA256_HEX_LEN];
+    int line;
+} manifest_entry;
+
+typedef struct {
+    const char *dir;
+    manifest_entry *entries;
+    size_t count;
+} manifest;
+
+static void free_manifest(manifest *m) {
+    for (size_t i = 0; i < m->count; i++) free(m->entries[i].path);
+    free(m->entries);
+}
+
+/* A path the writer could have produced: relative, '/'-separated, no empty, "." or ".." part. */
+static int clean_relative_path(const char *p, size_t n) {
+    if (n == 0 || p[0] == '/' || p[n - 1] == '/') return 0;
+    size_t start = 0;
+    for (size_t i = 0; i <= n; i++) {
+        if (i < n && ((unsigned char)p[i] < 0x20 || p[i] == 0x7F || p[i] == '\\')) return 0;
+        if (i == n || p[i] == '/') {
+            size_t part = i - start;
+            if (part == 0 || (part == 1 && p[start] == '.') || (part == 2 && p[start] == '.' && p[start + 1] == '.'))
+                return 0;
+            start = i + 1;
+        }
+    }
+    return 1;
+}
+
+/* Strict on purpose: the writer emits one canonical form, so any other byte means the manifest changed. */
+static int parse_manifest(manifest *m, const char *text, size_t len, kp_error *err) {
+    size_t pos = 0, cap = 0;
+    int line = 0;
+    while (pos < len) {
+        line++;
+        const char *at = text + pos, *eol = memchr(at, '\n', len - pos);
+        size_t n = eol ? (size_t)(eol - at) : len - pos;
+        int ok = eol && n > 66 && at[64] == ' ' && at[65] == ' ' && clean_relative_path(at + 66, n - 66);
+        for (int i = 0; ok && i < 64; i++) ok = (at[i] >= '0' && at[i] <= '9') || (at[i] >= 'a' && at[i] <= 'f');
+        if (!ok) {
+            /* Quote the line: it usually still shows which file it was about. */
+            char shown[160];
+            size_t k = 0;
+            for (; k < n && k + 1 < sizeof shown; k++) shown[k] = (unsigned char)at[k] < 0x20 ? '?' : at[k];
+            shown[k] = '\0';
+            return kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: manifest.sha256: line %d is malformed (expected "
+                           "'<64 lowercase hex>  <relative path>' and a newline): '%s'", m->dir, line, shown);
+        }
+        if (m->count == cap) {
+            cap = cap ? 2 * cap : 32;
+            manifest_entry *grown = realloc(m->entries, cap * sizeof *grown);
+            if (!grown) return kp_fail(err, KP_EXIT_ENV, "out of memory reading manifest.sha256");
+            m->entries = grown;
+        }
+        manifest_entry *e = &m->entries[m->count];
+        if (!(e->path = strndup(at + 66, n - 66))) return kp_fail(err, KP_EXIT_ENV, "out of memory reading manifest.sha256");
+        m->count++;
+        memcpy(e->hex, at, 64);
+        e->hex[64] = '\0';
+        e->line = line;
+        if (strcmp(e->path, "manifest.sha256") == 0)
+            return kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: manifest.sha256: line %d lists the manifest itself", m->dir, line);
+        if (m->count > 1 && strcmp(m->entries[m->count - 2].path, e->path) >= 0)
+            return kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: manifest.sha256: line %d (%s) is out of order or repeated",
+                           m->dir, line, e->path);
+        pos += n + 1;
+    }
+    return 0;
+}
+
+static const manifest_entry *lookup(const manifest *m, const char *path) {
+    size_t lo = 0, hi = m->count;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(m->entries[mid].path, path);
+        if (c == 0) return &m->entries[mid];
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return NULL;
+}
+
+/* Walk the manifest and the files on disk together, both sorted, so the first bad path in path
+ * order is the one reported, whatever kind of damage it is. */
+static int check_files(const manifest *m, char **disk, size_t n_disk, kp_error *err) {
+    size_t i = 0, j = 0;
+    while (i < m->count || j < n_disk) {
+        if (j < n_disk && strcmp(disk[j], "manifest.sha256") == 0) {
+            j++;
+            continue;
+        }
+        const manifest_entry *e = i < m->count ? &m->entries[i] : NULL;
+        int c = !e ? 1 : j == n_disk ? -1 : strcmp(e->path, disk[j]);
+        if (c < 0)
+            return kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: listed in manifest.sha256 (line %d) but missing",
+                           m->dir, e->path, e->line);
+        if (c > 0)
+            return kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: present but not listed in manifest.sha256 (an added file)",
+                           m->dir, disk[j]);
+        char *full = NULL, hex[KP_SHA256_HEX_LEN];
+        if (asprintf(&full, "%s/%s", m->dir, e->path) < 0) return kp_fail(err, KP_EXIT_ENV, "out of memory");
+        int rc = kp_sha256_file_hex(full, hex, err);
+        free(full);
+        if (rc) return rc;
+        if (strcmp(hex, e->hex) != 0)
+            return kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: SHA-256 %s does not match manifest.sha256 line %d (%s)",
+                           m->dir, e->path, hex, e->line, e->hex);
+        i++;
+        j++;
+    }
+    return 0;
+}
+
+static const char *str_at(const cJSON *obj, const char *key) {
+    return cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(obj, key));
+}
+
+static int same(const char *a, const char *b) { return a && b && strcmp(a, b) == 0; }
+
+/* One receipt against bundle.json's entry, the chain, and the artifacts it names. */
+static int check_receipt(const manifest *m, const cJSON *entry, int64_t index, const char *prev, kp_error *err) {
+    char file[64];
+    snprintf(file, sizeof file, "receipts/%04lld.json", (long long)index);
+    const char *listed = str_at(entry, "file");
+    if (!same(listed, file))
+        return kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: bundle.json: receipt %lld is listed as '%s', expected %s",
+                       m->dir, (long long)index, listed ? listed : "(none)", file);
+    const manifest_entry *me = lookup(m, file);
+    if (!me) return kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: listed in bundle.json but missing", m->dir, file);
+    if (!same(str_at(entry, "sha256"), me->hex))
+        return kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: bundle.json records sha256 %s, the file has %s", m->dir, file,
+                       str_at(entry, "sha256") ? str_at(entry, "sha256") : "(none)", me->hex);
+    char *path = NULL;
+    if (asprintf(&path, "%s/%s", m->dir, file) < 0) return kp_fail(err, KP_EXIT_ENV, "out of memory");
+    cJSON *r = NULL;
+    int rc = kp_bundle_read_json(path, &r, err);
+    free(path);
+    if (rc) return kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: not valid JSON", m->dir, file);
+    int64_t got_index = 0;
+    const char *chain_prev = str_at(cJSON_GetObjectItemCaseSensitive(r, "chain"), "prev");
+    if (kp_json_get_int(r, "index", &got_index) != 0 || got_index != index)
+        rc = kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: \"index\" is not %lld (receipts out of order)", m->dir, file,
+                     (long long)index);
+    else if (!same(chain_prev, prev))
+        rc = kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: chain.prev %s is not the previous receipt's digest %s "
+                     "(chain broken)", m->dir, file, chain_prev ? chain_prev : "(none)", prev);
+    else if (!same(str_at(cJSON_GetObjectItemCaseSensitive(r, "case"), "name"), str_at(entry, "case")) ||
+             !same(str_at(r, "result"), str_at(entry, "result")))
+        rc = kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: case name or result differs from its bundle.json entry",
+                     m->dir, file);
+    const cJSON *a;
+    cJSON_ArrayForEach(a, cJSON_GetObjectItemCaseSensitive(r, "artifacts")) {
+        if (rc) break;
+        const char *af = str_at(a, "file"), *sha = str_at(a, "sha256");
+        const manifest_entry *ae = af ? lookup(m, af) : NULL;
+        if (!ae)
+            rc = kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: names artifact '%s', which the bundle does not hold",
+                         m->dir, file, af ? af : "(no file)");
+        else if (!same(sha, ae->hex))
+            rc = kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: %s records sha256 %s, the artifact has %s", m->dir, af,
+                         file, sha ? sha : "(none)", ae->hex);
+    }
+    cJSON_Delete(r);
+    return rc;
+}
+
+static int check_bundle_json(const manifest *m, kp_error *err) {
+    char *path = NULL;
+    if (asprintf(&path, "%s/bundle.json", m->dir) < 0) return kp_fail(err, KP_EXIT_ENV, "out of memory");
+    cJSON *doc = NULL;
+    int rc = kp_bundle_read_json(path, &doc, err);
+    free(path);
+    if (rc) return kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: bundle.json: not valid JSON", m->dir);
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(doc, "receipts"), *entry;
+    char prev[KP_SHA256_HEX_LEN] = ZERO_DIGEST;
+    int64_t index = 0;
+    if (!same(str_at(doc, "schema"), "kparity.bundle/v1") || !cJSON_IsArray(list))
+        rc = kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: bundle.json: not a kparity.bundle/v1 document with a receipts list",
+                     m->dir);
+    cJSON_ArrayForEach(entry, list) {
+        if (rc) break;
+        rc = check_receipt(m, entry, ++index, prev, err);
+        if (!rc) memcpy(prev, lookup(m, str_at(entry, "file"))->hex, KP_SHA256_HEX_LEN);
+    }
+    /* Every file in receipts/ must be one bundle.json lists: receipts/0001.json .. receipts/<count>.json. */
+    for (size_t i = 0; !rc && i < m->count; i++) {
+        const char *p = m->entries[i].path;
+        if (strncmp(p, "receipts/", 9) != 0) continue;
+        long long k = 0;
+        char again[64];
+        int listed = sscanf(p, "receipts/%lld.json", &k) == 1 && k >= 1 && k <= index &&
+                     (snprintf(again, sizeof again, "receipts/%04lld.json", k), strcmp(again, p) == 0);
+        if (!listed)
+            rc = kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: in receipts/ but not listed in bundle.json", m->dir, p);
+    }
+    if (!rc && !same(str_at(doc, "chain_head"), prev))
+        rc = kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: bundle.json: chain_head %s is not the last receipt's digest %s",
+                     m->dir, str_at(doc, "chain_head") ? str_at(doc, "chain_head") : "(none)", prev);
+    cJSON_Delete(doc);
+    return rc;
+}
+
+/* Artifacts are named by their digest; one whose bytes no longer match its name was swapped. */
+static int check_artifact_names(const manifest *m, kp_error *err) {
+    for (size_t i = 0; i < m->count; i++) {
+        const manifest_entry *e = &m->entries[i];
+        if (strncmp(e->path, "artifacts/", 10) != 0) continue;
+        char expected[128];
+        snprintf(expected, sizeof expected, "artifacts/%s.npy", e->hex);
+        if (strcmp(expected, e->path) != 0)
+            return kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: content does not match its name (artifacts are "
+                           "named artifacts/<sha256>.npy)", m->dir, e->path);
+    }
+    return 0;
+}
+
+int kp_bundle_verify(const char *dir, kp_error *err) {
+    struct stat st;
+    if (stat(dir, &st) != 0) return kp_fail(err, KP_EXIT_USAGE, "%s: not a bundle: %s", dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) return kp_fail(err, KP_EXIT_USAGE, "%s: not a bundle: not a folder", dir);
+    const char *needed[] = {"manifest.sha256", "bundle.json"};
+    for (int i = 0; i < 2; i++) {
+        char *p = NULL;
+        if (asprintf(&p, "%s/%s", dir, needed[i]) < 0) return kp_fail(err, KP_EXIT_ENV, "out of memory");
+        int there = stat(p, &st) == 0;
+        free(p);
+        if (!there)
+            return kp_fail(err, KP_EXIT_USAGE, "%s: not a kparity bundle (no %s); hint: pass the folder given to --out",
+                           dir, needed[i]);
+    }
+    manifest m = {.dir = dir};
+    char *text = NULL, *path = NULL, **disk = NULL;
+    size_t len = 0, n_disk = 0;
+    int rc;
+    if (asprintf(&path, "%s/manifest.sha256", dir) < 0) return kp_fail(err, KP_EXIT_ENV, "out of memory");
+    if ((rc = kp_read_file(path, &text, &len, err))) goto out;
+    if ((rc = parse_manifest(&m, text, len, err))) goto out;
+    if ((rc = kp_bundle_list_files(dir, &disk, &n_disk, err))) {
+        /* a symlink, socket or unlistable name inside the bundle is damage, not a usage error */
+        if (rc == KP_EXIT_USAGE) {
+            kp_error_prefix(err, "bundle %s: ", dir);
+            rc = err->code = KP_EXIT_INCORRECT;
+        }
+        goto out;
+    }
+    if ((rc = check_files(&m, disk, n_disk, err))) goto out;
+    if ((rc = check_artifact_names(&m, err))) goto out;
+    rc = check_bundle_json(&m, err);
+out:
+    free(path);
+    free(text);
+    kp_bundle_free_list(disk, n_disk);
+    free_manifest(&m);
+    return rc;
+}
