@@ -38,7 +38,7 @@ void kp_sha256_final_hex(kp_sha256 *h, char hex[KP_SHA256_HEX_LEN]) {
 }
 
 void kp_sha256_hex(const void *data, size_t len, char hex[KP_SHA256_HEX_LEN]) {
-    kp_sha256 h;
+    kp_sha256 h = {0};
     kp_error err;
     if (kp_sha256_init(&h, &err)) kp_abort(__FILE__, __LINE__, "%s", err.msg);
     kp_sha256_update(&h, data, len);
@@ -48,7 +48,7 @@ void kp_sha256_hex(const void *data, size_t len, char hex[KP_SHA256_HEX_LEN]) {
 int kp_sha256_file_hex(const char *path, char hex[KP_SHA256_HEX_LEN], kp_error *err) {
     FILE *f = fopen(path, "rb");
     if (!f) return kp_fail(err, KP_EXIT_USAGE, "%s: cannot read: %s", path, strerror(errno));
-    kp_sha256 h;
+    kp_sha256 h = {0};
     if (kp_sha256_init(&h, err)) {
         fclose(f);
         return err->code;

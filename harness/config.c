@@ -103,15 +103,15 @@ static const cJSON *param(const cJSON *check, const cJSON *defaults, const char 
 }
 
 static int rule_params(const cJSON *check, const cJSON *defaults, const char *where, kp_check_spec *s, kp_error *err) {
-    char at[256];
+    char at[640];
     const cJSON *tp = param(check, defaults, "tie_policy"), *band = param(check, defaults, "band");
-    const char *text;
-    snprintf(at, sizeof at, "%s.tie_policy", where);
+    const char *text = NULL;
+    snprintf(at, sizeof at, "%.300s.tie_policy", where);
     if (!tp) return kp_fail(err, KP_EXIT_USAGE, "%s: required (in the check or in \"defaults\")", at);
     if (want_string(tp, at, &text, err)) return err->code;
     if (kp_tie_policy_parse(text, &s->tie_policy))
         return kp_fail(err, KP_EXIT_USAGE, "%s: '%s' is unknown (minimal_index, inclusive)", at, text);
-    snprintf(at, sizeof at, "%s.band", where);
+    snprintf(at, sizeof at, "%.300s.band", where);
     if (!band) return kp_fail(err, KP_EXIT_USAGE, "%s: required (in the check or in \"defaults\")", at);
     if (want_number(band, at, &s->band, err)) return err->code;
     if (!(s->band >= 0.0 && s->band < 0.5)) return kp_fail(err, KP_EXIT_USAGE, "%s: %g is outside [0, 0.5)", at, s->band);
@@ -121,10 +121,10 @@ static int rule_params(const cJSON *check, const cJSON *defaults, const char *wh
 static int parse_check(kp_config *cfg, const cJSON *check, const cJSON *defaults, const char *where, kp_check_spec *s,
                        kp_error *err) {
     memset(s, 0, sizeof *s);
-    char at[256];
-    const char *kind;
+    char at[640];
+    const char *kind = NULL;
     if (!cJSON_IsObject(check)) return kp_fail(err, KP_EXIT_USAGE, "%s: expected an object", where);
-    snprintf(at, sizeof at, "%s.check", where);
+    snprintf(at, sizeof at, "%.300s.check", where);
     if (want_string(member(check, "check"), at, &kind, err)) return err->code;
     if (parse_check_kind(kind, &s->kind))
         return kp_fail(err, KP_EXIT_USAGE, "%s: '%s' is unknown (exact, rule, repeat, batch, expect)", at, kind);
@@ -136,12 +136,12 @@ static int parse_check(kp_config *cfg, const cJSON *check, const cJSON *defaults
     }
     if (s->kind == KP_CHECK_EXACT) {
         const cJSON *impls = member(check, "impls");
-        snprintf(at, sizeof at, "%s.impls", where);
+        snprintf(at, sizeof at, "%.300s.impls", where);
         if (!cJSON_IsArray(impls) || cJSON_GetArraySize(impls) != 2)
             return kp_fail(err, KP_EXIT_USAGE, "%s: expected an array of two impls or roles", at);
         for (int i = 0; i < 2; i++) {
-            const char *text;
-            snprintf(at, sizeof at, "%s.impls[%d]", where, i);
+            const char *text = NULL;
+            snprintf(at, sizeof at, "%.300s.impls[%d]", where, i);
             if (want_string(cJSON_GetArrayItem(impls, i), at, &text, err) ||
                 impl_ref(cfg, text, at, &s->impl[i], s->role[i], err))
                 return err->code;
@@ -152,17 +152,17 @@ static int parse_check(kp_config *cfg, const cJSON *check, const cJSON *defaults
                            s->impl[0]->name);
         if (rule_params(check, defaults, where, s, err)) return err->code;
     } else {
-        const char *text;
-        snprintf(at, sizeof at, "%s.impl", where);
+        const char *text = NULL;
+        snprintf(at, sizeof at, "%.300s.impl", where);
         if (want_string(member(check, "impl"), at, &text, err) || impl_ref(cfg, text, at, &s->impl[0], s->role[0], err))
             return err->code;
         s->nimpl = 1;
     }
     if (s->kind == KP_CHECK_RULE && rule_params(check, defaults, where, s, err)) return err->code;
     if (s->kind == KP_CHECK_REPEAT) {
-        double runs;
+        double runs = 0;
         const cJSON *r = param(check, defaults, "runs");
-        snprintf(at, sizeof at, "%s.runs", where);
+        snprintf(at, sizeof at, "%.300s.runs", where);
         if (!r) return kp_fail(err, KP_EXIT_USAGE, "%s: required (in the check or in \"defaults\")", at);
         if (want_number(r, at, &runs, err)) return err->code;
         if (runs != floor(runs) || runs < 2 || runs > 1000)
@@ -170,19 +170,19 @@ static int parse_check(kp_config *cfg, const cJSON *check, const cJSON *defaults
         s->runs = (int)runs;
     }
     if (s->kind == KP_CHECK_EXPECT) {
-        const char *text;
-        snprintf(at, sizeof at, "%s.of", where);
+        const char *text = NULL;
+        snprintf(at, sizeof at, "%.300s.of", where);
         if (want_string(member(check, "of"), at, &text, err)) return err->code;
         if (parse_check_kind(text, &s->of) || s->of == KP_CHECK_EXPECT || s->of == KP_CHECK_EXACT)
             return kp_fail(err, KP_EXIT_USAGE, "%s: '%s' must be rule, repeat or batch", at, text);
-        snprintf(at, sizeof at, "%s.result", where);
+        snprintf(at, sizeof at, "%.300s.result", where);
         if (want_string(member(check, "result"), at, &text, err)) return err->code;
         if (strcmp(text, "INCORRECT"))
             return kp_fail(err, KP_EXIT_USAGE, "%s: '%s': a known-defect control expects INCORRECT", at, text);
         s->expect_result = KP_INCORRECT;
         const cJSON *defect = member(check, "defect");
         if (defect) {
-            snprintf(at, sizeof at, "%s.defect", where);
+            snprintf(at, sizeof at, "%.300s.defect", where);
             if (want_string(defect, at, &text, err)) return err->code;
             if (strcmp(text, "all_neginf"))
                 return kp_fail(err, KP_EXIT_USAGE, "%s: '%s' is unknown (all_neginf)", at, text);
@@ -206,7 +206,7 @@ static int parse_check(kp_config *cfg, const cJSON *check, const cJSON *defaults
 
 static int parse_checks(kp_config *cfg, const cJSON *checks, const char *where, kp_case_spec *cs, kp_error *err) {
     const cJSON *defaults = member(cfg->doc, "defaults");
-    char at[256];
+    char at[640];
     if (cJSON_IsString(checks)) { /* a named check set */
         const cJSON *sets = member(cfg->doc, "check_sets");
         const cJSON *set = sets ? member(sets, checks->valuestring) : NULL;
@@ -220,7 +220,7 @@ static int parse_checks(kp_config *cfg, const cJSON *checks, const char *where, 
     cs->checks = kp_calloc((size_t)cs->nchecks, sizeof *cs->checks, "checks", err);
     if (!cs->checks) return err->code;
     for (int i = 0; i < cs->nchecks; i++) {
-        snprintf(at, sizeof at, "%s[%d]", where, i);
+        snprintf(at, sizeof at, "%.300s[%d]", where, i);
         if (parse_check(cfg, cJSON_GetArrayItem(checks, i), defaults, at, &cs->checks[i], err)) return err->code;
         if (strcmp(cs->checks[i].impl[0]->family, cs->c.family))
             return kp_fail(err, KP_EXIT_USAGE, "%s: impl %s is of family %s, the case is %s", at, cs->checks[i].impl[0]->name,
@@ -244,8 +244,8 @@ static int add_case(kp_config *cfg, kp_case *c, const cJSON *checks, const char 
     for (int i = 0; i + 1 < cfg->ncases; i++)
         if (!strcmp(cfg->cases[i].name, cs->name))
             return kp_fail(err, KP_EXIT_USAGE, "%s: case %s is listed twice", where, cs->name);
-    char at[256];
-    snprintf(at, sizeof at, "%s.checks", where);
+    char at[640];
+    snprintf(at, sizeof at, "%.300s.checks", where);
     if (!checks) return kp_fail(err, KP_EXIT_USAGE, "%s: required", at);
     if (parse_checks(cfg, checks, at, cs, err)) return err->code;
     const kp_family *fam = kp_family_find(c->family);
@@ -278,8 +278,8 @@ static int field_text(const cJSON *v, const char *where, char *out, size_t len, 
 static int expand_grid(kp_config *cfg, kp_case *base, const cJSON *grid, const cJSON *axis, const cJSON *checks,
                        const char *where, kp_error *err) {
     if (!axis) return add_case(cfg, base, checks, where, err);
-    char at[256];
-    snprintf(at, sizeof at, "%s.grid.%s", where, axis->string);
+    char at[640];
+    snprintf(at, sizeof at, "%.300s.grid.%s", where, axis->string);
     if (!cJSON_IsArray(axis) || cJSON_GetArraySize(axis) == 0)
         return kp_fail(err, KP_EXIT_USAGE, "%s: expected a non-empty array", at);
     for (const cJSON *v = axis->child; v; v = v->next) {
@@ -292,14 +292,14 @@ static int expand_grid(kp_config *cfg, kp_case *base, const cJSON *grid, const c
 }
 
 static int parse_case_entry(kp_config *cfg, const cJSON *entry, int index, kp_error *err) {
-    char where[64], at[128];
+    char where[64], at[640];
     snprintf(where, sizeof where, "cases[%d]", index);
     if (!cJSON_IsObject(entry)) return kp_fail(err, KP_EXIT_USAGE, "%s: expected an object", where);
     const cJSON *name = member(entry, "case"), *family = member(entry, "family"), *checks = member(entry, "checks");
     kp_case c;
     if (name) {
-        const char *text;
-        snprintf(at, sizeof at, "%s.case", where);
+        const char *text = NULL;
+        snprintf(at, sizeof at, "%.300s.case", where);
         if (want_string(name, at, &text, err)) return err->code;
         if (kp_case_parse(text, &c, err)) {
             kp_error_prefix(err, "%s: ", at);
@@ -309,8 +309,8 @@ static int parse_case_entry(kp_config *cfg, const cJSON *entry, int index, kp_er
             return kp_fail(err, KP_EXIT_USAGE, "%s: family '%s' is unknown (known: topp)", at, c.family);
         return add_case(cfg, &c, checks, where, err);
     }
-    const char *fam;
-    snprintf(at, sizeof at, "%s.family", where);
+    const char *fam = NULL;
+    snprintf(at, sizeof at, "%.300s.family", where);
     if (!family) return kp_fail(err, KP_EXIT_USAGE, "%s: give \"case\" (a case name) or \"family\" with \"params\"", where);
     if (want_string(family, at, &fam, err)) return err->code;
     if (!kp_family_find(fam)) return kp_fail(err, KP_EXIT_USAGE, "%s: '%s' is unknown (known: topp)", at, fam);
@@ -320,7 +320,7 @@ static int parse_case_entry(kp_config *cfg, const cJSON *entry, int index, kp_er
     if (params && !cJSON_IsObject(params)) return kp_fail(err, KP_EXIT_USAGE, "%s.params: expected an object", where);
     for (const cJSON *p = params ? params->child : NULL; p; p = p->next) {
         char text[64];
-        snprintf(at, sizeof at, "%s.params.%s", where, p->string);
+        snprintf(at, sizeof at, "%.300s.params.%s", where, p->string);
         if (field_text(p, at, text, sizeof text, err) || kp_case_set(&c, p->string, text, err)) {
             kp_error_prefix(err, "%s: ", at);
             return err->code;
@@ -356,7 +356,7 @@ int kp_config_load(const char *path, kp_config *cfg, kp_error *err) {
         for (size_t i = 0; i < sizeof allowed / sizeof *allowed; i++) ok |= !strcmp(m->string, allowed[i]);
         if (!ok) return kp_fail(err, KP_EXIT_USAGE, "config %s: field '%s' is unknown", path, m->string);
     }
-    const char *s;
+    const char *s = NULL;
     if (want_string(member(doc, "schema"), "schema", &s, err)) return err->code;
     if (strcmp(s, "kparity.gate/v1")) return kp_fail(err, KP_EXIT_USAGE, "schema: '%s' is not kparity.gate/v1", s);
     if (want_string(member(doc, "name"), "name", &s, err)) return err->code;
@@ -366,7 +366,7 @@ int kp_config_load(const char *path, kp_config *cfg, kp_error *err) {
     for (int i = 0; plugins && i < cJSON_GetArraySize(plugins); i++) {
         char at[64];
         const cJSON *pl = cJSON_GetArrayItem(plugins, i);
-        const char *ppath, *want;
+        const char *ppath = NULL, *want = NULL;
         snprintf(at, sizeof at, "plugins[%d].path", i);
         if (want_string(member(pl, "path"), at, &ppath, err)) return err->code;
         const cJSON *sha = member(pl, "sha256");
@@ -395,7 +395,7 @@ int kp_config_load(const char *path, kp_config *cfg, kp_error *err) {
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     cfg->host_budget = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 2 : (uint64_t)8 << 30;
     if (budget) {
-        double b;
+        double b = 0;
         v = member(budget, "host_bytes");
         if (!cJSON_IsObject(budget) || !v) return kp_fail(err, KP_EXIT_USAGE, "budget.host_bytes: required inside budget");
         if (want_number(v, "budget.host_bytes", &b, err)) return err->code;

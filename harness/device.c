@@ -314,10 +314,12 @@ void kp_timer_free(kp_timer *t) {
     free(t);
 }
 
+#ifdef KP_HAVE_CUDA
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
+#endif
 
 double kp_device_copy_bandwidth(void) {
 #ifdef KP_HAVE_CUDA

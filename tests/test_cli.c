@@ -1,0 +1,212 @@
+/* test_cli.c: the command line on bad input (exit 2, naming the field or path, never a crash),
+ * verify on tampered bundles (exit 1, naming the file), list and export. */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "kp_test_util.h"
+
+static char *dir;
+static void setup(void) { dir = kpt_tempdir(); }
+static void teardown(void) {
+    kpt_rmtree(dir);
+    free(dir);
+}
+TestSuite(cli, .init = setup, .fini = teardown, .timeout = 300);
+
+static const char *good_case = "topp(batch=2,profile=ordinary,seed=1,top_p=0.9,vocab=300)";
+
+/* A config whose one case is `case_json` (an object) with `extra` members spliced in at the top. */
+static char *config(const char *name, const char *text) {
+    char *path;
+    cr_assert(asprintf(&path, "%s/%s.json", dir, name) > 0);
+    cr_assert_eq(kpt_write(path, text, strlen(text)), 0);
+    return path;
+}
+
+static void expect_usage(const char *text, const char *needle) {
+    char *cfg = config("bad", text), *out, *err, *bundle;
+    cr_assert(asprintf(&bundle, "%s/never", dir) > 0);
+    char *argv[] = {KP_BINARY, "gate", "--config", cfg, "--out", bundle, "--quiet", NULL};
+    int rc = kpt_run(argv, &out, &err);
+    cr_assert_eq(rc, 2, "exit %d for %s\n%s", rc, text, err);
+    cr_assert(strstr(err, needle), "message does not name '%s': %s", needle, err);
+    struct stat st;
+    cr_assert_neq(stat(bundle, &st), 0, "a config error must not leave a bundle");
+    free(cfg), free(out), free(err), free(bundle);
+}
+
+#define HEAD "{\"schema\":\"kparity.gate/v1\",\"name\":\"t\",\"impls\":{\"candidate\":\"topp.split_prob@host\"},"
+#define RULE "[{\"check\":\"rule\",\"impl\":\"candidate\",\"tie_policy\":\"minimal_index\",\"band\":1e-6}]"
+
+Test(cli, bad_configs_exit_2_naming_the_field) {
+    expect_usage("{\"schema\": \"kparity.gate/v1\", \"name\": ", "malformed JSON");
+    expect_usage(HEAD "\"cases\":[{\"case\":\"moe(batch=1)\",\"checks\":" RULE "}]}", "'moe' is unknown");
+    expect_usage(HEAD "\"cases\":[{\"family\":\"mla\",\"params\":{},\"checks\":" RULE "}]}", "cases[0].family");
+    expect_usage("{\"schema\":\"kparity.gate/v1\",\"name\":\"t\",\"impls\":{\"candidate\":\"topp.magic@host\"},\"cases\":[]}",
+                 "impls.candidate: impl 'topp.magic@host' is unknown");
+    expect_usage(HEAD "\"cases\":[{\"case\":\"topp(batch=2,profile=ordinary,seed=1,top_p=0.9,vocab=300)\",\"checks\":"
+                      "[{\"check\":\"fuzzy\",\"impl\":\"candidate\"}]}]}", "cases[0].checks[0].check");
+    expect_usage(HEAD "\"cases\":[{\"case\":\"topp(batch=2,profile=ordinary,seed=1,top_p=0.9,vocab=300)\",\"checks\":"
+                      "[{\"check\":\"rule\",\"impl\":\"candidate\",\"band\":1e-6}]}]}", "cases[0].checks[0].tie_policy");
+    expect_usage(HEAD "\"cases\":[{\"case\":\"topp(batch=2,profile=ordinary,seed=1,top_p=0.9,vocab=300)\",\"checks\":"
+                      "[{\"check\":\"rule\",\"impl\":\"candidate\",\"tie_policy\":\"minimal_index\",\"band\":\"small\"}]}]}",
+                 "cases[0].checks[0].band: expected a number");
+    expect_usage(HEAD "\"cases\":[{\"case\":\"topp(batch=2,profile=ordinary,seed=1,top_p=0.9,vocab=0)\",\"checks\":" RULE "}]}",
+                 "'vocab'");
+    expect_usage(HEAD "\"cases\":[{\"family\":\"topp\",\"params\":{\"batch\":1099511627776,\"profile\":\"ordinary\",\"seed\":1,"
+                      "\"top_p\":0.9,\"vocab\":300},\"checks\":" RULE "}]}", "'batch'");
+    expect_usage(HEAD "\"cases\":[{\"case\":\"topp(batch=2,profile=ordinary,seed=1,top_p=-0.5,vocab=300)\",\"checks\":" RULE "}]}",
+                 "'top_p'");
+    expect_usage(HEAD "\"cases\":[{\"family\":\"topp\",\"params\":{\"batch\":2,\"profile\":\"ordinary\",\"seed\":1,\"top_p\":\"nan\","
+                      "\"vocab\":300},\"checks\":" RULE "}]}", "'top_p'");
+    expect_usage(HEAD "\"cases\":[{\"family\":\"topp\",\"params\":{\"batch\":2,\"profile\":\"ordinary\",\"seed\":1,\"top_p\":0.9,"
+                      "\"vocab\":[300]},\"checks\":" RULE "}]}", "cases[0].params.vocab");
+    expect_usage(HEAD "\"cases\":[{\"family\":\"topp\",\"params\":{\"batch\":2,\"profile\":\"ordinary\",\"seed\":1,\"top_p\":0.9},"
+                      "\"checks\":" RULE "}]}", "'vocab' is required");
+    expect_usage(HEAD "\"budget\":{\"host_bytes\":1048576},\"cases\":[{\"case\":\"topp(batch=64,profile=ordinary,seed=1,top_p=0.9,"
+                      "vocab=154856)\",\"checks\":" RULE "}]}", "over the budget");
+    expect_usage(HEAD "\"colour\":1,\"cases\":[]}", "'colour' is unknown");
+    expect_usage("[1,2]", "top level must be an object");
+}
+
+Test(cli, unwritable_output_folder_exits_2_naming_the_path) {
+    char *cfg, *text;
+    cr_assert(asprintf(&text, HEAD "\"cases\":[{\"case\":\"%s\",\"checks\":" RULE "}]}", good_case) > 0);
+    cfg = config("ok", text);
+    char *argv[] = {KP_BINARY, "gate", "--config", cfg, "--out", "/proc/version/bundle", "--quiet", NULL};
+    char *out, *err;
+    cr_assert_eq(kpt_run(argv, &out, &err), 2, "%s", err);
+    cr_assert(strstr(err, "/proc/version/bundle"), "%s", err);
+    /* a non-empty folder is refused too: receipts are never mixed with older files */
+    char *argv2[] = {KP_BINARY, "gate", "--config", cfg, "--out", dir, "--quiet", NULL};
+    cr_assert_eq(kpt_run(argv2, &out, &err), 2, "%s", err);
+    cr_assert(strstr(err, dir), "%s", err);
+}
+
+Test(cli, missing_config_and_unknown_options_are_usage_errors) {
+    char *out, *err;
+    char *a1[] = {KP_BINARY, "gate", "--config", "/nonexistent/x.json", NULL};
+    cr_assert_eq(kpt_run(a1, &out, &err), 2);
+    cr_assert(strstr(err, "/nonexistent/x.json"), "%s", err);
+    char *a2[] = {KP_BINARY, "gate", "--frobnicate", NULL};
+    cr_assert_eq(kpt_run(a2, &out, &err), 2);
+    char *a3[] = {KP_BINARY, "launch", NULL};
+    cr_assert_eq(kpt_run(a3, &out, &err), 2);
+    char *a4[] = {KP_BINARY, "export", "topp(batch=2,profile=ordinary,seed=1,top_p=2,vocab=300)", "--out", dir, NULL};
+    cr_assert_eq(kpt_run(a4, &out, &err), 2);
+    cr_assert(strstr(err, "'top_p'"), "%s", err);
+    char *a5[] = {KP_BINARY, "verify", "/nonexistent-bundle", NULL};
+    cr_assert_eq(kpt_run(a5, &out, &err), 2);
+}
+
+/* Run a small gate into dir/name and return the bundle path. */
+static char *make_bundle(const char *name) {
+    char *text, *bundle;
+    cr_assert(asprintf(&text,
+                       "{\"schema\":\"kparity.gate/v1\",\"name\":\"t\",\"impls\":{\"incumbent\":\"topp.split_logit@host\","
+                       "\"candidate\":\"topp.split_prob@host\"},\"defaults\":{\"tie_policy\":\"minimal_index\",\"band\":1e-6},"
+                       "\"cases\":[{\"case\":\"topp(batch=3,profile=ordinary,seed=4,top_p=0.95,vocab=40000)\",\"checks\":"
+                       "[{\"check\":\"exact\",\"impls\":[\"incumbent\",\"candidate\"]},{\"check\":\"rule\",\"impl\":\"candidate\"}]},"
+                       "{\"case\":\"topp(batch=2,force_token=3,force_value=1e9,profile=forced,seed=4,top_p=0.95,vocab=1000)\","
+                       "\"checks\":[{\"check\":\"rule\",\"impl\":\"candidate\"}]},"
+                       "{\"case\":\"topp(batch=2,profile=ties,seed=4,tie_count=300,top_p=0.5,vocab=1000)\","
+                       "\"checks\":[{\"check\":\"rule\",\"impl\":\"candidate\"}]}]}") > 0);
+    char *cfg = config(name, text);
+    cr_assert(asprintf(&bundle, "%s/%s", dir, name) > 0);
+    char *argv[] = {KP_BINARY, "run", "--config", cfg, "--out", bundle, "--quiet", NULL};
+    char *out, *err;
+    int rc = kpt_run(argv, &out, &err);
+    cr_assert(rc == 0 || rc == 1, "run exit %d: %s", rc, err);
+    free(text), free(cfg), free(out), free(err);
+    return bundle;
+}
+
+static int verify(const char *bundle, char **err) {
+    char *argv[] = {KP_BINARY, "verify", (char *)bundle, NULL};
+    char *out;
+    int rc = kpt_run(argv, &out, err);
+    free(out);
+    return rc;
+}
+
+Test(cli, verify_names_the_file_after_any_tampering) {
+    char *b = make_bundle("b"), *err;
+    cr_assert_eq(verify(b, &err), 0, "%s", err);
+    const char *files[] = {"bundle.json", "receipts/0001.json", "receipts/0002.json", "receipts/0003.json", "junit.xml",
+                           "summary.md", "report.html"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        char *path;
+        size_t len;
+        cr_assert(asprintf(&path, "%s/%s", b, files[i]) > 0);
+        char *text = kpt_read(path, &len);
+        cr_assert_not_null(text, "%s", path);
+        size_t at = len / 2;
+        text[at] ^= 0x01; /* one bit of one byte */
+        kpt_write(path, text, len);
+        int rc = verify(b, &err);
+        cr_assert_eq(rc, 1, "a flipped byte in %s went unnoticed", files[i]);
+        cr_assert(strstr(err, files[i]), "message does not name %s: %s", files[i], err);
+        text[at] ^= 0x01;
+        kpt_write(path, text, len);
+        cr_assert_eq(verify(b, &err), 0, "restoring %s: %s", files[i], err);
+        free(text), free(path);
+    }
+    char *added;
+    cr_assert(asprintf(&added, "%s/receipts/0004.json", b) > 0);
+    kpt_write(added, "{}", 2);
+    cr_assert_eq(verify(b, &err), 1);
+    cr_assert(strstr(err, "receipts/0004.json"), "%s", err);
+    remove(added);
+    char *removed;
+    cr_assert(asprintf(&removed, "%s/receipts/0002.json", b) > 0);
+    remove(removed);
+    cr_assert_eq(verify(b, &err), 1);
+    cr_assert(strstr(err, "receipts/0002.json"), "%s", err);
+}
+
+Test(cli, verify_replay_regenerates_inputs_and_reference) {
+    char *b = make_bundle("r");
+    char *argv[] = {KP_BINARY, "verify", b, "--replay", NULL}, *out, *err;
+    cr_assert_eq(kpt_run(argv, &out, &err), 0, "%s", err);
+    cr_assert(strstr(out, "regenerated"), "%s", out);
+}
+
+Test(cli, export_writes_npy_files_numpy_can_open) {
+    char *out, *err, *path;
+    char *argv[] = {KP_BINARY, "export", (char *)good_case, "--out", dir, NULL};
+    cr_assert_eq(kpt_run(argv, &out, &err), 0, "%s", err);
+    const char *names[] = {"logits.npy", "top_p.npy", "reference_keep.npy", "reference_prob.npy", "topp.split_logit@host.npy",
+                           "topp.split_prob@host.npy"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        cr_assert(asprintf(&path, "%s/%s", dir, names[i]) > 0);
+        size_t len;
+        char *data = kpt_read(path, &len);
+        cr_assert_not_null(data, "%s missing", names[i]);
+        cr_assert(len > 128 && !memcmp(data, "\x93NUMPY\x01\x00", 8), "%s is not .npy 1.0", names[i]);
+        unsigned header = (unsigned char)data[8] | (unsigned char)data[9] << 8;
+        cr_assert_eq((10 + header) % 64, 0, "%s: header not padded to 64", names[i]);
+        if (!strcmp(names[i], "logits.npy")) {
+            cr_assert(strstr(data + 10, "'shape': (2, 300)"), "%.*s", (int)header, data + 10);
+            cr_assert_eq(len, 10 + header + 2 * 300 * 4);
+        }
+        free(data), free(path);
+    }
+}
+
+Test(cli, list_shows_impls_and_a_configs_cases) {
+    char *out, *err;
+    char *a1[] = {KP_BINARY, "list", NULL};
+    cr_assert_eq(kpt_run(a1, &out, &err), 0);
+    cr_assert(strstr(out, "topp.split_logit@host") && strstr(out, "topp.split_prob@host"), "%s", out);
+    char *cfg;
+    cr_assert(asprintf(&cfg, "%s/ci/gates/glm-split-topp.json", KP_SOURCE_DIR) > 0);
+    char *a2[] = {KP_BINARY, "list", "--config", cfg, NULL};
+    cr_assert_eq(kpt_run(a2, &out, &err), 0, "%s", err);
+    int cases = 0;
+    for (const char *p = out; (p = strstr(p, "\ntopp(")); p++) cases++;
+    cr_assert_eq(cases, 12, "the seed's contract has 12 cases:\n%s", out);
+}

@@ -1,0 +1,273 @@
+/* test_harness.c: the gate end to end through the kparity binary, with planted defects from a test
+ * plugin: each check must catch the defect it exists for, and a clean impl must pass. */
+#define _GNU_SOURCE
+#include <cjson/cJSON.h>
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../harness/kp_checks.h"
+#include "kp_test_util.h"
+
+static char *dir;
+
+static void setup(void) { dir = kpt_tempdir(); }
+static void teardown(void) {
+    kpt_rmtree(dir);
+    free(dir);
+}
+TestSuite(harness, .init = setup, .fini = teardown, .timeout = 300);
+
+/* Build the defect plugin with one -D flag (or none) and a name; returns its path. */
+static char *plugin(const char *flag, const char *name) {
+    char *so, *src, *inc, *def;
+    cr_assert(asprintf(&so, "%s/%s.so", dir, name) > 0);
+    cr_assert(asprintf(&src, "%s/tests/fixtures/plugin_topp_defects.c", KP_SOURCE_DIR) > 0);
+    cr_assert(asprintf(&inc, "-I%s/kernels", KP_SOURCE_DIR) > 0);
+    cr_assert(asprintf(&def, "-DKPT_NAME=\"%s\"", name) > 0);
+    char *argv[] = {"/usr/bin/cc", "-shared", "-fPIC", "-O1", inc, def, (char *)(flag ? flag : "-DKPT_CLEAN"), "-o", so, src,
+                    "-lm", NULL};
+    char *out, *err;
+    int rc = kpt_run(argv, &out, &err);
+    cr_assert_eq(rc, 0, "building the plugin failed: %s", err);
+    free(out), free(err), free(src), free(inc), free(def);
+    return so;
+}
+
+static char *write_config(const char *name, const char *body) {
+    char *path;
+    cr_assert(asprintf(&path, "%s/%s.json", dir, name) > 0);
+    cr_assert_eq(kpt_write(path, body, strlen(body)), 0);
+    return path;
+}
+
+/* A config with one plugin impl as "candidate" and the given checks on a small ordinary case. */
+static char *config_for(const char *so, const char *impl, const char *checks, const char *cases) {
+    char *body;
+    cr_assert(asprintf(&body,
+                       "{\"schema\":\"kparity.gate/v1\",\"name\":\"t\",\"plugins\":[{\"path\":\"%s\"}],"
+                       "\"impls\":{\"incumbent\":\"topp.split_logit@host\",\"candidate\":\"%s\"},"
+                       "\"defaults\":{\"tie_policy\":\"minimal_index\",\"band\":1e-6,\"runs\":4},"
+                       "\"cases\":[%s]}",
+                       so, impl,
+                       cases ? cases : "{\"case\":\"topp(batch=12,profile=flat,seed=3,stride=2053,top_p=0.9,vocab=2048)\",\"checks\":CHECKS}") > 0);
+    char *full = NULL;
+    const char *at = strstr(body, "CHECKS");
+    if (at) {
+        cr_assert(asprintf(&full, "%.*s%s%s", (int)(at - body), body, checks, at + 6) > 0);
+        free(body);
+        body = full;
+    }
+    char *path = write_config(impl, body);
+    free(body);
+    return path;
+}
+
+static int gate(const char *config, const char *out, char **stdout_text, char **stderr_text) {
+    char *argv[] = {KP_BINARY, "gate", "--config", (char *)config, "--out", (char *)out, "--quiet", NULL};
+    return kpt_run(argv, stdout_text, stderr_text);
+}
+
+static cJSON *receipt(const char *bundle, int index) {
+    char *path;
+    cr_assert(asprintf(&path, "%s/receipts/%04d.json", bundle, index) > 0);
+    char *text = kpt_read(path, NULL);
+    cr_assert_not_null(text, "no receipt %s", path);
+    cJSON *doc = cJSON_Parse(text);
+    cr_assert_not_null(doc);
+    free(text), free(path);
+    return doc;
+}
+
+static const cJSON *check_of(const cJSON *rec, int k) {
+    return cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(rec, "checks"), k);
+}
+
+static const char *str(const cJSON *obj, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+static double num(const cJSON *obj, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    cr_assert(cJSON_IsNumber(v), "no number %s", key);
+    return v->valuedouble;
+}
+
+static char *bundle_path(const char *name) {
+    char *p;
+    cr_assert(asprintf(&p, "%s/%s", dir, name) > 0);
+    return p;
+}
+
+#define CHECKS_ALL "[{\"check\":\"rule\",\"impl\":\"candidate\"},{\"check\":\"repeat\",\"impl\":\"candidate\"},{\"check\":\"batch\",\"impl\":\"candidate\"}]"
+
+Test(harness, clean_impl_passes_every_check_and_the_bundle_verifies) {
+    char *so = plugin(NULL, "topp.sorted@host"), *cfg = config_for(so, "topp.sorted@host", CHECKS_ALL, NULL);
+    char *out = bundle_path("clean"), *o, *e;
+    int rc = gate(cfg, out, &o, &e);
+    cr_assert_eq(rc, 0, "exit %d\n%s\n%s", rc, o, e);
+    cJSON *rec = receipt(out, 1);
+    cr_assert_str_eq(str(rec, "result"), "PASSED");
+    for (int k = 0; k < 3; k++) cr_assert_str_eq(str(check_of(rec, k), "result"), "PASSED", "check %d", k);
+    char *argv[] = {KP_BINARY, "verify", out, "--replay", NULL};
+    cr_assert_eq(kpt_run(argv, NULL, NULL), 0);
+    cJSON_Delete(rec);
+}
+
+Test(harness, rule_catches_one_dropped_token_and_names_it) {
+    char *so = plugin("-DKPT_FLIP_ONE", "topp.flip@host");
+    char *cfg = config_for(so, "topp.flip@host", "[{\"check\":\"rule\",\"impl\":\"candidate\"}]", NULL);
+    char *out = bundle_path("flip"), *o, *e;
+    cr_assert_eq(gate(cfg, out, &o, &e), 1, "%s%s", o, e);
+    cJSON *rec = receipt(out, 1);
+    const cJSON *chk = check_of(rec, 0);
+    cr_assert_str_eq(str(chk, "result"), "INCORRECT");
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(chk, "findings");
+    cr_assert_eq(num(f, "strict"), 12, "one strict index per row");
+    cr_assert_eq(num(f, "rows_meeting_rule"), 0);
+    cJSON_Delete(rec);
+}
+
+Test(harness, exact_names_differing_rows_and_who_meets_the_rule) {
+    char *clean = plugin(NULL, "topp.sorted@host"), *flip = plugin("-DKPT_FLIP_ONE", "topp.flip@host");
+    char *body;
+    cr_assert(asprintf(&body,
+                       "{\"schema\":\"kparity.gate/v1\",\"name\":\"t\",\"plugins\":[{\"path\":\"%s\"},{\"path\":\"%s\"}],"
+                       "\"impls\":{\"incumbent\":\"topp.flip@host\",\"candidate\":\"topp.sorted@host\"},"
+                       "\"defaults\":{\"tie_policy\":\"minimal_index\",\"band\":1e-6},"
+                       "\"cases\":[{\"case\":\"topp(batch=3,profile=ordinary,seed=3,top_p=0.9,vocab=4096)\","
+                       "\"checks\":[{\"check\":\"exact\",\"impls\":[\"incumbent\",\"candidate\"]}]}]}",
+                       clean, flip) > 0);
+    char *cfg = write_config("exact", body), *out = bundle_path("exact"), *o, *e;
+    cr_assert_eq(gate(cfg, out, &o, &e), 1, "%s%s", o, e);
+    cJSON *rec = receipt(out, 1);
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(check_of(rec, 0), "findings");
+    cr_assert_eq(num(f, "rows_differ"), 3);
+    cr_assert_eq(num(f, "elements_differ"), 3);
+    const cJSON *row = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(f, "per_row"), 0);
+    cr_assert_str_eq(str(row, "meets_rule"), "topp.sorted@host");
+    const cJSON *flip_row = cJSON_GetObjectItemCaseSensitive(row, "topp.flip@host");
+    cr_assert_not_null(flip_row);
+    cr_assert_eq(num(cJSON_GetObjectItemCaseSensitive(flip_row, "strict"), "count"), 1);
+    cJSON_Delete(rec);
+    free(body);
+}
+
+Test(harness, repeat_catches_run_to_run_variation) {
+    char *so = plugin("-DKPT_RUN_VARIES", "topp.varies@host");
+    char *cfg = config_for(so, "topp.varies@host", "[{\"check\":\"repeat\",\"impl\":\"candidate\"}]", NULL);
+    char *out = bundle_path("repeat"), *o, *e;
+    cr_assert_eq(gate(cfg, out, &o, &e), 1, "%s%s", o, e);
+    cJSON *rec = receipt(out, 1);
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(check_of(rec, 0), "findings");
+    cr_assert_eq(num(f, "distinct_outputs"), 4);
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(f, "rows_varying")), 12);
+    cJSON_Delete(rec);
+}
+
+Test(harness, batch_catches_batch_dependence) {
+    char *so = plugin("-DKPT_BATCH_VARIES", "topp.batchy@host");
+    char *cfg = config_for(so, "topp.batchy@host", "[{\"check\":\"batch\",\"impl\":\"candidate\"}]", NULL);
+    char *out = bundle_path("batch"), *o, *e;
+    cr_assert_eq(gate(cfg, out, &o, &e), 1, "%s%s", o, e);
+    cJSON *rec = receipt(out, 1);
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(check_of(rec, 0), "findings");
+    /* the full batch (12) and the 65-row probe drop a token; alone (1) and the halves (6) do not */
+    cr_assert_eq(num(f, "row_differences"), 12 + 12);
+    cr_assert_eq(num(f, "vacuous_probes"), 0);
+    cJSON_Delete(rec);
+}
+
+Test(harness, guard_regions_catch_an_out_of_bounds_write) {
+    char *so = plugin("-DKPT_OOB", "topp.oob@host");
+    char *cfg = config_for(so, "topp.oob@host", "[{\"check\":\"rule\",\"impl\":\"candidate\"}]", NULL);
+    char *out = bundle_path("oob"), *o, *e;
+    cr_assert_eq(gate(cfg, out, &o, &e), 3, "%s%s", o, e);
+    cJSON *rec = receipt(out, 1);
+    cr_assert_str_eq(str(check_of(rec, 0), "result"), "FAILED");
+    cr_assert(strstr(str(check_of(rec, 0), "summary"), "guard region after buffer 'out'"), "%s", str(check_of(rec, 0), "summary"));
+    cJSON_Delete(rec);
+}
+
+Test(harness, a_write_into_row_padding_fails_the_case) {
+    char *so = plugin("-DKPT_PAD", "topp.pad@host");
+    char *cfg = config_for(so, "topp.pad@host", "[{\"check\":\"rule\",\"impl\":\"candidate\"}]", NULL);
+    char *out = bundle_path("pad"), *o, *e;
+    cr_assert_eq(gate(cfg, out, &o, &e), 3, "%s%s", o, e);
+    cJSON *rec = receipt(out, 1);
+    cr_assert(strstr(str(check_of(rec, 0), "summary"), "row padding"), "%s", str(check_of(rec, 0), "summary"));
+    cJSON_Delete(rec);
+}
+
+Test(harness, expect_reports_loudly_when_a_known_defect_does_not_reproduce) {
+    char *so = plugin(NULL, "topp.sorted@host");
+    const char *cases = "{\"case\":\"topp(batch=2,force_token=5,force_value=1e9,profile=forced,seed=1,top_p=0.95,vocab=1000)\","
+                        "\"checks\":[{\"check\":\"expect\",\"impl\":\"candidate\",\"of\":\"rule\",\"result\":\"INCORRECT\","
+                        "\"defect\":\"all_neginf\"},{\"check\":\"expect\",\"impl\":\"incumbent\",\"of\":\"rule\","
+                        "\"result\":\"INCORRECT\",\"defect\":\"all_neginf\"}]}";
+    char *cfg = config_for(so, "topp.sorted@host", NULL, cases);
+    char *out = bundle_path("expect"), *o, *e;
+    cr_assert_eq(gate(cfg, out, &o, &e), 1, "%s%s", o, e);
+    cr_assert(strstr(e, "KNOWN DEFECT DID NOT REPRODUCE"), "%s", e);
+    cJSON *rec = receipt(out, 1);
+    cr_assert_str_eq(str(check_of(rec, 0), "result"), "INCORRECT");
+    cr_assert_str_eq(str(check_of(rec, 1), "result"), "PASSED", "the real incumbent does mask every forced row");
+    cJSON_Delete(rec);
+}
+
+Test(harness, gate_execs_the_command_only_when_it_passes) {
+    char *good = plugin(NULL, "topp.sorted@host"), *bad = plugin("-DKPT_FLIP_ONE", "topp.flip@host");
+    const char *checks = "[{\"check\":\"rule\",\"impl\":\"candidate\"}]";
+    char *cfg_good = config_for(good, "topp.sorted@host", checks, NULL), *cfg_bad = config_for(bad, "topp.flip@host", checks, NULL);
+    char *out1 = bundle_path("exec1"), *out2 = bundle_path("exec2"), *o, *e;
+    char *argv1[] = {KP_BINARY, "gate", "--config", cfg_good, "--out", out1, "--quiet", "--", "/bin/echo", "serving-started", NULL};
+    cr_assert_eq(kpt_run(argv1, &o, &e), 0, "%s", e);
+    cr_assert(strstr(o, "serving-started"), "%s", o);
+    char *argv2[] = {KP_BINARY, "gate", "--config", cfg_bad, "--out", out2, "--quiet", "--", "/bin/echo", "serving-started", NULL};
+    cr_assert_eq(kpt_run(argv2, &o, &e), 1);
+    cr_assert_null(strstr(o, "serving-started"), "the command ran although the gate failed");
+    cr_assert(strstr(e, "not starting"), "%s", e);
+}
+
+Test(harness, a_timeout_exits_4_with_a_verifiable_bundle) {
+    char *so = plugin(NULL, "topp.sorted@host");
+    const char *cases = "{\"case\":\"topp(batch=4,profile=ordinary,seed=1,top_p=0.9,vocab=20000)\",\"checks\":[{\"check\":\"repeat\",\"impl\":\"candidate\",\"runs\":50}]},"
+                        "{\"case\":\"topp(batch=4,profile=ordinary,seed=2,top_p=0.9,vocab=20000)\",\"checks\":[{\"check\":\"rule\",\"impl\":\"candidate\"}]}";
+    char *cfg = config_for(so, "topp.sorted@host", NULL, cases);
+    char *out = bundle_path("timeout"), *o, *e;
+    char *argv[] = {KP_BINARY, "gate", "--config", cfg, "--out", out, "--timeout", "0.01", "--quiet", NULL};
+    cr_assert_eq(kpt_run(argv, &o, &e), 4, "%s%s", o, e);
+    cJSON *rec = receipt(out, 2);
+    cr_assert_str_eq(str(rec, "result"), "NOT_RUN");
+    char *vargv[] = {KP_BINARY, "verify", out, NULL};
+    cr_assert_eq(kpt_run(vargv, NULL, NULL), 0);
+    cJSON_Delete(rec);
+}
+
+/* A probe that keeps every row at its place in a batch of the same size tests nothing. */
+Test(harness, a_batch_probe_that_moves_no_row_is_vacuous) {
+    kp_case_spec cs = {0};
+    kp_error err = {0};
+    cr_assert_eq(kp_case_parse("topp(batch=4,profile=ordinary,seed=1,top_p=0.9,vocab=512)", &cs.c, &err), 0);
+    cr_assert_eq(kp_case_normalize(&cs.c, &err), 0);
+    kp_case_format(&cs.c, cs.name, sizeof cs.name);
+    kp_evidence ev = {.artifacts = cJSON_CreateArray(), .inline_limit = 16};
+    cJSON *rec = cJSON_CreateObject();
+    kp_case_ctx ctx;
+    cr_assert_eq(kp_case_ctx_open(&ctx, &cs, &ev, rec, &err), 0, "%s", err.msg);
+    int64_t rows[4] = {0, 1, 2, 3};
+    void *full = NULL;
+    cr_assert_eq(ctx.fam->run_rows(ctx.data, &kp_topp_split_prob_host, rows, 4, &full, NULL, &err), KP_PASSED);
+    cJSON *probes = cJSON_CreateArray();
+    kp_probe_result pr;
+    cr_assert_eq(kp_batch_probe(&ctx, &kp_topp_split_prob_host, full, "identity", rows, 4, probes, &pr), KP_PASSED);
+    cr_assert(pr.vacuous, "an identity probe must be reported vacuous");
+    int64_t reversed[4] = {3, 2, 1, 0};
+    cr_assert_eq(kp_batch_probe(&ctx, &kp_topp_split_prob_host, full, "reversed", reversed, 4, probes, &pr), KP_PASSED);
+    cr_assert(!pr.vacuous && pr.rows_moved == 4 && pr.rows_differ == 0);
+    ctx.fam->free_output(full);
+    kp_case_ctx_close(&ctx);
+    cJSON_Delete(rec), cJSON_Delete(probes), cJSON_Delete(ev.artifacts);
+}
