@@ -1,5 +1,6 @@
 /* test_cases.c: canonical case names, field validation, and seeded generation: the same name
  * gives the same bytes on every machine (pinned digests), whatever the batch or thread count. */
+#define _GNU_SOURCE
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
