@@ -271,3 +271,26 @@ Test(harness, a_batch_probe_that_moves_no_row_is_vacuous) {
     kp_case_ctx_close(&ctx);
     cJSON_Delete(rec), cJSON_Delete(probes), cJSON_Delete(ev.artifacts);
 }
+
+/* Pinned reference digests (keep mask, float64 probabilities and masses before): computed once on
+ * x86-64 glibc 2.36; the reference uses + - * / only, so any IEEE-754 machine must agree. */
+Test(harness, pinned_reference_digests) {
+    struct { const char *name, *hex; } pins[] = {
+        {"topp(batch=4,profile=ordinary,seed=58231,top_p=0.95,vocab=131072)",
+         "1a919eed8a9c996878986ba96f0e0189689654207f5ac3ee5cb2a29b34c3cc81"},
+        {"topp(batch=2,profile=ties,seed=7,top_p=0.5,vocab=32000)", "4acb19509cef3fb092b72540248ac86e35da0a1638a2ef8b0ce41b12bb1312bd"},
+        {"topp(batch=8,profile=nan,seed=7,top_p=mixed,vocab=3000)", "ee2110c3bcecca89d55e1ab7b8fc9bab4feb271484cdb7480d0802d3adcf33a2"},
+    };
+    for (size_t i = 0; i < sizeof pins / sizeof *pins; i++) {
+        kp_case c;
+        kp_error err = {0};
+        void *data = NULL;
+        cr_assert_eq(kp_case_parse(pins[i].name, &c, &err) || kp_case_normalize(&c, &err) ||
+                         kp_topp_family.prepare(&c, 0, &data, &err), 0, "%s", err.msg);
+        cJSON *desc = cJSON_CreateObject();
+        cr_assert_eq(kp_topp_family.reference(data, NULL, desc, &err), 0, "%s", err.msg);
+        cr_expect_str_eq(cJSON_GetObjectItemCaseSensitive(desc, "sha256")->valuestring, pins[i].hex, "%s", pins[i].name);
+        cJSON_Delete(desc);
+        kp_topp_family.release(data);
+    }
+}
