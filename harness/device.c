@@ -28,6 +28,9 @@ static int g_sm_count;
 #endif
 
 static int g_device_count = -1;
+static int g_device_lost;
+
+int kp_device_lost(void) { return g_device_lost; }
 
 int kp_device_count(void) {
     if (g_device_count >= 0) return g_device_count;
@@ -165,8 +168,15 @@ void kp_buf_free(kp_buf *b) {
 int kp_sync(kp_memory memory, kp_error *err) {
     if (memory == KP_MEMORY_HOST) return 0;
 #ifdef KP_HAVE_CUDA
-    CUDA_TRY(cudaStreamSynchronize(g_stream), "after the impl ran");
-    CUDA_TRY(cudaGetLastError(), "after the impl ran");
+    cudaError_t e = cudaStreamSynchronize(g_stream);
+    if (e == cudaSuccess) e = cudaGetLastError();
+    if (e != cudaSuccess) {
+        /* a sticky error survives a device-wide sync and poisons every later call */
+        if (cudaDeviceSynchronize() != cudaSuccess) g_device_lost = 1;
+        else cudaGetLastError();
+        return kp_fail(err, KP_EXIT_ENV, "after the impl ran: %s (%s)%s", cudaGetErrorString(e), cudaGetErrorName(e),
+                       g_device_lost ? "; the error is sticky: the device is unusable for the rest of this run" : "");
+    }
     return 0;
 #else
     return kp_fail(err, KP_EXIT_ENV, "device sync in a build without CUDA");

@@ -33,6 +33,10 @@ int kp_buf_download(const kp_buf *b, void *dst, size_t bytes, const char *name, 
 /* FAILED-class error naming the buffer when a guard byte changed (an out-of-bounds write). */
 int kp_buf_check_guards(const kp_buf *b, const char *name, kp_error *err);
 void kp_buf_free(kp_buf *b);
+/* Whether a sticky CUDA error (illegal address, launch failure...) has made the device unusable
+ * for the rest of the process; set by kp_sync and guard checks when they see one. */
+int kp_device_lost(void);
+
 /* Wait for the impl's work; a CUDA error names the call and is sticky-checked. */
 int kp_sync(kp_memory memory, kp_error *err);
 

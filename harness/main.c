@@ -96,9 +96,9 @@ static int cmd_run(int gate, const char *config, const char *out, const char *fi
         out = out_buf;
     }
     double limit = timeout > 0 ? timeout : cfg.timeout_s;
-    if (limit > 0) { /* the runner stops between checks; this catches a hung kernel */
+    if (limit > 0) { /* the runner stops between checks and its watchdog ends a hung case; this is the last resort */
         signal(SIGALRM, on_watchdog);
-        alarm((unsigned)(limit * 1.5 + 30));
+        alarm((unsigned)(limit * 2 + 60)); /* a backstop: the runner's watchdog normally ends a hung case first */
     }
     kp_run_options opt = {.out_dir = out, .filter = filter, .timeout_s = timeout, .quiet = quiet, .json = json,
                           .command = gate ? "gate" : "run"};

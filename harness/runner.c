@@ -4,6 +4,8 @@
 #include "kp_runner.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,32 +101,140 @@ static cJSON *case_json(const kp_case_spec *cs) {
     return c;
 }
 
+/* What the runner and its watchdog share. Bundle writes happen under `lock`; once the watchdog
+ * has taken over, the runner writes nothing more. */
+typedef struct run_state {
+    const kp_config *cfg;
+    const kp_run_options *opt;
+    kp_bundle *bundle;
+    pthread_mutex_t lock;
+    int taken_over;
+    int current;          /* index of the case in progress, -1 between cases */
+    double t_start, timeout;
+    int done, selected;
+    cJSON *env;
+    pthread_t watchdog;
+    int have_watchdog;
+    volatile int stop_watchdog;
+} run_state;
+
+static cJSON *meta_json(run_state *st) {
+    cJSON *meta = cJSON_CreateObject();
+    cJSON_AddStringToObject(meta, "command", st->opt->command ? st->opt->command : "run");
+    cJSON *c = cJSON_AddObjectToObject(meta, "config");
+    cJSON_AddStringToObject(c, "path", st->cfg->path);
+    cJSON_AddStringToObject(c, "name", st->cfg->name);
+    cJSON_AddStringToObject(c, "sha256", st->cfg->sha256);
+    cJSON *roles = cJSON_AddObjectToObject(c, "impls");
+    for (int i = 0; i < st->cfg->nroles; i++) {
+        cJSON *r = cJSON_AddObjectToObject(roles, st->cfg->roles[i].role);
+        cJSON_AddStringToObject(r, "declared", st->cfg->roles[i].declared);
+        cJSON_AddStringToObject(r, "resolved", st->cfg->roles[i].impl->name);
+    }
+    if (st->opt->filter) cJSON_AddStringToObject(meta, "filter", st->opt->filter);
+    kp_json_add_int(meta, "host_budget_bytes", (int64_t)st->cfg->host_budget);
+    kp_json_add_double(meta, "timeout_s", st->timeout);
+    kp_json_add_double(meta, "wall_s", kp_now() - st->t_start);
+    cJSON_AddItemToObject(meta, "environment", cJSON_Duplicate(st->env, 1));
+    return meta;
+}
+
+/* A receipt for a case that did not get to run its checks. */
+static cJSON *stub_receipt(run_state *st, const kp_case_spec *cs, kp_result result, const char *reason) {
+    cJSON *receipt = cJSON_CreateObject();
+    cJSON_AddStringToObject(receipt, "schema", "kparity.receipt/v1");
+    cJSON_AddItemToObject(receipt, "case", case_json(cs));
+    cJSON *checks = cJSON_AddArrayToObject(receipt, "checks");
+    for (int k = 0; k < cs->nchecks; k++) {
+        cJSON *chk = cJSON_CreateObject();
+        cJSON_AddStringToObject(chk, "check", kp_check_name(cs->checks[k].kind));
+        cJSON_AddStringToObject(chk, "label", cs->checks[k].label);
+        cJSON_AddStringToObject(chk, "impl", cs->checks[k].impl[0]->name);
+        cJSON_AddStringToObject(chk, "result", kp_result_name(result));
+        cJSON_AddStringToObject(chk, "summary", reason);
+        cJSON_AddItemToArray(checks, chk);
+    }
+    cJSON_AddStringToObject(receipt, "result", kp_result_name(result));
+    cJSON *reasons = cJSON_AddArrayToObject(receipt, "reasons");
+    char msg[600];
+    snprintf(msg, sizeof msg, "%s: %s", kp_result_name(result), reason);
+    cJSON_AddItemToArray(reasons, cJSON_CreateString(msg));
+    cJSON_AddArrayToObject(receipt, "artifacts");
+    kp_json_add_double(receipt, "duration_s", 0.0);
+    cJSON_AddItemToObject(receipt, "environment", cJSON_Duplicate(st->env, 1));
+    return receipt;
+}
+
+/* The watchdog: a case that outlives the gate's timeout (a hung kernel never returns to the
+ * runner's own checks) is recorded as FAILED (timeout), the rest as NOT_RUN, the bundle is
+ * finished so it verifies, and the process exits 4. */
+static void *watchdog_main(void *arg) {
+    run_state *st = arg;
+    const double grace = 2.0;
+    while (!st->stop_watchdog) {
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        if (kp_now() - st->t_start < st->timeout + grace) continue;
+        pthread_mutex_lock(&st->lock);
+        if (st->stop_watchdog || st->current < 0) { /* between cases the runner handles the timeout itself */
+            pthread_mutex_unlock(&st->lock);
+            continue;
+        }
+        st->taken_over = 1;
+        kp_error err = {0};
+        char reason[300];
+        snprintf(reason, sizeof reason, "timeout: the case was still running %.1f s after the gate's timeout of %.1f s "
+                 "(a hung kernel?)", grace, st->timeout);
+        fprintf(stderr, "kparity: %s: %s\n", st->cfg->cases[st->current].name, reason);
+        kp_bundle_add_receipt(st->bundle, stub_receipt(st, &st->cfg->cases[st->current], KP_FAILED, reason), &err);
+        for (int i = st->current + 1; i < st->cfg->ncases; i++) {
+            const kp_case_spec *cs = &st->cfg->cases[i];
+            if (st->opt->filter && !strstr(cs->name, st->opt->filter)) continue;
+            kp_bundle_add_receipt(st->bundle, stub_receipt(st, cs, KP_NOT_RUN, "the gate's timeout passed"), &err);
+        }
+        if (kp_bundle_finish(st->bundle, "TIMEOUT", KP_EXIT_TIMEOUT, meta_json(st), &err))
+            fprintf(stderr, "kparity: could not finish the bundle: %s\n", err.msg);
+        fprintf(stderr, "kparity: verdict: TIMEOUT (exit 4); bundle: %s\n", st->opt->out_dir);
+        fflush(NULL);
+        _exit(KP_EXIT_TIMEOUT);
+    }
+    return NULL;
+}
+
 int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err) {
-    kp_bundle *bundle = NULL;
-    if (kp_bundle_open(&bundle, opt->out_dir, err)) return err->code;
-    double timeout = opt->timeout_s > 0 ? opt->timeout_s : cfg->timeout_s;
-    double t_start = kp_now();
-    int selected = 0;
-    for (int i = 0; i < cfg->ncases; i++) selected += !opt->filter || strstr(cfg->cases[i].name, opt->filter);
+    run_state st = {.cfg = cfg, .opt = opt, .current = -1};
+    if (kp_bundle_open(&st.bundle, opt->out_dir, err)) return err->code;
+    pthread_mutex_init(&st.lock, NULL);
+    st.timeout = opt->timeout_s > 0 ? opt->timeout_s : cfg->timeout_s;
+    st.t_start = kp_now();
+    for (int i = 0; i < cfg->ncases; i++) st.selected += !opt->filter || strstr(cfg->cases[i].name, opt->filter);
+    st.env = kp_environment_json();
+    if (st.timeout > 0) st.have_watchdog = pthread_create(&st.watchdog, NULL, watchdog_main, &st) == 0;
     summary_row *rows = NULL;
-    int nrows = 0, done = 0, timed_out = 0, any_ran = 0;
+    int nrows = 0, timed_out = 0, any_ran = 0, device_lost = 0;
     kp_result worst = KP_PASSED;
-    cJSON *env = kp_environment_json();
     for (int ci = 0; ci < cfg->ncases; ci++) {
         const kp_case_spec *cs = &cfg->cases[ci];
         if (opt->filter && !strstr(cs->name, opt->filter)) continue;
         double t_case = kp_now();
         kp_result case_result = KP_PASSED;
-        cJSON *receipt = cJSON_CreateObject();
-        cJSON_AddStringToObject(receipt, "schema", "kparity.receipt/v1");
-        cJSON_AddItemToObject(receipt, "case", case_json(cs));
-        cJSON *reasons = cJSON_CreateArray(), *checks = cJSON_CreateArray(), *artifacts = cJSON_CreateArray();
-        kp_evidence ev = {.bundle = bundle, .artifacts = artifacts, .inline_limit = 16};
-        if (timeout > 0 && kp_now() - t_start > timeout) {
+        cJSON *receipt;
+        if (st.timeout > 0 && kp_now() - st.t_start > st.timeout) {
             timed_out = 1;
             case_result = KP_NOT_RUN;
-            cJSON_AddItemToArray(reasons, cJSON_CreateString("NOT_RUN: the gate's timeout passed before this case started"));
+            receipt = stub_receipt(&st, cs, KP_NOT_RUN, "the gate's timeout passed before this case started");
+        } else if (device_lost) {
+            case_result = KP_NOT_RUN;
+            receipt = stub_receipt(&st, cs, KP_NOT_RUN, "the device was lost to a sticky CUDA error in an earlier case");
         } else {
+            pthread_mutex_lock(&st.lock);
+            st.current = ci;
+            pthread_mutex_unlock(&st.lock);
+            receipt = cJSON_CreateObject();
+            cJSON_AddStringToObject(receipt, "schema", "kparity.receipt/v1");
+            cJSON_AddItemToObject(receipt, "case", case_json(cs));
+            cJSON *reasons = cJSON_CreateArray(), *checks = cJSON_CreateArray(), *artifacts = cJSON_CreateArray();
+            kp_evidence ev = {.bundle = st.bundle, .artifacts = artifacts, .inline_limit = 16};
             kp_case_ctx ctx;
             kp_error cerr = {0};
             if (kp_case_ctx_open(&ctx, cs, &ev, receipt, &cerr)) {
@@ -134,22 +244,29 @@ int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err
                 cJSON_AddItemToArray(reasons, cJSON_CreateString(msg));
             } else {
                 for (int k = 0; k < cs->nchecks; k++) {
-                    if (timeout > 0 && kp_now() - t_start > timeout) {
+                    cJSON *chk = cJSON_CreateObject();
+                    kp_result r;
+                    if (st.timeout > 0 && kp_now() - st.t_start > st.timeout) {
                         timed_out = 1;
-                        cJSON *chk = cJSON_CreateObject();
                         cJSON_AddStringToObject(chk, "check", kp_check_name(cs->checks[k].kind));
                         cJSON_AddStringToObject(chk, "label", cs->checks[k].label);
+                        cJSON_AddStringToObject(chk, "impl", cs->checks[k].impl[0]->name);
                         cJSON_AddStringToObject(chk, "result", "NOT_RUN");
                         cJSON_AddStringToObject(chk, "summary", "the gate's timeout passed");
-                        cJSON_AddItemToArray(checks, chk);
-                        case_result = worse(case_result, KP_NOT_RUN);
-                        continue;
+                        r = KP_NOT_RUN;
+                    } else if (kp_device_lost()) {
+                        cJSON_AddStringToObject(chk, "check", kp_check_name(cs->checks[k].kind));
+                        cJSON_AddStringToObject(chk, "label", cs->checks[k].label);
+                        cJSON_AddStringToObject(chk, "impl", cs->checks[k].impl[0]->name);
+                        cJSON_AddStringToObject(chk, "result", "NOT_RUN");
+                        cJSON_AddStringToObject(chk, "summary", "the device was lost to a sticky CUDA error");
+                        r = KP_NOT_RUN;
+                    } else {
+                        r = kp_check_run(&ctx, &cs->checks[k], chk);
+                        any_ran |= r != KP_NOT_RUN;
                     }
-                    cJSON *chk = cJSON_CreateObject();
-                    kp_result r = kp_check_run(&ctx, &cs->checks[k], chk);
                     cJSON_AddItemToArray(checks, chk);
                     case_result = worse(case_result, r);
-                    any_ran |= r != KP_NOT_RUN;
                     if (r != KP_PASSED) {
                         const cJSON *s = cJSON_GetObjectItemCaseSensitive(chk, "summary");
                         char msg[1200];
@@ -160,15 +277,17 @@ int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err
                 }
                 kp_case_ctx_close(&ctx);
             }
+            device_lost = kp_device_lost();
+            cJSON_AddItemToObject(receipt, "checks", checks);
+            cJSON_AddStringToObject(receipt, "result", kp_result_name(case_result));
+            cJSON_AddItemToObject(receipt, "reasons", reasons);
+            cJSON_AddItemToObject(receipt, "artifacts", artifacts);
+            kp_json_add_double(receipt, "duration_s", kp_now() - t_case);
+            cJSON_AddItemToObject(receipt, "environment", cJSON_Duplicate(st.env, 1));
         }
-        cJSON_AddItemToObject(receipt, "checks", checks);
-        cJSON_AddStringToObject(receipt, "result", kp_result_name(case_result));
-        cJSON_AddItemToObject(receipt, "reasons", reasons);
-        cJSON_AddItemToObject(receipt, "artifacts", artifacts);
-        kp_json_add_double(receipt, "duration_s", kp_now() - t_case);
-        cJSON_AddItemToObject(receipt, "environment", cJSON_Duplicate(env, 1));
         /* the summary table, from the checks as recorded */
-        for (cJSON *chk = checks->child; chk; chk = chk->next) {
+        const cJSON *checks = cJSON_GetObjectItemCaseSensitive(receipt, "checks");
+        for (const cJSON *chk = checks ? checks->child : NULL; chk; chk = chk->next) {
             summary_row *grown = realloc(rows, sizeof *rows * (size_t)(nrows + 1));
             if (!grown) break;
             rows = grown;
@@ -183,22 +302,36 @@ int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err
             for (int x = 0; x <= KP_FAILED; x++)
                 if (cJSON_IsString(r) && !strcmp(r->valuestring, kp_result_name((kp_result)x))) row->result = (kp_result)x;
         }
-        if (kp_bundle_add_receipt(bundle, receipt, err)) {
-            cJSON_Delete(env);
+        pthread_mutex_lock(&st.lock);
+        if (st.taken_over) { /* the watchdog is finishing the bundle; it will exit the process */
+            pthread_mutex_unlock(&st.lock);
+            for (;;) pause();
+        }
+        int rc = kp_bundle_add_receipt(st.bundle, receipt, err);
+        st.current = -1;
+        pthread_mutex_unlock(&st.lock);
+        if (rc) {
+            st.stop_watchdog = 1;
+            if (st.have_watchdog) pthread_join(st.watchdog, NULL);
+            cJSON_Delete(st.env);
             free(rows);
-            kp_bundle_free(bundle);
+            kp_bundle_free(st.bundle);
             return err->code;
         }
         worst = worse(worst, case_result);
-        progress(opt, done++, selected, cs->name, case_result, kp_now() - t_case, kp_now() - t_start);
+        progress(opt, st.done++, st.selected, cs->name, case_result, kp_now() - t_case, kp_now() - st.t_start);
     }
+    pthread_mutex_lock(&st.lock);
+    st.stop_watchdog = 1;
+    pthread_mutex_unlock(&st.lock);
+    if (st.have_watchdog) pthread_join(st.watchdog, NULL);
     int code;
     const char *verdict;
-    if (selected == 0) {
+    if (st.selected == 0) {
         code = KP_EXIT_USAGE, verdict = "NO_CASES";
     } else if (timed_out) {
         code = KP_EXIT_TIMEOUT, verdict = "TIMEOUT";
-    } else if (worst == KP_FAILED) {
+    } else if (worst == KP_FAILED || device_lost) {
         code = KP_EXIT_ENV, verdict = "FAILED";
     } else if (worst == KP_INCORRECT) {
         code = KP_EXIT_INCORRECT, verdict = "INCORRECT";
@@ -209,30 +342,12 @@ int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err
     } else { /* some checks could not run (no device, refused shape): not a pass */
         code = KP_EXIT_SKIP, verdict = kp_result_name(worst);
     }
-    cJSON *meta = cJSON_CreateObject();
-    cJSON_AddStringToObject(meta, "command", opt->command ? opt->command : "run");
-    cJSON *c = cJSON_AddObjectToObject(meta, "config");
-    cJSON_AddStringToObject(c, "path", cfg->path);
-    cJSON_AddStringToObject(c, "name", cfg->name);
-    cJSON_AddStringToObject(c, "sha256", cfg->sha256);
-    cJSON *roles = cJSON_AddObjectToObject(c, "impls");
-    for (int i = 0; i < cfg->nroles; i++) {
-        cJSON *r = cJSON_AddObjectToObject(roles, cfg->roles[i].role);
-        cJSON_AddStringToObject(r, "declared", cfg->roles[i].declared);
-        cJSON_AddStringToObject(r, "resolved", cfg->roles[i].impl->name);
-    }
-    if (opt->filter) cJSON_AddStringToObject(meta, "filter", opt->filter);
-    kp_json_add_int(meta, "host_budget_bytes", (int64_t)cfg->host_budget);
-    kp_json_add_double(meta, "timeout_s", timeout);
-    kp_json_add_double(meta, "wall_s", kp_now() - t_start);
-    cJSON_AddItemToObject(meta, "environment", env);
-    if (kp_bundle_finish(bundle, verdict, code, meta, err)) {
-        free(rows);
-        kp_bundle_free(bundle);
-        return err->code;
-    }
-    print_summary(opt, rows, nrows, verdict, code, opt->out_dir);
+    int rc = kp_bundle_finish(st.bundle, verdict, code, meta_json(&st), err);
+    if (!rc) print_summary(opt, rows, nrows, verdict, code, opt->out_dir);
+    if (!rc && st.selected == 0) rc = kp_fail(err, KP_EXIT_USAGE, "--filter '%s' matches no case", opt->filter ? opt->filter : "");
+    cJSON_Delete(st.env);
     free(rows);
-    kp_bundle_free(bundle);
-    return code;
+    kp_bundle_free(st.bundle);
+    pthread_mutex_destroy(&st.lock);
+    return rc ? err->code : code;
 }

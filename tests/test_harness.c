@@ -246,6 +246,26 @@ Test(harness, a_timeout_exits_4_with_a_verifiable_bundle) {
     cJSON_Delete(rec);
 }
 
+Test(harness, the_watchdog_ends_a_hung_case_as_failed_and_keeps_the_bundle_intact) {
+    char *so = plugin("-DKPT_HANG", "topp.hang@host");
+    const char *cases = "{\"case\":\"topp(batch=2,profile=flat,seed=1,top_p=0.9,vocab=100)\",\"checks\":[{\"check\":\"rule\",\"impl\":\"candidate\"}]},"
+                        "{\"case\":\"topp(batch=2,profile=flat,seed=2,top_p=0.9,vocab=100)\",\"checks\":[{\"check\":\"rule\",\"impl\":\"candidate\"}]}";
+    char *cfg = config_for(so, "topp.hang@host", NULL, cases);
+    char *out = bundle_path("hang"), *o, *e;
+    char *argv[] = {KP_BINARY, "gate", "--config", cfg, "--out", out, "--timeout", "1", "--quiet", "--", "/bin/echo", "started", NULL};
+    cr_assert_eq(kpt_run(argv, &o, &e), 4, "%s%s", o, e);
+    cr_assert_null(strstr(o, "started"));
+    cJSON *rec = receipt(out, 1);
+    cr_assert_str_eq(str(rec, "result"), "FAILED");
+    const cJSON *reason = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(rec, "reasons"), 0);
+    cr_assert(cJSON_IsString(reason) && strstr(reason->valuestring, "timeout"), "%s", cJSON_IsString(reason) ? reason->valuestring : "");
+    cJSON *rec2 = receipt(out, 2);
+    cr_assert_str_eq(str(rec2, "result"), "NOT_RUN");
+    char *vargv[] = {KP_BINARY, "verify", out, NULL};
+    cr_assert_eq(kpt_run(vargv, NULL, &e), 0, "%s", e);
+    cJSON_Delete(rec), cJSON_Delete(rec2);
+}
+
 /* A probe that keeps every row at its place in a batch of the same size tests nothing. */
 Test(harness, a_batch_probe_that_moves_no_row_is_vacuous) {
     kp_case_spec cs = {0};
