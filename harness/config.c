@@ -253,6 +253,17 @@ static int add_case(kp_config *cfg, kp_case *c, const cJSON *checks, const char 
     for (int i = 0; i < cs->nchecks; i++) nimpl += cs->checks[i].nimpl;
     cs->host_bytes = fam->estimate_bytes(c, nimpl, err);
     if (cs->host_bytes == 0) return kp_fail(err, KP_EXIT_USAGE, "%s: case %s: its buffers overflow the address space", where, cs->name);
+    for (int k = 0; k < cs->nchecks; k++)
+        for (int i = 0; i < cs->checks[k].nimpl; i++) {
+            const kp_impl *impl = cs->checks[k].impl[i];
+            if (impl->memory != KP_MEMORY_CUDA || kp_device_count() <= 0) continue;
+            size_t need = fam->estimate_device_bytes(c, impl, err);
+            if (need == 0) return kp_fail(err, KP_EXIT_USAGE, "%s: case %s: device buffers overflow", where, cs->name);
+            if (need > cfg->device_budget)
+                return kp_fail(err, KP_EXIT_USAGE, "%s: case %s needs about %.3g GiB of device memory for %s, over the "
+                               "budget of %.3g GiB (budget.device_bytes); nothing was allocated", where, cs->name,
+                               (double)need / 1073741824.0, impl->name, (double)cfg->device_budget / 1073741824.0);
+        }
     if (cs->host_bytes > cfg->host_budget)
         return kp_fail(err, KP_EXIT_USAGE, "%s: case %s needs about %.3g GiB of host memory, over the budget of %.3g GiB "
                        "(budget.host_bytes); nothing was allocated", where, cs->name, (double)cs->host_bytes / 1073741824.0,
@@ -397,10 +408,24 @@ int kp_config_load(const char *path, kp_config *cfg, kp_error *err) {
     if (budget) {
         double b = 0;
         v = member(budget, "host_bytes");
-        if (!cJSON_IsObject(budget) || !v) return kp_fail(err, KP_EXIT_USAGE, "budget.host_bytes: required inside budget");
-        if (want_number(v, "budget.host_bytes", &b, err)) return err->code;
-        if (!(b >= 1 << 20)) return kp_fail(err, KP_EXIT_USAGE, "budget.host_bytes: %g is below 1 MiB", b);
-        cfg->host_budget = (uint64_t)b;
+        if (!cJSON_IsObject(budget)) return kp_fail(err, KP_EXIT_USAGE, "budget: expected an object");
+        for (const cJSON *m = budget->child; m; m = m->next)
+            if (strcmp(m->string, "host_bytes") && strcmp(m->string, "device_bytes"))
+                return kp_fail(err, KP_EXIT_USAGE, "budget.%s: unknown field (host_bytes, device_bytes)", m->string);
+        if (v) {
+            if (want_number(v, "budget.host_bytes", &b, err)) return err->code;
+            if (!(b >= 1 << 20)) return kp_fail(err, KP_EXIT_USAGE, "budget.host_bytes: %g is below 1 MiB", b);
+            cfg->host_budget = (uint64_t)b;
+        }
+    }
+    /* device budget: declared, else the device's memory less 1 GiB for the context and the L2 flush buffer */
+    cfg->device_budget = kp_device_count() > 0 ? kp_device_memory_bytes() : 0;
+    if (cfg->device_budget > ((uint64_t)1 << 30)) cfg->device_budget -= (uint64_t)1 << 30;
+    if (budget && (v = member(budget, "device_bytes"))) {
+        double b = 0;
+        if (want_number(v, "budget.device_bytes", &b, err)) return err->code;
+        if (!(b >= 1 << 20)) return kp_fail(err, KP_EXIT_USAGE, "budget.device_bytes: %g is below 1 MiB", b);
+        cfg->device_budget = (uint64_t)b;
     }
     cfg->timeout_s = 0;
     if ((v = member(doc, "timeout_s"))) {

@@ -74,6 +74,18 @@ int kp_device_sm_count(void) {
 #endif
 }
 
+uint64_t kp_device_memory_bytes(void) {
+#ifdef KP_HAVE_CUDA
+    if (kp_device_count() <= 0) return 0;
+    const char *env = getenv("KPARITY_DEVICE");
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, env ? atoi(env) : 0) != cudaSuccess) return 0;
+    return (uint64_t)prop.totalGlobalMem;
+#else
+    return 0;
+#endif
+}
+
 int kp_buf_alloc(kp_buf *b, kp_memory memory, size_t bytes, const char *name, kp_error *err) {
     memset(b, 0, sizeof *b);
     b->memory = memory;

@@ -5,6 +5,7 @@
 
 #include <cjson/cJSON.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "../cases/kp_common.h"
 #include "../kernels/kparity_kernel.h"
@@ -15,6 +16,8 @@ int kp_device_count(void);
 int kp_device_init(kp_error *err);
 void *kp_device_stream(void);
 int kp_device_sm_count(void);
+/* Total memory of the selected device in bytes (0 without one). */
+uint64_t kp_device_memory_bytes(void);
 
 /* A buffer with guard regions before and after it, on the host or the device. */
 typedef struct kp_buf {

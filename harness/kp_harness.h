@@ -62,6 +62,7 @@ typedef struct kp_config {
     kp_case_spec *cases;
     int ncases;
     uint64_t host_budget;
+    uint64_t device_budget; /* 0 when no GPU is used */
     double timeout_s;
     cJSON *doc;
 } kp_config;
@@ -90,6 +91,9 @@ typedef struct kp_family {
     void (*release)(void *data);
     int64_t (*batch)(const void *data);
     size_t (*estimate_bytes)(const kp_case *c, int nimpls, kp_error *err);
+    /* Device bytes one launch of a CUDA impl needs at most (inputs, outputs and workspace of the
+     * largest batch the checks build), so a case over the device budget is refused up front. */
+    size_t (*estimate_device_bytes)(const kp_case *c, const kp_impl *impl, kp_error *err);
     /* Input tensors' digests and shapes into `inputs`. */
     void (*describe_inputs)(const void *data, cJSON *inputs);
     /* Run an impl on the given rows (indices into the prepared rows) as one batch; output rows

@@ -133,6 +133,7 @@ static cJSON *meta_json(run_state *st) {
     }
     if (st->opt->filter) cJSON_AddStringToObject(meta, "filter", st->opt->filter);
     kp_json_add_int(meta, "host_budget_bytes", (int64_t)st->cfg->host_budget);
+    kp_json_add_int(meta, "device_budget_bytes", (int64_t)st->cfg->device_budget);
     kp_json_add_double(meta, "timeout_s", st->timeout);
     kp_json_add_double(meta, "wall_s", kp_now() - st->t_start);
     cJSON_AddItemToObject(meta, "environment", cJSON_Duplicate(st->env, 1));

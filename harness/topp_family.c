@@ -77,6 +77,16 @@ static size_t topp_estimate(const kp_case *c, int nimpls, kp_error *err) {
     return bytes > 1.8e19 ? 0 : (size_t)bytes;
 }
 
+static size_t topp_estimate_device(const kp_case *c, const kp_impl *impl, kp_error *err) {
+    kp_topp_case tc;
+    if (kp_topp_case_read(c, &tc, err)) return 0;
+    int64_t rows = tc.batch > 65 ? tc.batch : 65; /* the 65-row probe */
+    kp_topp_args args = {.batch = rows, .vocab = tc.vocab, .row_stride = tc.stride, .sm_count = kp_device_sm_count()};
+    size_t ws = impl->workspace_bytes ? impl->workspace_bytes(&args) : 0;
+    double bytes = 2.0 * (double)rows * (double)tc.stride * 4.0 + (double)rows * 4.0 + (double)ws + 4.0 * KP_GUARD_BYTES * 2;
+    return bytes > 1.8e19 ? 0 : (size_t)bytes;
+}
+
 static void add_tensor(cJSON *inputs, const char *name, kp_dtype dtype, int ndim, const int64_t *shape, int64_t stride,
                        const void *data) {
     char hex[KP_SHA256_HEX_LEN];
@@ -505,6 +515,7 @@ const kp_family kp_topp_family = {
     .release = topp_release,
     .batch = topp_batch,
     .estimate_bytes = topp_estimate,
+    .estimate_device_bytes = topp_estimate_device,
     .describe_inputs = topp_describe_inputs,
     .run_rows = topp_run_rows,
     .free_output = topp_free_output,
