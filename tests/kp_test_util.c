@@ -10,6 +10,21 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+static const char *env_or(const char *name, const char *fallback) {
+    const char *v = getenv(name);
+    return v && *v ? v : fallback;
+}
+
+char *kpt_binary(void) { return (char *)env_or("KPARITY_BIN", KP_BINARY); }
+const char *kpt_source_dir(void) { return env_or("KPARITY_SOURCE_DIR", KP_SOURCE_DIR); }
+const char *kpt_cuda_plugin(void) {
+#ifdef KPT_CUDA_PLUGIN
+    return env_or("KPT_CUDA_PLUGIN", KPT_CUDA_PLUGIN);
+#else
+    return env_or("KPT_CUDA_PLUGIN", "");
+#endif
+}
+
 static char *slurp_fd(int fd) {
     size_t cap = 1 << 16, len = 0;
     char *buf = malloc(cap + 1);
@@ -91,3 +106,22 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
 }
 
 void kpt_rmtree(const char *path) { nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+#ifdef KP_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+int kpt_gpu_available(void) {
+#ifdef KP_HAVE_CUDA
+    pid_t pid = fork();
+    if (pid == 0) {
+        int n = 0;
+        _exit(cudaGetDeviceCount(&n) == cudaSuccess && n > 0 ? 0 : 1);
+    }
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) < 0) return 0;
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+#else
+    return 0;
+#endif
+}

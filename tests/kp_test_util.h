@@ -5,6 +5,13 @@
 
 #include <stddef.h>
 
+/* Paths the tests need, overridable so a build can be carried to another machine and run there:
+ * $KPARITY_BIN (else the build's kparity), $KPARITY_SOURCE_DIR (else the source tree it was
+ * built from), $KPT_CUDA_PLUGIN (else the build's CUDA test plugin, "" in a CPU-only build). */
+char *kpt_binary(void);
+const char *kpt_source_dir(void);
+const char *kpt_cuda_plugin(void);
+
 /* Run `argv` (NULL-terminated) with stdout and stderr captured (each truncated to 64 KiB).
  * Returns the exit status, or 128 + signal. The caller frees *out and *errout. */
 int kpt_run(char *const argv[], char **out, char **errout);
@@ -13,6 +20,9 @@ char *kpt_tempdir(void);
 /* Read a whole file (NUL-terminated); NULL if it cannot be read. */
 char *kpt_read(const char *path, size_t *len);
 int kpt_write(const char *path, const void *data, size_t len);
+/* Whether this build has CUDA impls and a GPU answers, asked in a throwaway child so the calling
+ * process never holds CUDA state (Criterion forks). */
+int kpt_gpu_available(void);
 /* Remove a folder tree (best effort). */
 void kpt_rmtree(const char *path);
 

@@ -30,7 +30,7 @@ static char *config(const char *name, const char *text) {
 static void expect_usage(const char *text, const char *needle) {
     char *cfg = config("bad", text), *out, *err, *bundle;
     cr_assert(asprintf(&bundle, "%s/never", dir) > 0);
-    char *argv[] = {KP_BINARY, "gate", "--config", cfg, "--out", bundle, "--quiet", NULL};
+    char *argv[] = {kpt_binary(), "gate", "--config", cfg, "--out", bundle, "--quiet", NULL};
     int rc = kpt_run(argv, &out, &err);
     cr_assert_eq(rc, 2, "exit %d for %s\n%s", rc, text, err);
     cr_assert(strstr(err, needle), "message does not name '%s': %s", needle, err);
@@ -77,29 +77,29 @@ Test(cli, unwritable_output_folder_exits_2_naming_the_path) {
     char *cfg, *text;
     cr_assert(asprintf(&text, HEAD "\"cases\":[{\"case\":\"%s\",\"checks\":" RULE "}]}", good_case) > 0);
     cfg = config("ok", text);
-    char *argv[] = {KP_BINARY, "gate", "--config", cfg, "--out", "/proc/version/bundle", "--quiet", NULL};
+    char *argv[] = {kpt_binary(), "gate", "--config", cfg, "--out", "/proc/version/bundle", "--quiet", NULL};
     char *out, *err;
     cr_assert_eq(kpt_run(argv, &out, &err), 2, "%s", err);
     cr_assert(strstr(err, "/proc/version/bundle"), "%s", err);
     /* a non-empty folder is refused too: receipts are never mixed with older files */
-    char *argv2[] = {KP_BINARY, "gate", "--config", cfg, "--out", dir, "--quiet", NULL};
+    char *argv2[] = {kpt_binary(), "gate", "--config", cfg, "--out", dir, "--quiet", NULL};
     cr_assert_eq(kpt_run(argv2, &out, &err), 2, "%s", err);
     cr_assert(strstr(err, dir), "%s", err);
 }
 
 Test(cli, missing_config_and_unknown_options_are_usage_errors) {
     char *out, *err;
-    char *a1[] = {KP_BINARY, "gate", "--config", "/nonexistent/x.json", NULL};
+    char *a1[] = {kpt_binary(), "gate", "--config", "/nonexistent/x.json", NULL};
     cr_assert_eq(kpt_run(a1, &out, &err), 2);
     cr_assert(strstr(err, "/nonexistent/x.json"), "%s", err);
-    char *a2[] = {KP_BINARY, "gate", "--frobnicate", NULL};
+    char *a2[] = {kpt_binary(), "gate", "--frobnicate", NULL};
     cr_assert_eq(kpt_run(a2, &out, &err), 2);
-    char *a3[] = {KP_BINARY, "launch", NULL};
+    char *a3[] = {kpt_binary(), "launch", NULL};
     cr_assert_eq(kpt_run(a3, &out, &err), 2);
-    char *a4[] = {KP_BINARY, "export", "topp(batch=2,profile=ordinary,seed=1,top_p=2,vocab=300)", "--out", dir, NULL};
+    char *a4[] = {kpt_binary(), "export", "topp(batch=2,profile=ordinary,seed=1,top_p=2,vocab=300)", "--out", dir, NULL};
     cr_assert_eq(kpt_run(a4, &out, &err), 2);
     cr_assert(strstr(err, "'top_p'"), "%s", err);
-    char *a5[] = {KP_BINARY, "verify", "/nonexistent-bundle", NULL};
+    char *a5[] = {kpt_binary(), "verify", "/nonexistent-bundle", NULL};
     cr_assert_eq(kpt_run(a5, &out, &err), 2);
 }
 
@@ -117,7 +117,7 @@ static char *make_bundle(const char *name) {
                        "\"checks\":[{\"check\":\"rule\",\"impl\":\"candidate\"}]}]}") > 0);
     char *cfg = config(name, text);
     cr_assert(asprintf(&bundle, "%s/%s", dir, name) > 0);
-    char *argv[] = {KP_BINARY, "run", "--config", cfg, "--out", bundle, "--quiet", NULL};
+    char *argv[] = {kpt_binary(), "run", "--config", cfg, "--out", bundle, "--quiet", NULL};
     char *out, *err;
     int rc = kpt_run(argv, &out, &err);
     cr_assert(rc == 0 || rc == 1, "run exit %d: %s", rc, err);
@@ -126,7 +126,7 @@ static char *make_bundle(const char *name) {
 }
 
 static int verify(const char *bundle, char **err) {
-    char *argv[] = {KP_BINARY, "verify", (char *)bundle, NULL};
+    char *argv[] = {kpt_binary(), "verify", (char *)bundle, NULL};
     char *out;
     int rc = kpt_run(argv, &out, err);
     free(out);
@@ -170,14 +170,14 @@ Test(cli, verify_names_the_file_after_any_tampering) {
 
 Test(cli, verify_replay_regenerates_inputs_and_reference) {
     char *b = make_bundle("r");
-    char *argv[] = {KP_BINARY, "verify", b, "--replay", NULL}, *out, *err;
+    char *argv[] = {kpt_binary(), "verify", b, "--replay", NULL}, *out, *err;
     cr_assert_eq(kpt_run(argv, &out, &err), 0, "%s", err);
     cr_assert(strstr(out, "regenerated"), "%s", out);
 }
 
 Test(cli, export_writes_npy_files_numpy_can_open) {
     char *out, *err, *path;
-    char *argv[] = {KP_BINARY, "export", (char *)good_case, "--out", dir, NULL};
+    char *argv[] = {kpt_binary(), "export", (char *)good_case, "--out", dir, NULL};
     cr_assert_eq(kpt_run(argv, &out, &err), 0, "%s", err);
     const char *names[] = {"logits.npy", "top_p.npy", "reference_keep.npy", "reference_prob.npy", "topp.split_logit@host.npy",
                            "topp.split_prob@host.npy"};
@@ -199,12 +199,12 @@ Test(cli, export_writes_npy_files_numpy_can_open) {
 
 Test(cli, list_shows_impls_and_a_configs_cases) {
     char *out, *err;
-    char *a1[] = {KP_BINARY, "list", NULL};
+    char *a1[] = {kpt_binary(), "list", NULL};
     cr_assert_eq(kpt_run(a1, &out, &err), 0);
     cr_assert(strstr(out, "topp.split_logit@host") && strstr(out, "topp.split_prob@host"), "%s", out);
     char *cfg;
-    cr_assert(asprintf(&cfg, "%s/ci/gates/glm-split-topp.json", KP_SOURCE_DIR) > 0);
-    char *a2[] = {KP_BINARY, "list", "--config", cfg, NULL};
+    cr_assert(asprintf(&cfg, "%s/ci/gates/glm-split-topp.json", kpt_source_dir()) > 0);
+    char *a2[] = {kpt_binary(), "list", "--config", cfg, NULL};
     cr_assert_eq(kpt_run(a2, &out, &err), 0, "%s", err);
     int cases = 0;
     for (const char *p = out; (p = strstr(p, "\ntopp(")); p++) cases++;

@@ -23,8 +23,8 @@ TestSuite(harness, .init = setup, .fini = teardown, .timeout = 300);
 static char *plugin(const char *flag, const char *name) {
     char *so, *src, *inc, *def;
     cr_assert(asprintf(&so, "%s/%s.so", dir, name) > 0);
-    cr_assert(asprintf(&src, "%s/tests/fixtures/plugin_topp_defects.c", KP_SOURCE_DIR) > 0);
-    cr_assert(asprintf(&inc, "-I%s/kernels", KP_SOURCE_DIR) > 0);
+    cr_assert(asprintf(&src, "%s/tests/fixtures/plugin_topp_defects.c", kpt_source_dir()) > 0);
+    cr_assert(asprintf(&inc, "-I%s/kernels", kpt_source_dir()) > 0);
     cr_assert(asprintf(&def, "-DKPT_NAME=\"%s\"", name) > 0);
     char *argv[] = {"/usr/bin/cc", "-shared", "-fPIC", "-O1", inc, def, (char *)(flag ? flag : "-DKPT_CLEAN"), "-o", so, src,
                     "-lm", NULL};
@@ -65,7 +65,7 @@ static char *config_for(const char *so, const char *impl, const char *checks, co
 }
 
 static int gate(const char *config, const char *out, char **stdout_text, char **stderr_text) {
-    char *argv[] = {KP_BINARY, "gate", "--config", (char *)config, "--out", (char *)out, "--quiet", NULL};
+    char *argv[] = {kpt_binary(), "gate", "--config", (char *)config, "--out", (char *)out, "--quiet", NULL};
     return kpt_run(argv, stdout_text, stderr_text);
 }
 
@@ -111,7 +111,7 @@ Test(harness, clean_impl_passes_every_check_and_the_bundle_verifies) {
     cJSON *rec = receipt(out, 1);
     cr_assert_str_eq(str(rec, "result"), "PASSED");
     for (int k = 0; k < 3; k++) cr_assert_str_eq(str(check_of(rec, k), "result"), "PASSED", "check %d", k);
-    char *argv[] = {KP_BINARY, "verify", out, "--replay", NULL};
+    char *argv[] = {kpt_binary(), "verify", out, "--replay", NULL};
     cr_assert_eq(kpt_run(argv, NULL, NULL), 0);
     cJSON_Delete(rec);
 }
@@ -222,10 +222,10 @@ Test(harness, gate_execs_the_command_only_when_it_passes) {
     const char *checks = "[{\"check\":\"rule\",\"impl\":\"candidate\"}]";
     char *cfg_good = config_for(good, "topp.sorted@host", checks, NULL), *cfg_bad = config_for(bad, "topp.flip@host", checks, NULL);
     char *out1 = bundle_path("exec1"), *out2 = bundle_path("exec2"), *o, *e;
-    char *argv1[] = {KP_BINARY, "gate", "--config", cfg_good, "--out", out1, "--quiet", "--", "/bin/echo", "serving-started", NULL};
+    char *argv1[] = {kpt_binary(), "gate", "--config", cfg_good, "--out", out1, "--quiet", "--", "/bin/echo", "serving-started", NULL};
     cr_assert_eq(kpt_run(argv1, &o, &e), 0, "%s", e);
     cr_assert(strstr(o, "serving-started"), "%s", o);
-    char *argv2[] = {KP_BINARY, "gate", "--config", cfg_bad, "--out", out2, "--quiet", "--", "/bin/echo", "serving-started", NULL};
+    char *argv2[] = {kpt_binary(), "gate", "--config", cfg_bad, "--out", out2, "--quiet", "--", "/bin/echo", "serving-started", NULL};
     cr_assert_eq(kpt_run(argv2, &o, &e), 1);
     cr_assert_null(strstr(o, "serving-started"), "the command ran although the gate failed");
     cr_assert(strstr(e, "not starting"), "%s", e);
@@ -237,11 +237,11 @@ Test(harness, a_timeout_exits_4_with_a_verifiable_bundle) {
                         "{\"case\":\"topp(batch=4,profile=ordinary,seed=2,top_p=0.9,vocab=20000)\",\"checks\":[{\"check\":\"rule\",\"impl\":\"candidate\"}]}";
     char *cfg = config_for(so, "topp.sorted@host", NULL, cases);
     char *out = bundle_path("timeout"), *o, *e;
-    char *argv[] = {KP_BINARY, "gate", "--config", cfg, "--out", out, "--timeout", "0.01", "--quiet", NULL};
+    char *argv[] = {kpt_binary(), "gate", "--config", cfg, "--out", out, "--timeout", "0.01", "--quiet", NULL};
     cr_assert_eq(kpt_run(argv, &o, &e), 4, "%s%s", o, e);
     cJSON *rec = receipt(out, 2);
     cr_assert_str_eq(str(rec, "result"), "NOT_RUN");
-    char *vargv[] = {KP_BINARY, "verify", out, NULL};
+    char *vargv[] = {kpt_binary(), "verify", out, NULL};
     cr_assert_eq(kpt_run(vargv, NULL, NULL), 0);
     cJSON_Delete(rec);
 }
@@ -252,7 +252,7 @@ Test(harness, the_watchdog_ends_a_hung_case_as_failed_and_keeps_the_bundle_intac
                         "{\"case\":\"topp(batch=2,profile=flat,seed=2,top_p=0.9,vocab=100)\",\"checks\":[{\"check\":\"rule\",\"impl\":\"candidate\"}]}";
     char *cfg = config_for(so, "topp.hang@host", NULL, cases);
     char *out = bundle_path("hang"), *o, *e;
-    char *argv[] = {KP_BINARY, "gate", "--config", cfg, "--out", out, "--timeout", "1", "--quiet", "--", "/bin/echo", "started", NULL};
+    char *argv[] = {kpt_binary(), "gate", "--config", cfg, "--out", out, "--timeout", "1", "--quiet", "--", "/bin/echo", "started", NULL};
     cr_assert_eq(kpt_run(argv, &o, &e), 4, "%s%s", o, e);
     cr_assert_null(strstr(o, "started"));
     cJSON *rec = receipt(out, 1);
@@ -261,7 +261,7 @@ Test(harness, the_watchdog_ends_a_hung_case_as_failed_and_keeps_the_bundle_intac
     cr_assert(cJSON_IsString(reason) && strstr(reason->valuestring, "timeout"), "%s", cJSON_IsString(reason) ? reason->valuestring : "");
     cJSON *rec2 = receipt(out, 2);
     cr_assert_str_eq(str(rec2, "result"), "NOT_RUN");
-    char *vargv[] = {KP_BINARY, "verify", out, NULL};
+    char *vargv[] = {kpt_binary(), "verify", out, NULL};
     cr_assert_eq(kpt_run(vargv, NULL, &e), 0, "%s", e);
     cJSON_Delete(rec), cJSON_Delete(rec2);
 }

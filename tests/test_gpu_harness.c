@@ -1,0 +1,119 @@
+/* test_gpu_harness.c: the harness's device side on a real GPU: guard regions around device
+ * buffers catch an out-of-bounds write and a write into row padding, a sticky CUDA error ends the
+ * run with receipts for what finished, and a device run records the GPU in its receipt.
+ * Exit 77 (skipped) without CUDA impls or a GPU; CUDA is only ever touched in child processes. */
+#define _GNU_SOURCE
+#include <cjson/cJSON.h>
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kp_test_util.h"
+
+static char *dir;
+static void setup(void) { dir = kpt_tempdir(); }
+static void teardown(void) {
+    kpt_rmtree(dir);
+    free(dir);
+}
+TestSuite(gpu_harness, .init = setup, .fini = teardown, .timeout = 300);
+
+static char *write_config(const char *cases) {
+    char *path, *body;
+    cr_assert(asprintf(&path, "%s/c.json", dir) > 0);
+    cr_assert(asprintf(&body,
+                       "{\"schema\":\"kparity.gate/v1\",\"name\":\"t\",\"plugins\":[{\"path\":\"%s\"}],"
+                       "\"impls\":{\"candidate\":\"topp.split_prob@cuda\"},"
+                       "\"defaults\":{\"tie_policy\":\"minimal_index\",\"band\":1e-6,\"runs\":3},\"cases\":[%s]}",
+                       kpt_cuda_plugin(), cases) > 0);
+    cr_assert_eq(kpt_write(path, body, strlen(body)), 0);
+    free(body);
+    return path;
+}
+
+static cJSON *read_receipt(const char *bundle, int i) {
+    char *path;
+    cr_assert(asprintf(&path, "%s/receipts/%04d.json", bundle, i) > 0);
+    char *text = kpt_read(path, NULL);
+    cr_assert_not_null(text, "%s", path);
+    cJSON *doc = cJSON_Parse(text);
+    free(text), free(path);
+    return doc;
+}
+
+static const char *check_summary(const cJSON *rec, int k) {
+    const cJSON *chk = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(rec, "checks"), k);
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(chk, "summary");
+    return cJSON_IsString(s) ? s->valuestring : "";
+}
+
+static int gate(const char *cfg, const char *name, char **out, char **err, char **bundle) {
+    cr_assert(asprintf(bundle, "%s/%s", dir, name) > 0);
+    char *argv[] = {kpt_binary(), "gate", "--config", (char *)cfg, "--out", *bundle, "--quiet", NULL};
+    return kpt_run(argv, out, err);
+}
+
+Test(gpu_harness, guard_regions_catch_a_device_out_of_bounds_write) {
+    char *cfg = write_config("{\"case\":\"topp(batch=4,profile=flat,seed=1,top_p=0.9,vocab=1000)\","
+                             "\"checks\":[{\"check\":\"rule\",\"impl\":\"topp.oob@cuda\"}]}");
+    char *o, *e, *b;
+    cr_assert_eq(gate(cfg, "oob", &o, &e, &b), 3, "%s%s", o, e);
+    cJSON *rec = read_receipt(b, 1);
+    cr_assert(strstr(check_summary(rec, 0), "guard region after buffer 'out'"), "%s", check_summary(rec, 0));
+    cJSON_Delete(rec);
+}
+
+Test(gpu_harness, a_device_write_into_row_padding_is_caught) {
+    char *cfg = write_config("{\"case\":\"topp(batch=4,profile=flat,seed=1,stride=1024,top_p=0.9,vocab=1000)\","
+                             "\"checks\":[{\"check\":\"rule\",\"impl\":\"topp.pad@cuda\"}]}");
+    char *o, *e, *b;
+    cr_assert_eq(gate(cfg, "pad", &o, &e, &b), 3, "%s%s", o, e);
+    cJSON *rec = read_receipt(b, 1);
+    cr_assert(strstr(check_summary(rec, 0), "row padding"), "%s", check_summary(rec, 0));
+    cJSON_Delete(rec);
+}
+
+Test(gpu_harness, a_sticky_error_ends_the_run_with_receipts_for_what_finished) {
+    char *cfg = write_config(
+        "{\"case\":\"topp(batch=2,profile=ordinary,seed=1,top_p=0.9,vocab=4096)\",\"checks\":[{\"check\":\"rule\",\"impl\":\"candidate\"}]},"
+        "{\"case\":\"topp(batch=2,profile=ordinary,seed=2,top_p=0.9,vocab=4096)\",\"checks\":[{\"check\":\"rule\",\"impl\":\"topp.trap@cuda\"}]},"
+        "{\"case\":\"topp(batch=2,profile=ordinary,seed=3,top_p=0.9,vocab=4096)\",\"checks\":[{\"check\":\"rule\",\"impl\":\"candidate\"}]}");
+    char *o, *e, *b;
+    cr_assert_eq(gate(cfg, "trap", &o, &e, &b), 3, "%s%s", o, e);
+    cJSON *r1 = read_receipt(b, 1), *r2 = read_receipt(b, 2), *r3 = read_receipt(b, 3);
+    cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(r1, "result")->valuestring, "PASSED");
+    cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(r2, "result")->valuestring, "FAILED");
+    cr_assert(strstr(check_summary(r2, 0), "sticky"), "%s", check_summary(r2, 0));
+    cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(r3, "result")->valuestring, "NOT_RUN");
+    char *argv[] = {kpt_binary(), "verify", b, NULL};
+    cr_assert_eq(kpt_run(argv, NULL, NULL), 0);
+    cJSON_Delete(r1), cJSON_Delete(r2), cJSON_Delete(r3);
+}
+
+Test(gpu_harness, receipts_record_the_gpu) {
+    char *cfg = write_config("{\"case\":\"topp(batch=2,profile=ordinary,seed=1,top_p=0.9,vocab=4096)\","
+                             "\"checks\":[{\"check\":\"rule\",\"impl\":\"candidate\"},{\"check\":\"repeat\",\"impl\":\"candidate\"},"
+                             "{\"check\":\"batch\",\"impl\":\"candidate\"}]}");
+    char *o, *e, *b;
+    cr_assert_eq(gate(cfg, "env", &o, &e, &b), 0, "%s%s", o, e);
+    cJSON *rec = read_receipt(b, 1);
+    const cJSON *gpu = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(rec, "environment"), "gpu");
+    cr_assert(cJSON_IsObject(gpu), "no gpu in the environment");
+    const cJSON *uuid = cJSON_GetObjectItemCaseSensitive(gpu, "uuid"), *sms = cJSON_GetObjectItemCaseSensitive(gpu, "sm_count");
+    cr_assert(cJSON_IsString(uuid) && !strncmp(uuid->valuestring, "GPU-", 4));
+    cr_assert(cJSON_IsNumber(sms) && sms->valuedouble > 0);
+    cJSON_Delete(rec);
+}
+
+int main(int argc, char *argv[]) {
+    if (!kpt_gpu_available()) {
+        fprintf(stderr, "test_gpu_harness: no CUDA build or no GPU; skipping (77)\n");
+        return 77;
+    }
+    struct criterion_test_set *tests = criterion_initialize();
+    int result = 0;
+    if (criterion_handle_args(argc, argv, true)) result = !criterion_run_all_tests(tests);
+    criterion_finalize(tests);
+    return result;
+}
