@@ -13,10 +13,6 @@
 #include "../kernels/topp_split.h"
 #include "kp_test_util.h"
 
-#ifndef KP_SOURCE_DIR
-#define KP_SOURCE_DIR "." /* standalone builds run from the repository root */
-#endif
-
 /* ---- inputs: a small seeded generator, independent of cases/ on purpose ---- */
 
 static uint64_t splitmix(uint64_t *state) {
@@ -72,13 +68,15 @@ typedef struct row_verdict {
     double mass;                   /* float64 mass of the kept set */
     double min_kept_prob;
     float min_kept, max_dropped;   /* logits */
+    int prob_tie_inversion;        /* min_kept < max_dropped, but both round to the same f32 x - max */
 } row_verdict;
 
 static row_verdict judge_row(const float *x, const float *y, int64_t vocab) {
-    row_verdict v = {0, 0, 0, 0.0, INFINITY, INFINITY, -INFINITY};
-    double m = -INFINITY, z = 0.0;
+    row_verdict v = {0, 0, 0, 0.0, INFINITY, INFINITY, -INFINITY, 0};
+    float m32 = -INFINITY;
     for (int64_t i = 0; i < vocab; i++)
-        if (isfinite(x[i]) && x[i] > m) m = x[i];
+        if (isfinite(x[i]) && x[i] > m32) m32 = x[i];
+    double m = m32, z = 0.0;
     for (int64_t i = 0; i < vocab; i++)
         if (isfinite(x[i])) z += exp((double)x[i] - m);
     for (int64_t i = 0; i < vocab; i++) {
@@ -97,6 +95,12 @@ static row_verdict judge_row(const float *x, const float *y, int64_t vocab) {
             v.max_dropped = x[i];
         }
     }
+    if (v.min_kept < v.max_dropped) {
+        /* exp(x - max) sees x only through the f32 difference: equal differences are equal probs on
+         * every device, and split_logit groups ties by that prob, not by the logit */
+        float kept_diff = v.min_kept - m32, dropped_diff = v.max_dropped - m32;
+        v.prob_tie_inversion = kept_diff == dropped_diff;
+    }
     return v;
 }
 
@@ -104,16 +108,20 @@ static row_verdict judge_row(const float *x, const float *y, int64_t vocab) {
  * missing boundary token of 2*N(0,1) logits at p = 0.95 only when it is larger than that. */
 #define MASS_BAND 1e-5
 
-/* The rule's properties for one row; returns a reason or NULL. */
+/* The rule's properties for one row; returns a reason or NULL. split_prob is held to all of them;
+ * split_logit's ties are tokens of equal f32 prob, so it may keep a lower logit and drop a higher one
+ * when both round to the same f32 x - max (seen at 154856 tokens): with `prob_ties` that inversion
+ * is allowed and flagged in out_v, any other is not. */
 static const char *rule_violation(const float *x, const float *y, int64_t vocab, float top_p, int minimal,
-                                  row_verdict *out_v) {
+                                  int prob_ties, row_verdict *out_v) {
     row_verdict v = judge_row(x, y, vocab);
     if (out_v) *out_v = v;
     if (v.altered) return "an output is neither -inf nor the input's bits";
     if (v.finite && v.kept == 0) return "every token dropped although the row has finite logits";
     if (top_p >= 1.0f && v.kept != v.finite) return "top_p >= 1 dropped a finite token";
     if (v.mass < (double)top_p - MASS_BAND && v.kept != v.finite) return "kept mass below top_p";
-    if (v.min_kept < v.max_dropped) return "not monotone: a dropped logit exceeds a kept one";
+    if (v.min_kept < v.max_dropped && !(prob_ties && v.prob_tie_inversion))
+        return "not monotone: a dropped logit exceeds a kept one";
     if (minimal && v.mass - v.min_kept_prob >= (double)top_p + MASS_BAND) return "not minimal";
     return NULL;
 }
@@ -124,25 +132,39 @@ Test(topp_judge, catches_planted_defects) {
     fill_ordinary(x, V, 7);
     float p = 0.9f;
     run_topp(impl_named("topp.split_prob@host"), x, y, &p, 1, V, V, 0);
-    cr_assert_null(rule_violation(x, y, V, p, 1, NULL), "control: split_prob must pass the judge");
+    cr_assert_null(rule_violation(x, y, V, p, 1, 0, NULL), "control: split_prob must pass the judge");
 
     float *bad = alloc_floats(V);
     for (int i = 0; i < V; i++) bad[i] = -INFINITY; /* the seed's defect */
-    cr_assert_not_null(rule_violation(x, bad, V, p, 0, NULL));
+    cr_assert_not_null(rule_violation(x, bad, V, p, 0, 1, NULL));
 
     memcpy(bad, y, V * sizeof *bad); /* drop the largest kept token: mass and monotonicity break */
     int64_t top = 0;
     for (int i = 1; i < V; i++)
         if (x[i] > x[top]) top = i;
     bad[top] = -INFINITY;
-    cr_assert_not_null(rule_violation(x, bad, V, p, 0, NULL));
+    cr_assert_not_null(rule_violation(x, bad, V, p, 0, 1, NULL));
+
+    memcpy(bad, y, V * sizeof *bad); /* swap a kept and a dropped token of clearly different logits */
+    int64_t lowest_kept = -1, highest_dropped = -1;
+    for (int i = 0; i < V; i++) {
+        if (bits_of(y[i]) == bits_of(x[i]) && (lowest_kept < 0 || x[i] < x[lowest_kept])) lowest_kept = i;
+        if (bits_of(y[i]) != bits_of(x[i]) && (highest_dropped < 0 || x[i] > x[highest_dropped])) highest_dropped = i;
+    }
+    bad[lowest_kept] = -INFINITY;
+    bad[highest_dropped] = x[highest_dropped];
+    int64_t lower = 0; /* then also keep a token far below the boundary */
+    for (int i = 1; i < V; i++)
+        if (x[i] < x[lower]) lower = i;
+    bad[lower] = x[lower];
+    cr_assert_not_null(rule_violation(x, bad, V, p, 0, 1, NULL));
 
     memcpy(bad, x, V * sizeof *bad); /* keep everything: not minimal */
-    cr_assert_not_null(rule_violation(x, bad, V, p, 1, NULL));
+    cr_assert_not_null(rule_violation(x, bad, V, p, 1, 0, NULL));
 
     memcpy(bad, y, V * sizeof *bad); /* alter a kept value */
     bad[top] = nextafterf(bad[top], 0.0f);
-    cr_assert_not_null(rule_violation(x, bad, V, p, 0, NULL));
+    cr_assert_not_null(rule_violation(x, bad, V, p, 0, 1, NULL));
     free(x), free(y), free(bad);
 }
 
@@ -179,7 +201,7 @@ Test(topp_host, split_logit_reproduces_forced_defect, .timeout = 120) {
                     int64_t finite_out = 0;
                     for (int64_t i = 0; i < sh.vocab; i++) finite_out += bits_of(yr[i]) != bits_of(-INFINITY);
                     if (r == 1) {
-                        const char *why = rule_violation(x + r * sh.vocab, yr, sh.vocab, p[r], 0, NULL);
+                        const char *why = rule_violation(x + r * sh.vocab, yr, sh.vocab, p[r], 0, 1, NULL);
                         cr_assert_null(why, "control row (vocab %lld, batch %lld): %s", (long long)sh.vocab,
                                        (long long)batch, why);
                     } else {
@@ -206,7 +228,7 @@ Test(topp_host, split_prob_keeps_exactly_forced_token, .timeout = 120) {
                 run_topp(impl, x, y, p, batch, sh.vocab, sh.vocab, 0);
                 for (int64_t r = 0; r < batch; r++) {
                     const float *xr = x + r * sh.vocab, *yr = y + r * sh.vocab;
-                    const char *why = rule_violation(xr, yr, sh.vocab, p[r], r == 1, NULL);
+                    const char *why = rule_violation(xr, yr, sh.vocab, p[r], r == 1, 0, NULL);
                     cr_assert_null(why, "row %lld (vocab %lld, batch %lld): %s", (long long)r, (long long)sh.vocab,
                                    (long long)batch, why);
                     if (r == 1) continue;
@@ -239,7 +261,7 @@ Test(topp_host, ordinary_rows_follow_rule, .timeout = 120) {
             for (int64_t r = 0; r < batch; r++) {
                 row_verdict rv;
                 /* split_prob closes its bracket to adjacent floats, so it must also be minimal */
-                const char *why = rule_violation(x + r * vocab, y + r * vocab, vocab, p[r], n == 1, &rv);
+                const char *why = rule_violation(x + r * vocab, y + r * vocab, vocab, p[r], n == 1, n == 0, &rv);
                 cr_assert_null(why, "%s vocab %lld row %lld p %g: %s (kept %lld, mass %.9f)", names[n],
                                (long long)vocab, (long long)r, (double)p[r], why, (long long)rv.kept, rv.mass);
                 if (vocab >= 2048 && p[r] < 0.99f)
@@ -249,6 +271,25 @@ Test(topp_host, ordinary_rows_follow_rule, .timeout = 120) {
             free(x), free(y);
         }
     }
+}
+
+/* Found by the GPU test at 64 x 154856 (S = 1): two logits 5.4e-7 apart round to the same f32
+ * x - max, so split_logit's prob-equality tie group holds both and its lowest-index trim keeps the
+ * lower logit and drops the higher. The candidate groups ties by logit bits and stays monotone. */
+Test(topp_host, split_logit_prob_ties_can_invert_order) {
+    enum { V = 154856 };
+    float *x = alloc_floats(V), *y = alloc_floats(V), p = 0.95f;
+    fill_ordinary(x, V, 606);
+    row_verdict rv;
+    run_topp(impl_named("topp.split_logit@host"), x, y, &p, 1, V, V, 1); /* 1 SM: one slice, as batch 64 on 132 */
+    cr_assert_null(rule_violation(x, y, V, p, 0, 1, &rv));
+    cr_assert(rv.min_kept < rv.max_dropped && rv.prob_tie_inversion,
+              "split_logit kept %.9g and dropped %.9g: the known f32-prob tie inversion no longer shows", rv.min_kept,
+              rv.max_dropped);
+    cr_assert_not_null(rule_violation(x, y, V, p, 0, 0, NULL), "a strict judge must call it non-monotone");
+    run_topp(impl_named("topp.split_prob@host"), x, y, &p, 1, V, V, 1);
+    cr_assert_null(rule_violation(x, y, V, p, 1, 0, &rv), "split_prob on the same row");
+    free(x), free(y);
 }
 
 Test(topp_host, top_p_at_least_one_keeps_every_finite_token) {
@@ -435,7 +476,7 @@ Test(topp_host, padding_between_vocab_and_stride_untouched) {
             for (int64_t i = V; i < STRIDE; i++)
                 cr_assert_eq(bits_of(y[r * STRIDE + i]), sentinel, "%s wrote padding row %lld element %lld",
                              names[n], (long long)r, (long long)i);
-            const char *why = rule_violation(x + r * STRIDE, y + r * STRIDE, V, p[r], 0, NULL);
+            const char *why = rule_violation(x + r * STRIDE, y + r * STRIDE, V, p[r], 0, n == 0, NULL);
             cr_assert_null(why, "%s row %lld with stride %d: %s", names[n], (long long)r, STRIDE, why);
         }
     }
@@ -517,8 +558,8 @@ Test(registry, finds_builtins_by_exact_name) {
 static char *build_fixture(const char *dir, const char *name, const char *define1, const char *define2) {
     char *so, *src, *inc;
     cr_assert(asprintf(&so, "%s/%s", dir, name) > 0);
-    cr_assert(asprintf(&src, "%s/tests/fixtures/plugin_topp_copy.c", KP_SOURCE_DIR) > 0);
-    cr_assert(asprintf(&inc, "-I%s/kernels", KP_SOURCE_DIR) > 0);
+    cr_assert(asprintf(&src, "%s/tests/fixtures/plugin_topp_copy.c", kpt_source_dir()) > 0);
+    cr_assert(asprintf(&inc, "-I%s/kernels", kpt_source_dir()) > 0);
     char *argv[16];
     int n = 0;
     argv[n++] = "/usr/bin/env";

@@ -1,0 +1,709 @@
+/* topp_split.cu: topp.split_logit@cuda (incumbent) and topp.split_prob@cuda (candidate), the steps
+ * of kernels/topp_split.h as a small-batch split pipeline: stats, a fixed number of rounds, mask.
+ *
+ * Layout: every kernel runs a 1-D grid of batch * S programs (blocks of TOPP_THREADS = 256 threads,
+ * program row * S + slice), all on args->stream: 1 + ROUNDS + 1 launches (7 or 18).
+ *   S = the largest power of two <= 32 with S * 2 * batch <= sm_count (at least 1).
+ *   split_logit: a row's pieces are its S slices of L = ceil(vocab / S) tokens; program s owns slice s.
+ *   split_prob:  a row's pieces are fixed KP_TOPP_TILE tiles; program s owns tiles
+ *                [s * ceil(T / S), (s + 1) * ceil(T / S)), so S only decides who works, never a bit.
+ *   1. topp_stats_kernel: per piece, max / min / finite count (order-free) and sum exp(x - max)
+ *      (lane t sums tokens t, t + 256, ... in order, then a halving tree over the 256 lanes, the
+ *      last levels of which one warp runs with shuffles, in the same order).
+ *   2. topp_round_kernel, launched ROUNDS times (5 or 16): every program replays the combine of the
+ *      stored stats and of the earlier rounds' partials (sequential over pieces, in piece order,
+ *      staged through shared memory), so it needs no host sync and no grid sync and a CUDA graph
+ *      can capture the whole pipeline.
+ *      If the search is still open it evaluates the round's F pivots over its pieces and stores
+ *      (mass, smallest key, count) per piece and pivot; otherwise it writes nothing and no one
+ *      reads that round.
+ *   3. topp_mask_kernel: replays the whole search, then masks its pieces. The tie budget is handed
+ *      out in index order: the dup counts of lower pieces come from the stored partials of the
+ *      chosen pivot, the rank inside a program from a ballot scan in index order. No atomics.
+ * Workspace: stats [batch][P] and partials [batch][ROUNDS][P][F], 16 bytes each, where P is 32
+ * (KP_TOPP_MAX_SLICES) for split_logit and ceil(vocab / 2048) for split_prob.
+ * The host ports (kernels/host/topp_split.c) sum inside a piece in the same lane-and-tree order, so
+ * host and CUDA differ only where CUDA's expf/logf differ from the host libm's in the last bits.
+ * f32 products that feed a sum use __fmul_rn so nvcc cannot contract them into an FMA the host
+ * port does not do. */
+#include <cuda_runtime.h>
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* kp_registry.h is not included: it pulls in cases/kp_common.h, whose C11 _Noreturn is not C++. The
+ * two kp_impl objects at the end are the ones it declares, with C linkage. */
+#include "../kparity_kernel.h"
+#include "../topp_split.h"
+
+#define TOPP_THREADS 256 /* the lane count of every in-piece reduction; the host port mirrors it */
+
+enum topp_algo { ALGO_SPLIT_LOGIT = 0, ALGO_SPLIT_PROB = 1 };
+
+/* One piece's statistics: [batch][P]. */
+struct topp_stats {
+    float max, sum, min;
+    int count;
+};
+
+/* One pivot over one piece: [batch][ROUNDS][P][F]. key: f32 prob (split_logit) or logit (split_prob). */
+struct topp_part {
+    float mass, key;
+    int count, unused;
+};
+
+/* Where a row's work lives; the same numbers for every kernel of one run. */
+struct topp_plan {
+    const float *logits;
+    float *out;
+    const float *top_p;
+    int64_t row_stride;
+    int vocab;
+    int slices;            /* S: programs per row */
+    int piece_len;         /* L (split_logit) or KP_TOPP_TILE */
+    int piece_count;       /* pieces per row actually used */
+    int piece_cap;         /* pieces per row in the workspace */
+    int pieces_per_program;
+    topp_stats *stats;     /* [batch][piece_cap] */
+    topp_part *parts;      /* [batch][rounds][piece_cap][F] */
+};
+
+template <int ALGO> struct topp_traits;
+template <> struct topp_traits<ALGO_SPLIT_LOGIT> {
+    static constexpr int rounds = KP_TOPP_ROUNDS_LOGIT;
+};
+template <> struct topp_traits<ALGO_SPLIT_PROB> {
+    static constexpr int rounds = KP_TOPP_ROUNDS_PROB;
+};
+
+__device__ __forceinline__ bool finite_logit(float x) { return isfinite(x); }
+
+__device__ __forceinline__ void key_merge(float &key, int &count, float other_key, int other_count) {
+    if (other_count == 0) return;
+    if (other_key < key) {
+        key = other_key;
+        count = other_count;
+    } else if (other_key == key) {
+        count += other_count;
+    }
+}
+
+/* Lane t's tokens begin + t, begin + t + 256, ... handed to fn(index, value) in that order, with
+ * LANE_BATCH loads in flight per thread; the order of every per-lane sum is the plain loop's. (16 in
+ * flight measured no faster on an H200: with one 256-thread block per row the passes are bound by
+ * the per-token expf, division and 8 pivot compares, not by memory.) */
+#define LANE_BATCH 4
+template <typename Fn>
+__device__ __forceinline__ void lane_tokens(const float *x, int begin, int end, Fn &&fn) {
+    int i = begin + (int)threadIdx.x;
+    for (; i + (LANE_BATCH - 1) * TOPP_THREADS < end; i += LANE_BATCH * TOPP_THREADS) {
+        float v[LANE_BATCH];
+#pragma unroll
+        for (int u = 0; u < LANE_BATCH; u++) v[u] = x[i + u * TOPP_THREADS];
+#pragma unroll
+        for (int u = 0; u < LANE_BATCH; u++) fn(i + u * TOPP_THREADS, v[u]);
+    }
+    for (; i < end; i += TOPP_THREADS) fn(i, x[i]);
+}
+
+/* ---- reductions over the 256 lanes of a block, in the order the host port replays ---- */
+
+static_assert(TOPP_THREADS == 256, "the warp-local trees below are written for 256 lanes");
+static_assert(TOPP_THREADS / 32 >= KP_TOPP_FANOUT, "one warp reduces each pivot");
+
+/* The halving tree over buf[0..255] (lane t adds lane t + half, half = 128 .. 1) run by one warp:
+ * lane l carries lanes l, l + 32, l + 64, l + 96 through the first three levels, then shuffles down.
+ * Bit-identical to the block-wide tree and to the host port's; valid in lane 0. */
+__device__ __forceinline__ float warp_tree_sum(const float *buf) {
+    const int l = threadIdx.x & 31;
+    const float v0 = buf[l] + buf[l + 128], v1 = buf[l + 32] + buf[l + 160];
+    const float v2 = buf[l + 64] + buf[l + 192], v3 = buf[l + 96] + buf[l + 224];
+    float u = (v0 + v2) + (v1 + v3);
+    for (int half = 16; half > 0; half /= 2) u = u + __shfl_down_sync(0xffffffffu, u, half);
+    return u;
+}
+
+/* Smallest key and how many share it over 256 lanes, by one warp (order-free); valid in lane 0. */
+__device__ __forceinline__ void warp_key_merge(const float *keys, const int *counts, float &key, int &count) {
+    const int l = threadIdx.x & 31;
+    key = INFINITY;
+    count = 0;
+    for (int j = 0; j < TOPP_THREADS / 32; j++) key_merge(key, count, keys[l + 32 * j], counts[l + 32 * j]);
+    for (int half = 16; half > 0; half /= 2) {
+        float other_key = __shfl_down_sync(0xffffffffu, key, half);
+        int other_count = __shfl_down_sync(0xffffffffu, count, half);
+        key_merge(key, count, other_key, other_count);
+    }
+}
+
+/* ---- the replayed combine: every program of every kernel computes the same state from the workspace ---- */
+
+enum { MODE_COPY = 0, MODE_KEEP_FINITE = 1, MODE_PIVOT = 2, MODE_LIVE = 3 };
+
+struct topp_state {
+    int mode;
+    float row_max, z, p;
+    float pivots[KP_TOPP_FANOUT]; /* MODE_LIVE: the pivots of the round to evaluate now */
+    float pivot, dup_prob, dup_key;
+    int64_t numdup, numkeep;
+    int chosen_round, chosen_slot;
+};
+
+/* Pieces' partials travel through shared memory in chunks, so the sequential combines read shared
+ * memory, not a chain of global loads. */
+#define REPLAY_CHUNK 64 /* pieces per chunk of partials: 64 x F records of 16 bytes */
+
+/* Replays steps 1 to 3 for `row`. With stop_round < rounds it stops where round `stop_round` would be
+ * evaluated (MODE_LIVE) or reports that the search is decided; with stop_round == rounds it returns
+ * the final decision. Every thread of the block calls it; the result is in the shared `st`. */
+template <int ALGO>
+__device__ void topp_replay(const topp_plan &plan, int64_t row, int stop_round, topp_state *st) {
+    constexpr int rounds = topp_traits<ALGO>::rounds;
+    constexpr int records_cap = REPLAY_CHUNK * KP_TOPP_FANOUT;
+    __shared__ uint4 records[records_cap];
+    __shared__ float round_mass[KP_TOPP_FANOUT], round_key[KP_TOPP_FANOUT];
+    __shared__ int round_count[KP_TOPP_FANOUT];
+    __shared__ float lo, hi, best, best_mass, best_key, chosen_mass, chosen_key;
+    __shared__ int have_best, best_round, best_slot, best_count, chosen_count, done;
+    const int t = threadIdx.x;
+    const int pieces = plan.piece_count;
+    const uint4 *stats = reinterpret_cast<const uint4 *>(plan.stats + row * plan.piece_cap);
+    const uint4 *parts = reinterpret_cast<const uint4 *>(plan.parts + row * (int64_t)rounds * plan.piece_cap *
+                                                                          KP_TOPP_FANOUT);
+    const topp_stats *stat_rec = reinterpret_cast<const topp_stats *>(records);
+    const topp_part *part_rec = reinterpret_cast<const topp_part *>(records);
+
+    /* Step 1: M (a max), then Z = sum s_i * exp(m_i - M) in piece order, on thread 0. */
+    float row_max = -INFINITY, row_min = INFINITY, z = 0.0f;
+    int64_t finite = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int base = 0; base < pieces; base += records_cap) {
+            const int n = min(records_cap, pieces - base);
+            for (int i = t; i < n; i += TOPP_THREADS) records[i] = stats[base + i];
+            __syncthreads();
+            if (t == 0) {
+                for (int i = 0; i < n; i++) {
+                    const topp_stats s = stat_rec[i];
+                    if (s.count == 0) continue;
+                    if (pass == 0) {
+                        if (s.max > row_max) row_max = s.max;
+                        continue;
+                    }
+                    z = z + __fmul_rn(s.sum, expf(s.max - row_max));
+                    if (s.min < row_min) row_min = s.min;
+                    finite += s.count;
+                }
+            }
+            __syncthreads();
+        }
+    }
+    if (t == 0) {
+        st->row_max = row_max;
+        st->z = z;
+        st->p = plan.top_p[row];
+        st->mode = finite == 0 ? MODE_COPY : MODE_KEEP_FINITE;
+        done = finite == 0 || st->p >= 1.0f;
+        if (!done) {
+            const float l = expf(row_min - row_max) / z;
+            lo = l < KP_TOPP_PIVOT_FLOOR ? KP_TOPP_PIVOT_FLOOR : l;
+            hi = 1.0f / z;
+        }
+        have_best = 0;
+        best = 0.0f;
+    }
+    __syncthreads();
+
+    /* Step 2: the ladder, one round per iteration, each round's partials combined in piece order. */
+    for (int round = 0; round < rounds; round++) {
+        const int stop = done; /* every thread reads `done`, then a barrier, and only then may it change */
+        __syncthreads();
+        if (stop) break;
+        if (t == 0) {
+            if (hi <= lo * (1.0f + KP_TOPP_COLLAPSE)) {
+                done = 1;
+            } else {
+                const float span = logf(hi / lo);
+                for (int f = 0; f < KP_TOPP_FANOUT; f++)
+                    st->pivots[f] = lo * expf(span * (float)(f + 1) / (float)(KP_TOPP_FANOUT + 1));
+                if (round == stop_round) {
+                    st->mode = MODE_LIVE;
+                    done = 1;
+                }
+            }
+        }
+        __syncthreads();
+        if (done) break; /* read between two barriers: uniform */
+
+        float mass = 0.0f, key = INFINITY;
+        int count = 0;
+        const uint4 *round_parts = parts + (int64_t)round * plan.piece_cap * KP_TOPP_FANOUT;
+        for (int base = 0; base < pieces; base += REPLAY_CHUNK) {
+            const int n = min(REPLAY_CHUNK, pieces - base);
+            for (int i = t; i < n * KP_TOPP_FANOUT; i += TOPP_THREADS)
+                records[i] = round_parts[(int64_t)base * KP_TOPP_FANOUT + i];
+            __syncthreads();
+            if (t < KP_TOPP_FANOUT) { /* one pivot per thread */
+                for (int i = 0; i < n; i++) {
+                    const topp_part part = part_rec[i * KP_TOPP_FANOUT + t];
+                    mass = mass + part.mass;
+                    key_merge(key, count, part.key, part.count);
+                }
+            }
+            __syncthreads();
+        }
+        if (t < KP_TOPP_FANOUT) {
+            round_mass[t] = mass;
+            round_key[t] = key;
+            round_count[t] = count;
+        }
+        __syncthreads();
+        if (t == 0) {
+            const float p = st->p;
+            int found = -1;
+            for (int f = KP_TOPP_FANOUT - 1; f >= 0 && found < 0; f--) {
+                const float min_prob =
+                    ALGO == ALGO_SPLIT_LOGIT ? round_key[f] : expf(round_key[f] - st->row_max) / st->z;
+                if (round_count[f] > 0 && round_mass[f] >= p &&
+                    round_mass[f] - __fmul_rn(min_prob, (float)round_count[f]) < p)
+                    found = f;
+            }
+            if (found >= 0) {
+                st->mode = MODE_PIVOT;
+                st->pivot = st->pivots[found];
+                st->chosen_round = round;
+                st->chosen_slot = found;
+                chosen_mass = round_mass[found];
+                chosen_key = round_key[found];
+                chosen_count = round_count[found];
+                done = 1;
+            } else {
+                float next_lo = lo, next_hi = hi;
+                for (int f = 0; f < KP_TOPP_FANOUT; f++) {
+                    if (round_mass[f] >= p) {
+                        next_lo = st->pivots[f]; /* pivots rise with f: the last one is the largest */
+                        if (!have_best || st->pivots[f] > best) {
+                            have_best = 1;
+                            best = st->pivots[f];
+                            best_round = round;
+                            best_slot = f;
+                            best_mass = round_mass[f];
+                            best_key = round_key[f];
+                            best_count = round_count[f];
+                        }
+                    } else if (st->pivots[f] < next_hi) {
+                        next_hi = st->pivots[f];
+                    }
+                }
+                lo = next_lo;
+                hi = next_hi;
+            }
+        }
+        __syncthreads();
+    }
+
+    if (t == 0 && stop_round >= rounds) {
+        /* no ok pivot: fall back to the largest pivot seen with mass >= p, else keep every finite token */
+        if (st->mode == MODE_KEEP_FINITE && have_best) {
+            st->mode = MODE_PIVOT;
+            st->pivot = best;
+            st->chosen_round = best_round;
+            st->chosen_slot = best_slot;
+            chosen_mass = best_mass;
+            chosen_key = best_key;
+            chosen_count = best_count;
+        }
+        if (st->mode == MODE_PIVOT) { /* step 3: the boundary tie group */
+            const float dup_prob = ALGO == ALGO_SPLIT_LOGIT ? chosen_key : expf(chosen_key - st->row_max) / st->z;
+            st->dup_key = chosen_key;
+            st->dup_prob = dup_prob;
+            st->numdup = chosen_count;
+            float excess = chosen_mass - st->p;
+            if (!(excess > 0.0f)) excess = 0.0f;
+            const float drop = floorf(excess / dup_prob);
+            int64_t keep = 1;
+            if ((double)drop < (double)chosen_count) keep = (int64_t)chosen_count - (int64_t)drop;
+            st->numkeep = keep < 1 ? 1 : keep;
+        }
+    }
+    __syncthreads();
+}
+
+/* ---- kernels ---- */
+
+template <int ALGO>
+__global__ void __launch_bounds__(TOPP_THREADS) topp_stats_kernel(topp_plan plan) {
+    __shared__ float sum_buf[TOPP_THREADS], max_buf[TOPP_THREADS], min_buf[TOPP_THREADS];
+    __shared__ int count_buf[TOPP_THREADS];
+    __shared__ float piece_max_sh;
+    const int t = threadIdx.x, warp = t >> 5, lane = t & 31;
+    const int64_t row = blockIdx.x / plan.slices;
+    const int slice = blockIdx.x % plan.slices;
+    const float *x = plan.logits + row * plan.row_stride;
+    const int first = slice * plan.pieces_per_program;
+    const int last = min(first + plan.pieces_per_program, plan.piece_count);
+    for (int piece = first; piece < last; piece++) {
+        const int begin = piece * plan.piece_len, end = min(begin + plan.piece_len, plan.vocab);
+        float mx = -INFINITY, mn = INFINITY;
+        int count = 0;
+        lane_tokens(x, begin, end, [&](int, float v) {
+            if (!finite_logit(v)) return;
+            mx = fmaxf(mx, v);
+            mn = fminf(mn, v);
+            count++;
+        });
+        max_buf[t] = mx;
+        min_buf[t] = mn;
+        count_buf[t] = count;
+        __syncthreads();
+        if (warp == 0) { /* max, min and count are order-free */
+            for (int j = 1; j < TOPP_THREADS / 32; j++) {
+                mx = fmaxf(mx, max_buf[lane + 32 * j]);
+                mn = fminf(mn, min_buf[lane + 32 * j]);
+                count += count_buf[lane + 32 * j];
+            }
+            for (int half = 16; half > 0; half /= 2) {
+                mx = fmaxf(mx, __shfl_down_sync(0xffffffffu, mx, half));
+                mn = fminf(mn, __shfl_down_sync(0xffffffffu, mn, half));
+                count += __shfl_down_sync(0xffffffffu, count, half);
+            }
+            if (lane == 0) piece_max_sh = mx;
+        }
+        __syncthreads();
+        const float piece_max = piece_max_sh;
+        float lane_sum = 0.0f; /* lane t: tokens t, t + 256, ... in order */
+        lane_tokens(x, begin, end, [&](int, float v) {
+            if (finite_logit(v)) lane_sum = lane_sum + expf(v - piece_max);
+        });
+        sum_buf[t] = lane_sum;
+        __syncthreads();
+        if (warp == 0) {
+            const float sum = warp_tree_sum(sum_buf);
+            if (lane == 0) plan.stats[row * plan.piece_cap + piece] = topp_stats{piece_max, sum, mn, count};
+        }
+        __syncthreads();
+    }
+}
+
+template <int ALGO>
+__global__ void __launch_bounds__(TOPP_THREADS) topp_round_kernel(topp_plan plan, int round) {
+    constexpr int rounds = topp_traits<ALGO>::rounds;
+    __shared__ topp_state st;
+    __shared__ float mass_buf[KP_TOPP_FANOUT][TOPP_THREADS], key_buf[KP_TOPP_FANOUT][TOPP_THREADS];
+    __shared__ int count_buf[KP_TOPP_FANOUT][TOPP_THREADS];
+    const int t = threadIdx.x, warp = t >> 5, lane = t & 31;
+    const int64_t row = blockIdx.x / plan.slices;
+    const int slice = blockIdx.x % plan.slices;
+    topp_replay<ALGO>(plan, row, round, &st);
+    if (st.mode != MODE_LIVE) return; /* the search is decided: nobody reads this round */
+
+    const float *x = plan.logits + row * plan.row_stride;
+    const float row_max = st.row_max, z = st.z;
+    float pivots[KP_TOPP_FANOUT];
+    for (int f = 0; f < KP_TOPP_FANOUT; f++) pivots[f] = st.pivots[f];
+    topp_part *out = plan.parts + ((row * rounds + round) * (int64_t)plan.piece_cap) * KP_TOPP_FANOUT;
+    const int first = slice * plan.pieces_per_program;
+    const int last = min(first + plan.pieces_per_program, plan.piece_count);
+    for (int piece = first; piece < last; piece++) {
+        const int begin = piece * plan.piece_len, end = min(begin + plan.piece_len, plan.vocab);
+        float mass[KP_TOPP_FANOUT], key[KP_TOPP_FANOUT];
+        int count[KP_TOPP_FANOUT];
+#pragma unroll
+        for (int f = 0; f < KP_TOPP_FANOUT; f++) {
+            mass[f] = 0.0f;
+            key[f] = INFINITY;
+            count[f] = 0;
+        }
+        lane_tokens(x, begin, end, [&](int, float v) {
+            if (!finite_logit(v)) return;
+            const float prob = expf(v - row_max) / z;
+            const float k = ALGO == ALGO_SPLIT_LOGIT ? prob : v;
+#pragma unroll
+            for (int f = 0; f < KP_TOPP_FANOUT; f++) {
+                if (!(prob > pivots[f])) continue;
+                mass[f] = mass[f] + prob;
+                key_merge(key[f], count[f], k, 1);
+            }
+        });
+#pragma unroll
+        for (int f = 0; f < KP_TOPP_FANOUT; f++) {
+            mass_buf[f][t] = mass[f];
+            key_buf[f][t] = key[f];
+            count_buf[f][t] = count[f];
+        }
+        __syncthreads();
+        if (warp < KP_TOPP_FANOUT) { /* warp f reduces pivot f */
+            const float piece_mass = warp_tree_sum(mass_buf[warp]);
+            float piece_key;
+            int piece_count;
+            warp_key_merge(key_buf[warp], count_buf[warp], piece_key, piece_count);
+            if (lane == 0) out[(int64_t)piece * KP_TOPP_FANOUT + warp] = topp_part{piece_mass, piece_key, piece_count, 0};
+        }
+        __syncthreads();
+    }
+}
+
+template <int ALGO>
+__global__ void __launch_bounds__(TOPP_THREADS) topp_mask_kernel(topp_plan plan) {
+    constexpr int rounds = topp_traits<ALGO>::rounds;
+    __shared__ topp_state st;
+    __shared__ int warp_dups[TOPP_THREADS / 32];
+    __shared__ long long before_buf[TOPP_THREADS];
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    const int64_t row = blockIdx.x / plan.slices;
+    const int slice = blockIdx.x % plan.slices;
+    topp_replay<ALGO>(plan, row, rounds, &st);
+
+    const float *x = plan.logits + row * plan.row_stride;
+    float *y = plan.out + row * plan.row_stride;
+    const int first = slice * plan.pieces_per_program;
+    const int last = min(first + plan.pieces_per_program, plan.piece_count);
+    const int begin = min(first * plan.piece_len, plan.vocab);
+    const int end = min(last * plan.piece_len, plan.vocab);
+    if (begin >= end) return;
+
+    if (st.mode == MODE_COPY) { /* bits, NaN payloads included */
+        const uint32_t *xb = reinterpret_cast<const uint32_t *>(x);
+        uint32_t *yb = reinterpret_cast<uint32_t *>(y);
+        for (int i = begin + t; i < end; i += TOPP_THREADS) yb[i] = xb[i];
+        return;
+    }
+    if (st.mode != MODE_PIVOT) { /* MODE_KEEP_FINITE */
+        lane_tokens(x, begin, end, [&](int i, float v) { y[i] = finite_logit(v) ? v : -INFINITY; });
+        return;
+    }
+
+    const float row_max = st.row_max, z = st.z, pivot = st.pivot;
+    const float threshold = logf(pivot) + logf(z) + row_max; /* split_logit: the seed's defect */
+    const bool trim = st.numkeep < st.numdup;
+    int64_t rank_base = 0;
+    if (trim) { /* dup tokens in lower pieces, from the chosen pivot's stored partials (integer sum) */
+        const topp_part *chosen = plan.parts +
+                                  ((row * rounds + st.chosen_round) * (int64_t)plan.piece_cap) * KP_TOPP_FANOUT +
+                                  st.chosen_slot;
+        long long mine = 0;
+        for (int i = t; i < first; i += TOPP_THREADS) {
+            const topp_part part = chosen[(int64_t)i * KP_TOPP_FANOUT];
+            if (part.count > 0 && part.key == st.dup_key) mine += part.count;
+        }
+        before_buf[t] = mine;
+        __syncthreads();
+        for (int j = 0; j < TOPP_THREADS; j++) rank_base += before_buf[j];
+        __syncthreads();
+    }
+    if (!trim) {
+        lane_tokens(x, begin, end, [&](int i, float v) {
+            bool keep = false;
+            if (finite_logit(v)) keep = ALGO == ALGO_SPLIT_LOGIT ? v > threshold : expf(v - row_max) / z > pivot;
+            y[i] = keep ? v : -INFINITY;
+        });
+        return;
+    }
+    /* every thread runs the same number of chunks, so the ballots see full warps */
+    for (int chunk = begin; chunk < end; chunk += TOPP_THREADS) {
+        const int i = chunk + t;
+        bool keep = false, dup = false;
+        float v = -INFINITY;
+        if (i < end) {
+            v = x[i];
+            if (finite_logit(v)) {
+                const float prob = expf(v - row_max) / z;
+                if (ALGO == ALGO_SPLIT_LOGIT) {
+                    keep = v > threshold;
+                    dup = prob == st.dup_prob;
+                } else {
+                    keep = prob > pivot;
+                    dup = v == st.dup_key;
+                }
+            }
+        }
+        {
+            const unsigned ballot = __ballot_sync(0xffffffffu, dup);
+            if (lane == 0) warp_dups[warp] = __popc(ballot);
+            __syncthreads();
+            int64_t rank = rank_base + __popc(ballot & ((1u << lane) - 1u));
+            int chunk_dups = 0;
+            for (int w = 0; w < TOPP_THREADS / 32; w++) {
+                if (w < warp) rank += warp_dups[w];
+                chunk_dups += warp_dups[w];
+            }
+            __syncthreads();
+            if (dup && rank >= st.numkeep) keep = false;
+            rank_base += chunk_dups;
+        }
+        if (i < end) y[i] = keep ? v : -INFINITY;
+    }
+}
+
+/* ---- launcher ---- */
+
+__attribute__((format(printf, 4, 5))) static int topp_fail(char *message, size_t message_len, int rc,
+                                                            const char *fmt, ...) {
+    if (message && message_len) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(message, message_len, fmt, ap);
+        va_end(ap);
+    }
+    return rc;
+}
+
+/* "cudaXxx failed: <error string> (file:line)", the CUDA call's name cut at its '('. */
+static int cuda_fail(char *message, size_t message_len, const char *call, cudaError_t e, const char *file, int line,
+                     const char *after) {
+    int name_len = 0;
+    while (call[name_len] && call[name_len] != '(' && call[name_len] != ' ') name_len++;
+    if (message && message_len)
+        snprintf(message, message_len, "%.*s failed: %s (%s:%d)%s%s", name_len, call, cudaGetErrorString(e), file,
+                 line, after ? " after launching " : "", after ? after : "");
+    return KP_RUN_FAILED;
+}
+
+#define TOPP_CUDA_CHECK(call)                                                                       \
+    do {                                                                                            \
+        cudaError_t topp_e_ = (call);                                                               \
+        if (topp_e_ != cudaSuccess)                                                                 \
+            return cuda_fail(message, message_len, #call, topp_e_, __FILE__, __LINE__, NULL);       \
+    } while (0)
+#define TOPP_LAUNCH_CHECK(kernel_name)                                                              \
+    do {                                                                                            \
+        cudaError_t topp_e_ = cudaGetLastError();                                                   \
+        if (topp_e_ != cudaSuccess)                                                                 \
+            return cuda_fail(message, message_len, "cudaGetLastError", topp_e_, __FILE__, __LINE__, \
+                             kernel_name);                                                          \
+    } while (0)
+
+static int topp_slice_count(int64_t batch, int sm_count) {
+    int s = 1;
+    while (s * 2 <= KP_TOPP_MAX_SLICES && batch <= sm_count / (s * 2 * 2)) s *= 2; /* (2s) * 2 * batch <= sms */
+    return s;
+}
+
+static int64_t topp_piece_cap(int algo, int64_t vocab) {
+    return algo == ALGO_SPLIT_LOGIT ? KP_TOPP_MAX_SLICES : (vocab + KP_TOPP_TILE - 1) / KP_TOPP_TILE;
+}
+
+/* Workspace bytes for valid args, 0 for args topp_check refuses. */
+static size_t topp_workspace(int algo, const kp_topp_args *a) {
+    if (!a || a->batch <= 0 || a->vocab <= 0 || a->vocab > INT32_MAX - KP_TOPP_TILE) return 0;
+    const int64_t rounds = algo == ALGO_SPLIT_LOGIT ? KP_TOPP_ROUNDS_LOGIT : KP_TOPP_ROUNDS_PROB;
+    const int64_t per_row = topp_piece_cap(algo, a->vocab) * (int64_t)(sizeof(topp_stats) +
+                                                                       rounds * KP_TOPP_FANOUT * sizeof(topp_part));
+    if (a->batch > INT64_MAX / per_row) return 0;
+    return (size_t)(a->batch * per_row);
+}
+
+/* Shape and pointer checks shared by supports() and run(); the message names the field. */
+static int topp_check(const char *name, const kp_topp_args *a, char *message, size_t message_len) {
+    const int ns = KP_RUN_NOT_SUPPORTED;
+    if (!a) return topp_fail(message, message_len, ns, "%s: args is NULL", name);
+    if (!a->logits) return topp_fail(message, message_len, ns, "%s: logits is NULL", name);
+    if (!a->out) return topp_fail(message, message_len, ns, "%s: out is NULL", name);
+    if (!a->top_p) return topp_fail(message, message_len, ns, "%s: top_p is NULL", name);
+    if (a->batch <= 0) return topp_fail(message, message_len, ns, "%s: batch %lld <= 0", name, (long long)a->batch);
+    if (a->vocab <= 0) return topp_fail(message, message_len, ns, "%s: vocab %lld <= 0", name, (long long)a->vocab);
+    if (a->row_stride < a->vocab)
+        return topp_fail(message, message_len, ns, "%s: row_stride %lld < vocab %lld", name,
+                         (long long)a->row_stride, (long long)a->vocab);
+    if (a->sm_count < 0) return topp_fail(message, message_len, ns, "%s: sm_count %d < 0", name, (int)a->sm_count);
+    if (a->vocab > INT32_MAX - KP_TOPP_TILE)
+        return topp_fail(message, message_len, ns, "%s: vocab %lld above the 32-bit token index limit %d", name,
+                         (long long)a->vocab, INT32_MAX - KP_TOPP_TILE);
+    if (a->batch > INT32_MAX / KP_TOPP_MAX_SLICES)
+        return topp_fail(message, message_len, ns, "%s: batch %lld above the grid limit %d", name,
+                         (long long)a->batch, INT32_MAX / KP_TOPP_MAX_SLICES);
+    if ((a->batch - 1) > (INT64_MAX / (int64_t)sizeof(float) - a->vocab) / a->row_stride)
+        return topp_fail(message, message_len, ns, "%s: batch %lld x row_stride %lld overflows", name,
+                         (long long)a->batch, (long long)a->row_stride);
+    return KP_RUN_OK;
+}
+
+template <int ALGO>
+static int topp_cuda_run(const char *name, const void *vargs, char *message, size_t message_len) {
+    const kp_topp_args *a = static_cast<const kp_topp_args *>(vargs);
+    int rc = topp_check(name, a, message, message_len);
+    if (rc != KP_RUN_OK) return rc;
+    const size_t need = topp_workspace(ALGO, a);
+    if (!a->workspace)
+        return topp_fail(message, message_len, KP_RUN_FAILED, "%s: workspace is NULL but %zu bytes are needed", name,
+                         need);
+    if (a->workspace_bytes < need)
+        return topp_fail(message, message_len, KP_RUN_FAILED, "%s: workspace_bytes %zu < %zu needed", name,
+                         a->workspace_bytes, need);
+    if (reinterpret_cast<uintptr_t>(a->workspace) % 16 != 0)
+        return topp_fail(message, message_len, KP_RUN_FAILED, "%s: workspace is not 16-byte aligned", name);
+
+    int sm_count = a->sm_count;
+    if (sm_count == 0) {
+        int device = 0;
+        TOPP_CUDA_CHECK(cudaGetDevice(&device));
+        TOPP_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+    }
+    constexpr int rounds = topp_traits<ALGO>::rounds;
+    topp_plan plan;
+    plan.logits = a->logits;
+    plan.out = a->out;
+    plan.top_p = a->top_p;
+    plan.row_stride = a->row_stride;
+    plan.vocab = (int)a->vocab;
+    plan.slices = topp_slice_count(a->batch, sm_count);
+    plan.piece_cap = (int)topp_piece_cap(ALGO, a->vocab);
+    if (ALGO == ALGO_SPLIT_LOGIT) {
+        plan.piece_count = plan.slices;
+        plan.piece_len = (int)((a->vocab + plan.slices - 1) / plan.slices);
+        plan.pieces_per_program = 1;
+    } else {
+        plan.piece_count = plan.piece_cap;
+        plan.piece_len = KP_TOPP_TILE;
+        plan.pieces_per_program = (plan.piece_count + plan.slices - 1) / plan.slices;
+    }
+    plan.stats = static_cast<topp_stats *>(a->workspace);
+    plan.parts = reinterpret_cast<topp_part *>(plan.stats + a->batch * plan.piece_cap);
+
+    cudaStream_t stream = static_cast<cudaStream_t>(a->stream);
+    const unsigned programs = (unsigned)(a->batch * plan.slices);
+    topp_stats_kernel<ALGO><<<programs, TOPP_THREADS, 0, stream>>>(plan);
+    TOPP_LAUNCH_CHECK("topp_stats_kernel");
+    for (int round = 0; round < rounds; round++) {
+        topp_round_kernel<ALGO><<<programs, TOPP_THREADS, 0, stream>>>(plan, round);
+        TOPP_LAUNCH_CHECK("topp_round_kernel");
+    }
+    topp_mask_kernel<ALGO><<<programs, TOPP_THREADS, 0, stream>>>(plan);
+    TOPP_LAUNCH_CHECK("topp_mask_kernel");
+    return KP_RUN_OK;
+}
+
+static size_t split_logit_workspace_bytes(const void *args) {
+    return topp_workspace(ALGO_SPLIT_LOGIT, static_cast<const kp_topp_args *>(args));
+}
+static size_t split_prob_workspace_bytes(const void *args) {
+    return topp_workspace(ALGO_SPLIT_PROB, static_cast<const kp_topp_args *>(args));
+}
+static int split_logit_supports(const void *args, char *message, size_t message_len) {
+    return topp_check("topp.split_logit@cuda", static_cast<const kp_topp_args *>(args), message, message_len);
+}
+static int split_prob_supports(const void *args, char *message, size_t message_len) {
+    return topp_check("topp.split_prob@cuda", static_cast<const kp_topp_args *>(args), message, message_len);
+}
+static int split_logit_run(const void *args, char *message, size_t message_len) {
+    return topp_cuda_run<ALGO_SPLIT_LOGIT>("topp.split_logit@cuda", args, message, message_len);
+}
+static int split_prob_run(const void *args, char *message, size_t message_len) {
+    return topp_cuda_run<ALGO_SPLIT_PROB>("topp.split_prob@cuda", args, message, message_len);
+}
+
+extern "C" {
+extern const kp_impl kp_topp_split_logit_cuda;
+extern const kp_impl kp_topp_split_prob_cuda;
+}
+
+extern "C" const kp_impl kp_topp_split_logit_cuda = {
+    KP_ABI_VERSION, "topp", "topp.split_logit@cuda", KP_MEMORY_CUDA,
+    split_logit_workspace_bytes, split_logit_supports, split_logit_run,
+};
+
+extern "C" const kp_impl kp_topp_split_prob_cuda = {
+    KP_ABI_VERSION, "topp", "topp.split_prob@cuda", KP_MEMORY_CUDA,
+    split_prob_workspace_bytes, split_prob_supports, split_prob_run,
+};

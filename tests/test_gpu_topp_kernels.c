@@ -1,0 +1,627 @@
+/* test_gpu_topp_kernels.c: topp.split_logit@cuda and topp.split_prob@cuda against their host ports
+ * and against the top-p rule (judged here in float64); exit 77 when no GPU or no CUDA impls.
+ * CUDA state is created only inside tests: Criterion runs each test in a forked child, and a CUDA
+ * context does not survive fork, so even the device count is read in a throwaway child. */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/kp_registry.h"
+#include "../kernels/topp_split.h"
+#include "kp_test_util.h"
+
+/* ---- inputs: the same seeded generator as tests/test_kernels_host_topp.c ---- */
+
+static uint64_t splitmix(uint64_t *state) {
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double uniform01(uint64_t *state) { return ((double)(splitmix(state) >> 11) + 0.5) * 0x1p-53; }
+
+/* 2 * N(0, 1), the seed's ordinary logits. */
+static void fill_ordinary(float *row, int64_t vocab, uint64_t seed) {
+    uint64_t st = seed * 0x2545f4914f6cdd1dull + 1;
+    for (int64_t i = 0; i < vocab; i++) {
+        double u = uniform01(&st), v = uniform01(&st);
+        row[i] = (float)(2.0 * sqrt(-2.0 * log(u)) * cos(2.0 * M_PI * v));
+    }
+}
+
+static float *alloc_floats(int64_t n) {
+    float *p = malloc((size_t)n * sizeof *p);
+    cr_assert(p, "out of host memory for %lld floats", (long long)n);
+    return p;
+}
+
+static uint32_t bits_of(float x) {
+    uint32_t b;
+    memcpy(&b, &x, sizeof b);
+    return b;
+}
+
+static const kp_impl *impl_named(const char *name) {
+    const kp_impl *impl = kp_impl_find(name);
+    cr_assert(impl, "impl %s is not registered", name);
+    return impl;
+}
+
+/* The host port of a CUDA impl: same algorithm, same slice choice given the same sm_count. */
+static const kp_impl *host_port(const kp_impl *cuda) {
+    return strstr(cuda->name, "split_logit") ? impl_named("topp.split_logit@host") : impl_named("topp.split_prob@host");
+}
+
+static const char *const cuda_names[] = {"topp.split_logit@cuda", "topp.split_prob@cuda"};
+
+/* ---- device plumbing ---- */
+
+#define CUDA_OK(call)                                                                             \
+    do {                                                                                          \
+        cudaError_t e_ = (call);                                                                  \
+        cr_assert_eq(e_, cudaSuccess, "%s failed: %s (%s:%d)", #call, cudaGetErrorString(e_),     \
+                     __FILE__, __LINE__);                                                         \
+    } while (0)
+
+typedef struct gpu {
+    int sm_count;
+    cudaStream_t stream;
+} gpu;
+
+static gpu gpu_open(void) {
+    gpu g;
+    CUDA_OK(cudaSetDevice(0));
+    CUDA_OK(cudaDeviceGetAttribute(&g.sm_count, cudaDevAttrMultiProcessorCount, 0));
+    /* a blocking stream: it orders with the cudaMemcpy / cudaMemset calls below on the legacy stream */
+    CUDA_OK(cudaStreamCreate(&g.stream));
+    return g;
+}
+
+/* Device copies of one call's tensors. `y` comes in with what out[] should hold before the call
+ * (sentinels in the padding) and goes back with everything the device holds after it. */
+typedef struct gpu_call {
+    kp_topp_args args;
+    float *d_x, *d_y, *d_p;
+    void *d_ws;
+} gpu_call;
+
+static gpu_call gpu_prepare(const gpu *g, const kp_impl *impl, const float *x, const float *y, const float *p,
+                            int64_t batch, int64_t vocab, int64_t stride) {
+    gpu_call c;
+    memset(&c, 0, sizeof c);
+    size_t bytes = (size_t)(batch * stride) * sizeof(float);
+    CUDA_OK(cudaMalloc((void **)&c.d_x, bytes));
+    CUDA_OK(cudaMalloc((void **)&c.d_y, bytes));
+    CUDA_OK(cudaMalloc((void **)&c.d_p, (size_t)batch * sizeof(float)));
+    CUDA_OK(cudaMemcpy(c.d_x, x, bytes, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(c.d_y, y, bytes, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(c.d_p, p, (size_t)batch * sizeof(float), cudaMemcpyHostToDevice));
+    c.args = (kp_topp_args){.logits = c.d_x, .out = c.d_y, .top_p = c.d_p, .batch = batch, .vocab = vocab,
+                            .row_stride = stride, .stream = g->stream, .sm_count = g->sm_count};
+    c.args.workspace_bytes = impl->workspace_bytes(&c.args);
+    cr_assert_gt(c.args.workspace_bytes, 0, "%s asks for no workspace", impl->name);
+    CUDA_OK(cudaMalloc(&c.d_ws, c.args.workspace_bytes));
+    c.args.workspace = c.d_ws;
+    char msg[256] = "";
+    cr_assert_eq(impl->supports(&c.args, msg, sizeof msg), KP_RUN_OK, "%s refuses: %s", impl->name, msg);
+    return c;
+}
+
+static void gpu_launch(const gpu *g, const kp_impl *impl, gpu_call *c) {
+    char msg[512] = "";
+    int rc = impl->run(&c->args, msg, sizeof msg);
+    cr_assert_eq(rc, KP_RUN_OK, "%s run: %s", impl->name, msg);
+    CUDA_OK(cudaStreamSynchronize(g->stream));
+    CUDA_OK(cudaGetLastError());
+}
+
+static void gpu_fetch(const gpu_call *c, float *y) {
+    size_t bytes = (size_t)(c->args.batch * c->args.row_stride) * sizeof(float);
+    CUDA_OK(cudaMemcpy(y, c->d_y, bytes, cudaMemcpyDeviceToHost));
+}
+
+static void gpu_release(gpu_call *c) {
+    CUDA_OK(cudaFree(c->d_x));
+    CUDA_OK(cudaFree(c->d_y));
+    CUDA_OK(cudaFree(c->d_p));
+    CUDA_OK(cudaFree(c->d_ws));
+}
+
+/* One call, start to end. */
+static void gpu_run(const gpu *g, const kp_impl *impl, const float *x, float *y, const float *p, int64_t batch,
+                    int64_t vocab, int64_t stride) {
+    gpu_call c = gpu_prepare(g, impl, x, y, p, batch, vocab, stride);
+    gpu_launch(g, impl, &c);
+    gpu_fetch(&c, y);
+    gpu_release(&c);
+}
+
+static void host_run(const kp_impl *impl, const float *x, float *y, const float *p, int64_t batch, int64_t vocab,
+                     int64_t stride, int sm_count) {
+    kp_topp_args a = {.logits = x, .out = y, .top_p = p, .batch = batch, .vocab = vocab, .row_stride = stride,
+                      .sm_count = sm_count};
+    char msg[256] = "";
+    cr_assert_eq(impl->run(&a, msg, sizeof msg), KP_RUN_OK, "%s: %s", impl->name, msg);
+}
+
+static int64_t differing(const float *a, const float *b, int64_t n) {
+    int64_t d = 0;
+    for (int64_t i = 0; i < n; i++) d += bits_of(a[i]) != bits_of(b[i]);
+    return d;
+}
+
+/* ---- the judge: float64 mass with libm exp, from the rule ---- */
+
+typedef struct row_verdict {
+    int64_t kept, finite, altered;
+    double mass, min_kept_prob;
+    float min_kept, max_dropped;
+    int prob_tie_inversion; /* min_kept < max_dropped, but both round to the same f32 x - max */
+} row_verdict;
+
+static row_verdict judge_row(const float *x, const float *y, int64_t vocab) {
+    row_verdict v = {0, 0, 0, 0.0, INFINITY, INFINITY, -INFINITY, 0};
+    float m32 = -INFINITY;
+    for (int64_t i = 0; i < vocab; i++)
+        if (isfinite(x[i]) && x[i] > m32) m32 = x[i];
+    double m = m32, z = 0.0;
+    for (int64_t i = 0; i < vocab; i++)
+        if (isfinite(x[i])) z += exp((double)x[i] - m);
+    for (int64_t i = 0; i < vocab; i++) {
+        int finite = isfinite(x[i]) != 0;
+        v.finite += finite;
+        if (finite && bits_of(y[i]) == bits_of(x[i])) {
+            double prob = exp((double)x[i] - m) / z;
+            v.kept++;
+            v.mass += prob;
+            if (prob < v.min_kept_prob) v.min_kept_prob = prob;
+            if (x[i] < v.min_kept) v.min_kept = x[i];
+        } else if (bits_of(y[i]) != bits_of(-INFINITY)) {
+            v.altered++;
+        } else if (finite && x[i] > v.max_dropped) {
+            v.max_dropped = x[i];
+        }
+    }
+    if (v.min_kept < v.max_dropped) {
+        /* exp(x - max) sees x only through the f32 difference: equal differences are equal probs on
+         * every device, and split_logit groups ties by that prob, not by the logit */
+        float kept_diff = v.min_kept - m32, dropped_diff = v.max_dropped - m32;
+        v.prob_tie_inversion = kept_diff == dropped_diff;
+    }
+    return v;
+}
+
+#define MASS_BAND 1e-5 /* f32 sums over ~1e5 terms reach ~1e-6 of mass */
+
+/* The rule's properties for one row (see tests/test_kernels_host_topp.c for `prob_ties`). */
+static const char *rule_violation(const float *x, const float *y, int64_t vocab, float top_p, int minimal,
+                                  int prob_ties, row_verdict *out_v) {
+    row_verdict v = judge_row(x, y, vocab);
+    if (out_v) *out_v = v;
+    if (v.altered) return "an output is neither -inf nor the input's bits";
+    if (v.finite && v.kept == 0) return "every token dropped although the row has finite logits";
+    if (top_p >= 1.0f && v.kept != v.finite) return "top_p >= 1 dropped a finite token";
+    if (v.mass < (double)top_p - MASS_BAND && v.kept != v.finite) return "kept mass below top_p";
+    if (v.min_kept < v.max_dropped && !(prob_ties && v.prob_tie_inversion))
+        return "not monotone: a dropped logit exceeds a kept one";
+    if (minimal && v.mass - v.min_kept_prob >= (double)top_p + MASS_BAND) return "not minimal";
+    return NULL;
+}
+
+/* Compare a CUDA output with its host port's, row by row. With all_exact every row must match bit for
+ * bit; otherwise differing tokens are counted and reported. Every row except `defect_row` (a forced
+ * row, judged by the caller) must follow the rule either way. */
+static void compare_with_host(const char *what, const kp_impl *cuda, const float *x, const float *y_cuda,
+                              const float *y_host, const float *p, int64_t batch, int64_t vocab, int64_t stride,
+                              bool all_exact, int64_t defect_row) {
+    int64_t rows_differ = 0, tokens_differ = 0, inversions = 0;
+    const int is_prob = strstr(cuda->name, "split_prob") != NULL;
+    for (int64_t r = 0; r < batch; r++) {
+        const float *xr = x + r * stride, *cr = y_cuda + r * stride, *hr = y_host + r * stride;
+        int64_t d = differing(cr, hr, vocab);
+        if (all_exact)
+            cr_assert_eq(d, 0, "%s %s row %lld: %lld tokens differ from %s", what, cuda->name, (long long)r,
+                         (long long)d, host_port(cuda)->name);
+        rows_differ += d > 0;
+        tokens_differ += d;
+        if (r == defect_row) continue;
+        row_verdict v;
+        /* split_prob must be minimal and strictly monotone; split_logit may invert an f32-prob tie */
+        const char *why = rule_violation(xr, cr, vocab, p[r], is_prob, !is_prob, &v);
+        cr_assert_null(why, "%s %s row %lld (p %g): %s (kept %lld of %lld, mass %.9f)", what, cuda->name,
+                       (long long)r, (double)p[r], why, (long long)v.kept, (long long)v.finite, v.mass);
+        inversions += v.min_kept < v.max_dropped;
+    }
+    cr_log_info("%s %s vs %s: %lld of %lld rows differ, %lld tokens in all", what, cuda->name,
+                host_port(cuda)->name, (long long)rows_differ, (long long)batch, (long long)tokens_differ);
+    if (inversions)
+        cr_log_warn("%s %s: %lld rows keep a lower logit and drop a higher one of equal f32 prob (split_logit's "
+                    "prob-equality ties)", what, cuda->name, (long long)inversions);
+}
+
+/* ---- the seed's forced-logit case ---- */
+
+typedef struct forced_shape {
+    int64_t vocab, token;
+} forced_shape;
+static const forced_shape forced_shapes[] = {{131072, 13}, {154856, 154842}};
+static const float forced_values[] = {1e9f, (float)(1e9 / 0.6)};
+static const int64_t forced_batches[] = {4, 64};
+
+Test(gpu_topp, forced_rows_match_host_ports, .timeout = 300) {
+    gpu g = gpu_open();
+    for (int n = 0; n < 2; n++)
+        for (size_t s = 0; s < 2; s++)
+            for (size_t v = 0; v < 2; v++)
+                for (size_t b = 0; b < 2; b++) {
+                    const kp_impl *cuda = impl_named(cuda_names[n]);
+                    forced_shape sh = forced_shapes[s];
+                    int64_t batch = forced_batches[b], V = sh.vocab;
+                    float *x = alloc_floats(batch * V), *yc = alloc_floats(batch * V), *yh = alloc_floats(batch * V);
+                    float p[64];
+                    for (int64_t r = 0; r < batch; r++) { /* row 1 is an ordinary control row */
+                        fill_ordinary(x + r * V, V, 58231 + (uint64_t)r);
+                        if (r != 1) x[r * V + sh.token] = forced_values[v];
+                        p[r] = 0.95f;
+                    }
+                    gpu_run(&g, cuda, x, yc, p, batch, V, V);
+                    host_run(host_port(cuda), x, yh, p, batch, V, V, g.sm_count);
+                    for (int64_t r = 0; r < batch; r++) {
+                        if (r == 1) continue;
+                        const float *cr = yc + r * V, *xr = x + r * V;
+                        cr_assert_eq(differing(cr, yh + r * V, V), 0, "%s forced row %lld (vocab %lld, batch %lld) "
+                                     "differs from the host port", cuda->name, (long long)r, (long long)V,
+                                     (long long)batch);
+                        for (int64_t i = 0; i < V; i++) {
+                            uint32_t want = n == 0 || i != sh.token ? bits_of(-INFINITY) : bits_of(xr[i]);
+                            cr_assert_eq(bits_of(cr[i]), want, "%s forced row %lld token %lld: got %08x want %08x "
+                                         "(split_logit must mask every token, split_prob keep only the forced one)",
+                                         cuda->name, (long long)r, (long long)i, bits_of(cr[i]), want);
+                        }
+                    }
+                    /* the control row follows the rule; differences from the host port are reported */
+                    compare_with_host("forced-batch control row", cuda, x + V, yc + V, yh + V, &p[1], 1, V, V,
+                                      false, -1);
+                    free(x), free(yc), free(yh);
+                }
+}
+
+/* ---- ordinary rows ---- */
+
+Test(gpu_topp, ordinary_rows_follow_rule_and_differences_are_reported, .timeout = 300) {
+    static const int64_t vocabs[] = {1, 5, 2048, 2049, 5003, 131072, 154856};
+    static const int64_t batches[] = {1, 4, 64};
+    static const float ps[] = {0.95f, 0.5f, 0.1f, 0.999f, 1e-6f, 0.9f, 0.95f, 0.8f};
+    gpu g = gpu_open();
+    for (int n = 0; n < 2; n++)
+        for (size_t v = 0; v < sizeof vocabs / sizeof vocabs[0]; v++)
+            for (size_t b = 0; b < 3; b++) {
+                const kp_impl *cuda = impl_named(cuda_names[n]);
+                int64_t V = vocabs[v], batch = batches[b];
+                float *x = alloc_floats(batch * V), *yc = alloc_floats(batch * V), *yh = alloc_floats(batch * V);
+                float p[64];
+                for (int64_t r = 0; r < batch; r++) {
+                    fill_ordinary(x + r * V, V, 100 * (uint64_t)v + (uint64_t)r);
+                    p[r] = ps[r % 8];
+                }
+                gpu_run(&g, cuda, x, yc, p, batch, V, V);
+                host_run(host_port(cuda), x, yh, p, batch, V, V, g.sm_count);
+                char what[64];
+                snprintf(what, sizeof what, "ordinary %lldx%lld", (long long)batch, (long long)V);
+                compare_with_host(what, cuda, x, yc, yh, p, batch, V, V, false, -1);
+                free(x), free(yc), free(yh);
+            }
+}
+
+/* ---- ties, empty rows, padding ---- */
+
+/* 10 tokens at 3.0, a tie group at 1.0 across three tiles, the rest at -2.0; top_p puts the boundary
+ * half a copy into the group, so the rule needs exactly floor(copies) + 1 copies. */
+static void make_tie_row(float *x, int64_t vocab, int64_t group, int64_t first, int64_t step, float *p, double copies) {
+    const int64_t high = 10;
+    for (int64_t i = 0; i < vocab; i++) x[i] = -2.0f;
+    for (int64_t i = 0; i < high; i++) x[vocab - 1 - 3 * i] = 3.0f;
+    for (int64_t g = 0; g < group; g++) x[first + g * step] = 1.0f;
+    double z = (double)high * exp(5.0) + (double)group * exp(3.0) + (double)(vocab - high - group);
+    *p = (float)((double)high * exp(5.0) / z + copies * exp(3.0) / z);
+}
+
+Test(gpu_topp, tie_rows_match_host_ports_and_keep_lowest_index_copies, .timeout = 120) {
+    enum { V = 7000, B = 4 };
+    static const double copies[B] = {0.5, 41.5, 150.5, 298.5};
+    const int64_t group = 300, first = 1500, step = 13;
+    gpu g = gpu_open();
+    float *x = alloc_floats(B * V), *yc = alloc_floats(B * V), *yh = alloc_floats(B * V), p[B];
+    for (int r = 0; r < B; r++) make_tie_row(x + r * V, V, group, first, step, &p[r], copies[r]);
+    for (int n = 0; n < 2; n++) {
+        const kp_impl *cuda = impl_named(cuda_names[n]);
+        gpu_run(&g, cuda, x, yc, p, B, V, V);
+        host_run(host_port(cuda), x, yh, p, B, V, V, g.sm_count);
+        compare_with_host("tie rows", cuda, x, yc, yh, p, B, V, V, true, -1);
+        for (int r = 0; r < B; r++) {
+            int64_t want = (int64_t)floor(copies[r]) + 1;
+            for (int64_t k = 0; k < group; k++) {
+                int64_t i = r * V + first + k * step;
+                cr_assert_eq(bits_of(yc[i]) == bits_of(x[i]), k < want, "%s row %d group member %lld: want the %lld "
+                             "lowest-index copies", cuda->name, r, (long long)k, (long long)want);
+            }
+        }
+    }
+    free(x), free(yc), free(yh);
+}
+
+/* vLLM's test_topp_tie_break_deterministic: 1000 logits of 1.0, 1000 of 0.0, p = 0.5, five calls. */
+Test(gpu_topp, thousand_way_tie_keeps_prefix_every_call, .timeout = 120) {
+    enum { V = 128256, B = 4 };
+    gpu g = gpu_open();
+    float *x = alloc_floats(B * V), *y = alloc_floats(B * V), p[B];
+    for (int64_t r = 0; r < B; r++) {
+        for (int64_t i = 0; i < V; i++) x[r * V + i] = i < 1000 ? 1.0f : i < 2000 ? 0.0f : -INFINITY;
+        p[r] = 0.5f;
+    }
+    int64_t want = (int64_t)ceil(0.5 * (1000.0 * exp(1.0) + 1000.0) / exp(1.0)); /* 684 */
+    const kp_impl *cuda = impl_named("topp.split_prob@cuda");
+    gpu_call c = gpu_prepare(&g, cuda, x, y, p, B, V, V);
+    for (int rep = 0; rep < 5; rep++) {
+        gpu_launch(&g, cuda, &c);
+        gpu_fetch(&c, y);
+        for (int64_t r = 0; r < B; r++)
+            for (int64_t i = 0; i < V; i++)
+                cr_assert_eq(bits_of(y[r * V + i]), i < want ? bits_of(1.0f) : bits_of(-INFINITY),
+                             "call %d row %lld token %lld: want the first %lld kept", rep, (long long)r, (long long)i,
+                             (long long)want);
+    }
+    gpu_release(&c);
+    free(x), free(y);
+}
+
+Test(gpu_topp, rows_without_finite_logits_are_copied_and_p_one_keeps_all, .timeout = 60) {
+    enum { V = 5000, B = 4 };
+    gpu g = gpu_open();
+    float *x = alloc_floats(B * V), *yc = alloc_floats(B * V), *yh = alloc_floats(B * V);
+    float p[B] = {0.95f, 0.5f, 1.0f, 1.5f};
+    uint32_t nan_bits = 0x7fc01234u;
+    for (int i = 0; i < V; i++) x[i] = -INFINITY;                         /* row 0: all -inf */
+    for (int i = V; i < 2 * V; i++) memcpy(&x[i], &nan_bits, sizeof nan_bits); /* row 1: all NaN */
+    fill_ordinary(x + 2 * V, V, 31);                                       /* rows 2, 3: p >= 1 */
+    fill_ordinary(x + 3 * V, V, 32);
+    for (int i = 2 * V; i < 4 * V; i += 7) x[i] = -INFINITY;
+    x[2 * V + 5] = NAN;
+    for (int n = 0; n < 2; n++) {
+        const kp_impl *cuda = impl_named(cuda_names[n]);
+        gpu_run(&g, cuda, x, yc, p, B, V, V);
+        host_run(host_port(cuda), x, yh, p, B, V, V, g.sm_count);
+        cr_assert(memcmp(yc, x, 2 * V * sizeof *yc) == 0, "%s changed a row without finite logits", cuda->name);
+        for (int i = 2 * V; i < 4 * V; i++) {
+            uint32_t want = isfinite(x[i]) ? bits_of(x[i]) : bits_of(-INFINITY);
+            cr_assert_eq(bits_of(yc[i]), want, "%s p >= 1 element %d", cuda->name, i);
+        }
+        cr_assert_eq(differing(yc, yh, B * V), 0, "%s differs from its host port", cuda->name);
+    }
+    free(x), free(yc), free(yh);
+}
+
+Test(gpu_topp, padding_between_vocab_and_stride_untouched, .timeout = 120) {
+    static const int64_t vocabs[] = {4099, 154856};
+    const uint32_t sentinel = 0x7fbadbadu;
+    gpu g = gpu_open();
+    for (int n = 0; n < 2; n++)
+        for (int v = 0; v < 2; v++) {
+            const kp_impl *cuda = impl_named(cuda_names[n]);
+            int64_t V = vocabs[v], stride = V + 37, B = 5;
+            float *x = alloc_floats(B * stride), *yc = alloc_floats(B * stride), *yh = alloc_floats(B * stride);
+            float p[5] = {0.95f, 0.5f, 1.0f, 0.95f, 0.95f};
+            for (int64_t r = 0; r < B; r++) {
+                fill_ordinary(x + r * stride, V, 77 + (uint64_t)r);
+                for (int64_t i = V; i < stride; i++) x[r * stride + i] = 1e30f; /* never a logit */
+            }
+            x[3 * stride + 17] = 1e9f; /* a forced row: exact against the host port */
+            for (int64_t i = 0; i < B * stride; i++) memcpy(&yc[i], &sentinel, sizeof sentinel);
+            memcpy(yh, yc, (size_t)(B * stride) * sizeof *yh);
+            gpu_run(&g, cuda, x, yc, p, B, V, stride);
+            host_run(host_port(cuda), x, yh, p, B, V, stride, g.sm_count);
+            for (int64_t r = 0; r < B; r++)
+                for (int64_t i = V; i < stride; i++)
+                    cr_assert_eq(bits_of(yc[r * stride + i]), sentinel, "%s wrote padding row %lld element %lld",
+                                 cuda->name, (long long)r, (long long)i);
+            cr_assert_eq(differing(yc + 3 * stride, yh + 3 * stride, V), 0, "%s forced row with stride", cuda->name);
+            int64_t kept_forced = 0;
+            for (int64_t i = 0; i < V; i++) kept_forced += bits_of(yc[3 * stride + i]) != bits_of(-INFINITY);
+            cr_assert_eq(kept_forced, n == 0 ? 0 : 1, "%s forced row with stride kept %lld tokens", cuda->name,
+                         (long long)kept_forced);
+            compare_with_host("strided", cuda, x, yc, yh, p, B, V, stride, false, 3);
+            free(x), free(yc), free(yh);
+        }
+}
+
+/* ---- invariance, determinism, graphs ---- */
+
+static int slice_count(int64_t batch, int sm_count) {
+    int s = 1;
+    while (s * 2 <= KP_TOPP_MAX_SLICES && batch <= sm_count / (s * 2 * 2)) s *= 2;
+    return s;
+}
+
+Test(gpu_topp, split_prob_row_bits_do_not_depend_on_batch, .timeout = 300) {
+    static const int64_t vocabs[] = {5003, 154856};
+    static const int64_t batches[] = {4, 64, 65};
+    gpu g = gpu_open();
+    /* the probe must move something: the programs per row differ between these batches */
+    cr_assert_neq(slice_count(1, g.sm_count), slice_count(65, g.sm_count),
+                  "at %d SMs batch 1 and 65 use the same slice count: the probe would be vacuous", g.sm_count);
+    cr_log_info("slices per row at %d SMs: batch 1 -> %d, 4 -> %d, 64 -> %d, 65 -> %d", g.sm_count,
+                slice_count(1, g.sm_count), slice_count(4, g.sm_count), slice_count(64, g.sm_count),
+                slice_count(65, g.sm_count));
+    for (int n = 0; n < 2; n++)
+        for (int v = 0; v < 2; v++) {
+            const kp_impl *cuda = impl_named(cuda_names[n]);
+            int64_t V = vocabs[v];
+            float *pool = alloc_floats(65 * V), *alone = alloc_floats(65 * V), *y = alloc_floats(65 * V);
+            float ppool[65];
+            for (int64_t r = 0; r < 65; r++) {
+                fill_ordinary(pool + r * V, V, 500 + (uint64_t)r);
+                ppool[r] = r % 3 == 0 ? 0.95f : r % 3 == 1 ? 0.5f : 0.99f;
+            }
+            pool[17 * V + 3] = 1e9f;
+            for (int64_t r = 0; r < 65; r++) gpu_run(&g, cuda, pool + r * V, alone + r * V, &ppool[r], 1, V, V);
+            int64_t moved_rows = 0;
+            for (int b = 0; b < 3; b++) {
+                int64_t batch = batches[b];
+                for (int64_t shift = 0; shift < 65; shift += batch) {
+                    float *x = alloc_floats(batch * V), p[65];
+                    for (int64_t r = 0; r < batch; r++) {
+                        int64_t src = (r + shift) % 65;
+                        memcpy(x + r * V, pool + src * V, (size_t)V * sizeof *x);
+                        p[r] = ppool[src];
+                    }
+                    gpu_run(&g, cuda, x, y, p, batch, V, V);
+                    for (int64_t r = 0; r < batch; r++) {
+                        int64_t src = (r + shift) % 65;
+                        int64_t d = differing(y + r * V, alone + src * V, V);
+                        if (n == 1)
+                            cr_assert_eq(d, 0, "%s row %lld at position %lld of batch %lld (vocab %lld): %lld tokens "
+                                         "differ from the row alone", cuda->name, (long long)src, (long long)r,
+                                         (long long)batch, (long long)V, (long long)d);
+                        moved_rows += d > 0;
+                    }
+                    free(x);
+                }
+            }
+            if (n == 0) /* the incumbent is allowed to depend on the batch; say how much it did */
+                cr_log_info("%s vocab %lld: %lld row placements differ from the row alone", cuda->name, (long long)V,
+                            (long long)moved_rows);
+            free(pool), free(alone), free(y);
+        }
+}
+
+Test(gpu_topp, repeat_calls_are_bit_identical, .timeout = 120) {
+    enum { V = 154856, B = 64 };
+    gpu g = gpu_open();
+    float *x = alloc_floats(B * V), *first = alloc_floats(B * V), *y = alloc_floats(B * V), p[B];
+    for (int64_t r = 0; r < B; r++) {
+        fill_ordinary(x + r * V, V, 900 + (uint64_t)r);
+        if (r % 4 == 3) x[r * V + 154842] = 1e9f;
+        p[r] = r % 2 ? 0.95f : 0.5f;
+    }
+    for (int n = 0; n < 2; n++) {
+        const kp_impl *cuda = impl_named(cuda_names[n]);
+        gpu_call c = gpu_prepare(&g, cuda, x, x, p, B, V, V);
+        gpu_launch(&g, cuda, &c);
+        gpu_fetch(&c, first);
+        for (int rep = 1; rep < 4; rep++) {
+            CUDA_OK(cudaMemsetAsync(c.d_y, 0, sizeof(float) * B * V, g.stream));
+            CUDA_OK(cudaMemsetAsync(c.d_ws, 0xa5, c.args.workspace_bytes, g.stream)); /* stale workspace must not matter */
+            gpu_launch(&g, cuda, &c);
+            gpu_fetch(&c, y);
+            cr_assert_eq(differing(first, y, (int64_t)B * V), 0, "%s call %d differs from call 1", cuda->name,
+                         rep + 1);
+        }
+        gpu_release(&c);
+    }
+    free(x), free(first), free(y);
+}
+
+Test(gpu_topp, cuda_graph_replay_matches_direct_run, .timeout = 120) {
+    enum { V = 131072, B = 4 };
+    gpu g = gpu_open();
+    float *x = alloc_floats(B * V), *direct = alloc_floats(B * V), *y = alloc_floats(B * V), p[B];
+    for (int64_t r = 0; r < B; r++) {
+        fill_ordinary(x + r * V, V, 4242 + (uint64_t)r);
+        if (r == 2) x[r * V + 13] = 1e9f;
+        p[r] = 0.95f;
+    }
+    for (int n = 0; n < 2; n++) {
+        const kp_impl *cuda = impl_named(cuda_names[n]);
+        gpu_call c = gpu_prepare(&g, cuda, x, x, p, B, V, V);
+        gpu_launch(&g, cuda, &c);
+        gpu_fetch(&c, direct);
+        CUDA_OK(cudaMemsetAsync(c.d_y, 0, sizeof(float) * B * V, g.stream));
+        CUDA_OK(cudaStreamSynchronize(g.stream));
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        char msg[512] = "";
+        CUDA_OK(cudaStreamBeginCapture(g.stream, cudaStreamCaptureModeThreadLocal));
+        int rc = cuda->run(&c.args, msg, sizeof msg);
+        CUDA_OK(cudaStreamEndCapture(g.stream, &graph));
+        cr_assert_eq(rc, KP_RUN_OK, "%s under capture: %s", cuda->name, msg);
+        CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+        for (int rep = 0; rep < 2; rep++) {
+            CUDA_OK(cudaGraphLaunch(exec, g.stream));
+            CUDA_OK(cudaStreamSynchronize(g.stream));
+            gpu_fetch(&c, y);
+            cr_assert_eq(differing(direct, y, (int64_t)B * V), 0, "%s graph replay %d differs from a direct run",
+                         cuda->name, rep);
+        }
+        CUDA_OK(cudaGraphExecDestroy(exec));
+        CUDA_OK(cudaGraphDestroy(graph));
+        gpu_release(&c);
+    }
+    free(x), free(direct), free(y);
+}
+
+Test(gpu_topp, bad_args_are_refused_naming_the_field, .timeout = 60) {
+    gpu g = gpu_open();
+    float *d = NULL;
+    CUDA_OK(cudaMalloc((void **)&d, 64 * sizeof(float)));
+    float *x = d, *y = d + 16, *p = d + 32;
+    for (int n = 0; n < 2; n++) {
+        const kp_impl *cuda = impl_named(cuda_names[n]);
+        struct {
+            kp_topp_args a;
+            const char *field;
+            int want;
+        } bad[] = {
+            {{NULL, y, p, 1, 8, 8, g.stream, NULL, 0, 0}, "logits", KP_RUN_NOT_SUPPORTED},
+            {{x, NULL, p, 1, 8, 8, g.stream, NULL, 0, 0}, "out", KP_RUN_NOT_SUPPORTED},
+            {{x, y, NULL, 1, 8, 8, g.stream, NULL, 0, 0}, "top_p", KP_RUN_NOT_SUPPORTED},
+            {{x, y, p, 0, 8, 8, g.stream, NULL, 0, 0}, "batch", KP_RUN_NOT_SUPPORTED},
+            {{x, y, p, 1, 0, 8, g.stream, NULL, 0, 0}, "vocab", KP_RUN_NOT_SUPPORTED},
+            {{x, y, p, 1, 8, 7, g.stream, NULL, 0, 0}, "row_stride", KP_RUN_NOT_SUPPORTED},
+            {{x, y, p, 1, 3000000000ll, 3000000000ll, g.stream, NULL, 0, 0}, "vocab", KP_RUN_NOT_SUPPORTED},
+            {{x, y, p, 1, 8, 8, g.stream, NULL, 0, 0}, "workspace", KP_RUN_FAILED},
+            {{x, y, p, 1, 8, 8, g.stream, d + 48, 1, 0}, "workspace_bytes", KP_RUN_FAILED},
+        };
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            char msg[256] = "";
+            int rc = cuda->run(&bad[i].a, msg, sizeof msg);
+            cr_assert_eq(rc, bad[i].want, "%s case %zu: rc %d (%s)", cuda->name, i, rc, msg);
+            cr_assert(strstr(msg, bad[i].field), "%s case %zu: message '%s' does not name %s", cuda->name, i, msg,
+                      bad[i].field);
+            if (bad[i].want == KP_RUN_NOT_SUPPORTED) {
+                msg[0] = '\0';
+                cr_assert_eq(cuda->supports(&bad[i].a, msg, sizeof msg), KP_RUN_NOT_SUPPORTED);
+                cr_assert(strstr(msg, bad[i].field), "%s supports() message '%s'", cuda->name, msg);
+            }
+        }
+        cr_assert_eq(cuda->memory, KP_MEMORY_CUDA);
+        cr_assert_eq(cuda->abi, KP_ABI_VERSION);
+    }
+    CUDA_OK(cudaFree(d));
+}
+
+/* ---- entry: skip (77) without CUDA impls or a device, without touching CUDA in this process ---- */
+
+int main(int argc, char *argv[]) {
+    if (!kp_registry_has_cuda() || !kp_impl_find("topp.split_prob@cuda")) {
+        fprintf(stderr, "test_gpu_topp_kernels: built without the CUDA impls; skipping (77)\n");
+        return 77;
+    }
+    if (!kpt_gpu_available()) { /* asks in a throwaway child: this process never touches CUDA */
+        fprintf(stderr, "test_gpu_topp_kernels: no CUDA device; skipping (77)\n");
+        return 77;
+    }
+    struct criterion_test_set *tests = criterion_initialize();
+    int result = 0;
+    int go = criterion_handle_args(argc, argv, true);
+    if (go > 0) result = !criterion_run_all_tests(tests);
+    else result = go < 0 ? 2 : 0;
+    criterion_finalize(tests);
+    return result;
+}
