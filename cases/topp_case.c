@@ -17,18 +17,20 @@ enum { SLOT_TAIL = 0, SLOT_HEAD = 1, SLOT_TIES = 2, SLOT_NEGINF = 3, SLOT_NAN = 
 #define TIE_DEFAULT 1000
 #define NEGINF_DEFAULT 0.9
 #define NAN_DEFAULT 1
+#define SPREAD_DEFAULT 1e-6
 
 const char *kp_topp_profile_name(kp_topp_profile p) { return profile_names[p]; }
 
 static const char *const known_keys[] = {"batch", "vocab", "seed", "top_p", "profile", "stride",
-                                         "force_token", "force_value", "tie_count", "neginf_frac", "nan_count"};
+                                         "force_token", "force_value", "tie_count", "neginf_frac", "nan_count", "spread"};
 
 /* Fields that belong to one profile only. */
 static const struct {
     const char *key;
     kp_topp_profile profile;
 } profile_keys[] = {{"force_token", KP_TOPP_FORCED}, {"force_value", KP_TOPP_FORCED}, {"tie_count", KP_TOPP_TIES},
-                    {"neginf_frac", KP_TOPP_NEGINF}, {"nan_count", KP_TOPP_NAN}};
+                    {"neginf_frac", KP_TOPP_NEGINF}, {"nan_count", KP_TOPP_NAN},
+                    {"spread", KP_TOPP_FLAT}};
 
 int kp_topp_case_read(const kp_case *c, kp_topp_case *out, kp_error *err) {
     memset(out, 0, sizeof *out);
@@ -37,7 +39,7 @@ int kp_topp_case_read(const kp_case *c, kp_topp_case *out, kp_error *err) {
         for (size_t k = 0; k < sizeof known_keys / sizeof *known_keys; k++) known |= !strcmp(c->params[i].key, known_keys[k]);
         if (!known)
             return kp_fail(err, KP_EXIT_USAGE, "case topp: field '%s' is unknown (known: batch, vocab, seed, top_p, "
-                           "profile, stride, force_token, force_value, tie_count, neginf_frac, nan_count)", c->params[i].key);
+                           "profile, stride, force_token, force_value, tie_count, neginf_frac, nan_count, spread)", c->params[i].key);
     }
     const char *profile = kp_case_get(c, "profile");
     if (!profile) return kp_fail(err, KP_EXIT_USAGE, "case topp: field 'profile' is required");
@@ -73,6 +75,7 @@ int kp_topp_case_read(const kp_case *c, kp_topp_case *out, kp_error *err) {
     out->tie_count = TIE_DEFAULT;
     out->neginf_frac = NEGINF_DEFAULT;
     out->nan_count = NAN_DEFAULT;
+    out->spread = SPREAD_DEFAULT;
     switch (out->profile) {
     case KP_TOPP_FORCED:
         if ((rc = kp_case_int(c, "force_token", 0, out->vocab - 1, &out->force_token, err)) ||
@@ -96,6 +99,11 @@ int kp_topp_case_read(const kp_case *c, kp_topp_case *out, kp_error *err) {
     case KP_TOPP_NAN:
         if (kp_case_get(c, "nan_count") && (rc = kp_case_int(c, "nan_count", 0, out->vocab, &out->nan_count, err)))
             return rc;
+        break;
+    case KP_TOPP_FLAT:
+        if (kp_case_get(c, "spread") && (rc = kp_case_num(c, "spread", &out->spread, err))) return rc;
+        if (!(out->spread > 0.0 && out->spread <= 100.0))
+            return kp_fail(err, KP_EXIT_USAGE, "case topp: field 'spread': %g is outside (0, 100]", out->spread);
         break;
     default:
         break;
@@ -143,6 +151,10 @@ int kp_topp_case_normalize(kp_case *c, kp_error *err) {
     case KP_TOPP_NAN:
         if (tc.nan_count == NAN_DEFAULT) kp_case_unset(c, "nan_count");
         else if ((rc = set_int(c, "nan_count", tc.nan_count, err))) return rc;
+        break;
+    case KP_TOPP_FLAT:
+        if (tc.spread == SPREAD_DEFAULT) kp_case_unset(c, "spread");
+        else if ((rc = set_num(c, "spread", tc.spread, err))) return rc;
         break;
     default:
         break;
@@ -224,7 +236,7 @@ static int gen_block(const kp_topp_case *tc, int64_t row0, int64_t nrows, float 
             double t = (kp_unit(d[0]) + kp_unit(d[1]) + kp_unit(d[2]) + kp_unit(d[3]) - 2.0) * 3.4641016151377544;
             switch (tc->profile) {
             case KP_TOPP_TIES: row[i] = (float)(t - 12.0); break;
-            case KP_TOPP_FLAT: row[i] = (float)(kp_unit(d[0]) * 1e-6); break;
+            case KP_TOPP_FLAT: row[i] = (float)(kp_unit(d[0]) * tc->spread); break;
             default: row[i] = (float)t; break;
             }
         }

@@ -18,7 +18,8 @@
  *   ties      tail - 12 everywhere, then `tie_count` tokens (default 1000) at logit 1.0 and
  *             `tie_count` at 0.0 (slot 2 positions): a tie group straddles the boundary for top_p
  *             in roughly (0.05, 0.7) (the 1.0 group) and (0.75, 0.99) (the 0.0 group).
- *   flat      u0 * 1e-6: a near-uniform row.
+ *   flat      u0 * `spread` (default 1e-6): a near-uniform row. At 1e-6 neighbouring logits differ by
+ *             less than f32 resolves in exp(x - max), so only the logits order the tokens.
  *   neginf    ordinary, then each token is -inf with probability `neginf_frac` (default 0.9; slot 3).
  *   nan       ordinary, then `nan_count` tokens (default 1) are NaN (slot 4 positions).
  * Row padding [vocab, stride) holds the NaN 0x7fc0dead, so an impl that reads it is caught.
@@ -51,6 +52,7 @@ typedef struct kp_topp_case {
     int64_t tie_count;
     double neginf_frac;
     int64_t nan_count;
+    double spread;
 } kp_topp_case;
 
 #define KP_TOPP_MAX_BATCH (1 << 24)
