@@ -22,7 +22,10 @@ int kp_case_ctx_open(kp_case_ctx *ctx, const kp_case_spec *cs, kp_evidence *ev, 
     for (int k = 0; k < cs->nchecks; k++)
         if (cs->checks[k].kind == KP_CHECK_BATCH || (cs->checks[k].kind == KP_CHECK_EXPECT && cs->checks[k].of == KP_CHECK_BATCH))
             extra = 65; /* filler rows for the 65-row probe */
-    if (ctx->fam->prepare(&cs->c, extra, &ctx->data, err)) return err->code;
+    double t0 = kp_now();
+    int rc = ctx->fam->prepare(&cs->c, extra, &ctx->data, err);
+    kp_stage_add(KP_STAGE_GENERATION, kp_now() - t0);
+    if (rc) return err->code;
     ctx->batch = ctx->fam->batch(ctx->data);
     cJSON *inputs = cJSON_AddObjectToObject(receipt, "inputs");
     ctx->fam->describe_inputs(ctx->data, inputs);
@@ -387,6 +390,13 @@ static kp_result check_expect(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON
     cJSON_AddStringToObject(chk, "summary", summary);
     return KP_INCORRECT;
 }
+
+static double g_stage[KP_STAGE_COUNT];
+static const char *const stage_names[KP_STAGE_COUNT] = {"generation", "reference", "kernels", "judging", "receipts"};
+
+void kp_stage_add(kp_stage stage, double seconds) { g_stage[stage] += seconds; }
+double kp_stage_seconds(kp_stage stage) { return g_stage[stage]; }
+const char *kp_stage_name(kp_stage stage) { return stage_names[stage]; }
 
 kp_result kp_check_run(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON *chk) {
     check_header(spec, chk);

@@ -83,6 +83,20 @@ typedef struct kp_evidence {
 int kp_evidence_list(kp_evidence *ev, cJSON *obj, const char *key, const char *artifact_name, const int64_t *idx,
                      int64_t n, kp_error *err);
 
+/* Where the gate's wall time goes (it is on a serving host's startup path): seconds per stage,
+ * summed over the run, reported in bundle.json and on stderr. */
+typedef enum kp_stage {
+    KP_STAGE_GENERATION = 0, /* seeded inputs */
+    KP_STAGE_REFERENCE,      /* the float64 reference */
+    KP_STAGE_KERNELS,        /* impl runs: copies, launch, sync, guard checks */
+    KP_STAGE_JUDGING,        /* comparisons, rule judging, evidence */
+    KP_STAGE_RECEIPTS,       /* receipts, artifacts, reports, manifest */
+    KP_STAGE_COUNT
+} kp_stage;
+void kp_stage_add(kp_stage stage, double seconds);
+double kp_stage_seconds(kp_stage stage);
+const char *kp_stage_name(kp_stage stage);
+
 /* Per-family hooks. `data` is the family's prepared case (inputs, lazily the reference). */
 typedef struct kp_family {
     const char *name;

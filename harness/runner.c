@@ -36,6 +36,29 @@ int kp_evidence_list(kp_evidence *ev, cJSON *obj, const char *key, const char *a
     return 0;
 }
 
+/* Seconds since this process started (from /proc/self/stat), so the gate's cost on a startup path
+ * includes loading, config parsing and device initialisation. */
+static double kp_process_seconds(void) {
+    FILE *f = fopen("/proc/self/stat", "r");
+    if (!f) return 0;
+    char buf[2048];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')');
+    unsigned long long start = 0;
+    for (int field = 2; p && *p && field < 22; p++)
+        if (*p == ' ' && ++field == 22) start = strtoull(p + 1, NULL, 10);
+    FILE *u = fopen("/proc/uptime", "r");
+    double up = 0;
+    if (u) {
+        if (fscanf(u, "%lf", &up) != 1) up = 0;
+        fclose(u);
+    }
+    long hz = sysconf(_SC_CLK_TCK);
+    return up > 0 && hz > 0 ? up - (double)start / (double)hz : 0;
+}
+
 static kp_result worse(kp_result a, kp_result b) { return a > b ? a : b; }
 
 static void progress(const kp_run_options *opt, int i, int n, const char *name, kp_result r, double case_s,
@@ -136,6 +159,9 @@ static cJSON *meta_json(run_state *st) {
     kp_json_add_int(meta, "device_budget_bytes", (int64_t)st->cfg->device_budget);
     kp_json_add_double(meta, "timeout_s", st->timeout);
     kp_json_add_double(meta, "wall_s", kp_now() - st->t_start);
+    cJSON *stages = cJSON_AddObjectToObject(meta, "stages_s");
+    for (int s = 0; s < KP_STAGE_COUNT; s++) kp_json_add_double(stages, kp_stage_name((kp_stage)s), kp_stage_seconds((kp_stage)s));
+    cJSON_AddStringToObject(meta, "stages_note", "receipts excludes writing bundle.json and the manifest themselves");
     cJSON_AddItemToObject(meta, "environment", cJSON_Duplicate(st->env, 1));
     return meta;
 }
@@ -308,7 +334,9 @@ int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err
             pthread_mutex_unlock(&st.lock);
             for (;;) pause();
         }
+        double t_write = kp_now();
         int rc = kp_bundle_add_receipt(st.bundle, receipt, err);
+        kp_stage_add(KP_STAGE_RECEIPTS, kp_now() - t_write);
         st.current = -1;
         pthread_mutex_unlock(&st.lock);
         if (rc) {
@@ -343,8 +371,17 @@ int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err
     } else { /* some checks could not run (no device, refused shape): not a pass */
         code = KP_EXIT_SKIP, verdict = kp_result_name(worst);
     }
-    int rc = kp_bundle_finish(st.bundle, verdict, code, meta_json(&st), err);
+    double t_finish = kp_now();
+    cJSON *meta = meta_json(&st);
+    int rc = kp_bundle_finish(st.bundle, verdict, code, meta, err);
+    kp_stage_add(KP_STAGE_RECEIPTS, kp_now() - t_finish);
     if (!rc) print_summary(opt, rows, nrows, verdict, code, opt->out_dir);
+    if (!rc && !opt->quiet && !opt->json) {
+        fprintf(stderr, "stages:");
+        for (int s = 0; s < KP_STAGE_COUNT; s++)
+            fprintf(stderr, " %s %.2fs%s", kp_stage_name((kp_stage)s), kp_stage_seconds((kp_stage)s), s + 1 < KP_STAGE_COUNT ? "," : "");
+        fprintf(stderr, "; run %.2fs (process start to here %.2fs)\n", kp_now() - st.t_start, kp_process_seconds());
+    }
     if (!rc && st.selected == 0) rc = kp_fail(err, KP_EXIT_USAGE, "--filter '%s' matches no case", opt->filter ? opt->filter : "");
     cJSON_Delete(st.env);
     free(rows);

@@ -199,8 +199,19 @@ static kp_result launch_collect(topp_data *d, topp_launch *L, float *x, kp_error
     return KP_PASSED;
 }
 
+static kp_result topp_run_rows_timed(void *data, const kp_impl *impl, const int64_t *rows, int64_t nrows, void **outp,
+                                     cJSON *info, kp_error *err);
+
 static kp_result topp_run_rows(void *data, const kp_impl *impl, const int64_t *rows, int64_t nrows, void **outp,
                                cJSON *info, kp_error *err) {
+    double t0 = kp_now();
+    kp_result r = topp_run_rows_timed(data, impl, rows, nrows, outp, info, err);
+    kp_stage_add(KP_STAGE_KERNELS, kp_now() - t0);
+    return r;
+}
+
+static kp_result topp_run_rows_timed(void *data, const kp_impl *impl, const int64_t *rows, int64_t nrows, void **outp,
+                                     cJSON *info, kp_error *err) {
     topp_data *d = data;
     *outp = NULL;
     topp_out *o = calloc(1, sizeof *o);
@@ -301,6 +312,7 @@ static int topp_reference(void *data, const kp_check_spec *spec, cJSON *desc, kp
                                    &d->ref, err);
         if (rc) return rc;
         d->ref_seconds = kp_now() - t0;
+        kp_stage_add(KP_STAGE_REFERENCE, d->ref_seconds);
         d->have_ref = 1;
         /* digest of what the rule decided: keep mask, probabilities and C_t, all machine-independent */
         kp_sha256 h;
@@ -334,8 +346,10 @@ static const kp_topp_judgement *judge(topp_data *d, const kp_check_spec *spec, c
         d->njudged--;
     }
     int slot = d->njudged;
-    if (kp_topp_judge(&d->ref, d->logits, o->x, o->stride, spec->tie_policy, spec->band, &d->judged[slot].j, err))
-        return NULL;
+    double t0 = kp_now();
+    int rc = kp_topp_judge(&d->ref, d->logits, o->x, o->stride, spec->tie_policy, spec->band, &d->judged[slot].j, err);
+    kp_stage_add(KP_STAGE_JUDGING, kp_now() - t0);
+    if (rc) return NULL;
     d->judged[slot].out = o, d->judged[slot].policy = spec->tie_policy, d->judged[slot].band = spec->band;
     d->njudged++;
     return &d->judged[slot].j;
