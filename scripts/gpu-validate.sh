@@ -1,0 +1,27 @@
+#!/bin/sh
+# gpu-validate.sh: the GPU machine's half of a validation run. Build here, bundle, then run this
+# there from the checkout root (see ../shared/tools/README.md):
+#   cmake -S . -B build -DCMAKE_CUDA_ARCHITECTURES=90 && cmake --build build -j2
+#   ../shared/tools/device-bundle .device build/kparity build/test_* build/kpt_plugin_cuda.so
+#   (device run, carry .device)  sh scripts/gpu-validate.sh
+# Everything it prints is also kept under $OUT (or /tmp/kparity-validate): logs and the bundles.
+set -u
+D=$PWD/.device
+O=${OUT:-/tmp/kparity-validate}
+mkdir -p "$O"
+export LD_LIBRARY_PATH="$D/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" KPARITY_BIN="$D/kparity" KPARITY_SOURCE_DIR="$PWD" \
+       KPT_CUDA_PLUGIN="$D/kpt_plugin_cuda.so"
+log="$O/validate.log"
+run() { echo "\$ $*" | tee -a "$log"; "$@" >>"$log" 2>&1; rc=$?; echo "exit $rc" | tee -a "$log"; return 0; }
+{ nvidia-smi -L; nproc; uname -a; } >>"$log" 2>&1
+for t in "$D"/test_*; do run "$t"; done
+run sh -c "/usr/bin/time -v $D/kparity gate --config ci/gates/glm-split-topp-cuda.json --out $O/cuda-gate 2>&1 | tail -60"
+run "$D/kparity" verify "$O/cuda-gate" --replay
+run "$D/kparity" gate --config ci/gates/glm-split-topp.json --out "$O/host-gate" --quiet
+run "$D/kparity" gate --config ci/gates/default.json --out "$O/default-gate"
+run "$D/kparity" bench --reps 50
+run compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 "$D/test_gpu_topp_kernels"
+run compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 "$D/test_gpu_harness" \
+    --filter 'gpu_harness/receipts_record_the_gpu'
+(cd "$O" && tar czf bundles.tgz cuda-gate host-gate default-gate && rm -rf cuda-gate host-gate default-gate)
+grep -E '^\$|^exit|Synthesis|verdict|stages|Elapsed|Maximum resident|ERROR SUMMARY' "$log"
