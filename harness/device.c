@@ -276,18 +276,21 @@ struct kp_timer {
 #endif
 };
 
-int kp_timer_create(kp_timer **out, kp_memory memory, kp_error *err) {
+int kp_timer_create(kp_timer **out, kp_memory memory, int flush_l2, kp_error *err) {
     kp_timer *t = kp_calloc(1, sizeof *t, "timer", err);
     if (!t) return err->code;
     t->memory = memory;
     *out = t;
+    (void)flush_l2;
 #ifdef KP_HAVE_CUDA
     if (memory == KP_MEMORY_CUDA) {
         int dev = 0, l2 = 0;
         CUDA_TRY(cudaGetDevice(&dev), "timer");
         CUDA_TRY(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev), "timer");
-        t->flush_bytes = (size_t)(l2 > 0 ? l2 : 64 << 20) * 2;
-        CUDA_TRY(cudaMalloc(&t->flush, t->flush_bytes), "timer L2 flush buffer");
+        if (flush_l2) {
+            t->flush_bytes = (size_t)(l2 > 0 ? l2 : 64 << 20) * 2;
+            CUDA_TRY(cudaMalloc(&t->flush, t->flush_bytes), "timer L2 flush buffer");
+        }
         CUDA_TRY(cudaEventCreate(&t->start), "timer");
         CUDA_TRY(cudaEventCreate(&t->stop), "timer");
     }
@@ -298,7 +301,7 @@ int kp_timer_create(kp_timer **out, kp_memory memory, kp_error *err) {
 int kp_timer_start(kp_timer *t, kp_error *err) {
 #ifdef KP_HAVE_CUDA
     if (t->memory == KP_MEMORY_CUDA) {
-        CUDA_TRY(cudaMemsetAsync(t->flush, t->flush_bytes & 0xff, t->flush_bytes, g_stream), "L2 flush");
+        if (t->flush) CUDA_TRY(cudaMemsetAsync(t->flush, t->flush_bytes & 0xff, t->flush_bytes, g_stream), "L2 flush");
         CUDA_TRY(cudaEventRecord(t->start, g_stream), "timer start");
         return 0;
     }

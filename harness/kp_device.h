@@ -53,7 +53,7 @@ const char *kp_self_sha256(void);
 /* Timing helpers for `kparity bench` (harness/bench.c). A timer measures one launch: on a GPU with
  * CUDA events (after flushing L2 by writing a buffer twice its size), on the host by wall clock. */
 typedef struct kp_timer kp_timer;
-int kp_timer_create(kp_timer **t, kp_memory memory, kp_error *err);
+int kp_timer_create(kp_timer **t, kp_memory memory, int flush_l2, kp_error *err);
 int kp_timer_start(kp_timer *t, kp_error *err);
 int kp_timer_stop(kp_timer *t, double *microseconds, kp_error *err);
 void kp_timer_free(kp_timer *t);
