@@ -8,6 +8,7 @@
  * -0 and +0 count as one logit value in the tie group. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../kp_registry.h"
@@ -265,6 +266,99 @@ static void topp_row(void *ctx, int64_t row) {
     }
 }
 
+/* ---- split_prob: the exact level search of topp_split.h, steps 2 to 5 ---- */
+
+typedef struct level_member {
+    uint32_t key; /* kp_topp_logit_key */
+    int64_t index;
+} level_member;
+
+static int member_order(const void *a, const void *b) { /* the rule's order: logit desc, index asc */
+    const level_member *x = a, *y = b;
+    if (x->key != y->key) return x->key > y->key ? -1 : 1;
+    return x->index < y->index ? -1 : x->index > y->index;
+}
+
+static float prob_of(float x, float row_max, float z) { return expf(x - row_max) / z; }
+
+static void prob_row(void *ctx, int64_t row) {
+    const row_job *job = ctx;
+    const kp_topp_args *a = job->args;
+    const float *x = a->logits + row * a->row_stride;
+    float *y = a->out + row * a->row_stride;
+    const int64_t vocab = a->vocab;
+
+    /* Step 1, as decide_row does it for tiles */
+    float row_max = -INFINITY, row_min = INFINITY, z = 0.0f;
+    int64_t finite = 0;
+    for (int64_t i = 0; i < vocab; i++)
+        if (is_finite(x[i]) && x[i] > row_max) row_max = x[i];
+    for (int64_t piece = 0; piece < job->piece_count; piece++) {
+        int64_t begin = piece * job->piece_len, end = begin + job->piece_len;
+        if (end > vocab) end = vocab;
+        if (begin >= end) continue;
+        piece_stats st = stats_of(x, begin, end);
+        if (st.count == 0) continue;
+        z += st.sum * expf(st.max - row_max);
+        if (st.min < row_min) row_min = st.min;
+        finite += st.count;
+    }
+    kp_topp_search s;
+    float min_prob = finite ? prob_of(row_min, row_max, z) : 0.0f;
+    kp_topp_start(&s, row_max, z, row_min, finite, a->top_p[row], min_prob);
+
+    /* Step 3: the rounds; integer sums, so the order of the tokens does not matter */
+    for (int round = 0; round < KP_TOPP_ROUNDS_PROB && s.mode == KP_TOPP_LIVE; round++) {
+        uint32_t pivots[KP_TOPP_FANOUT_PROB];
+        uint64_t hist[KP_TOPP_FANOUT_PROB + 1] = {0};
+        for (int f = 0; f < KP_TOPP_FANOUT_PROB; f++) pivots[f] = kp_topp_pivot(&s, f);
+        for (int64_t i = 0; i < vocab; i++) {
+            if (!is_finite(x[i])) continue;
+            float prob = prob_of(x[i], row_max, z);
+            uint32_t pb = kp_topp_bits(prob);
+            if (pb <= s.lo || pb > s.hi) continue;
+            hist[kp_topp_bucket(pivots, pb)] += kp_topp_fix(prob);
+        }
+        kp_topp_advance(&s, hist);
+    }
+    kp_topp_finish(&s);
+
+    if (s.mode == KP_TOPP_COPY) {
+        if (y != x) memmove(y, x, (size_t)vocab * sizeof *y); /* bits, NaN payloads included */
+        return;
+    }
+    if (s.mode == KP_TOPP_KEEP_FINITE) {
+        for (int64_t i = 0; i < vocab; i++) y[i] = is_finite(x[i]) ? x[i] : -INFINITY;
+        return;
+    }
+    /* Step 5: keep prob > lo; step 4: the level prob == hi trimmed to its first numkeep in rule order */
+    const int trim = s.mode == KP_TOPP_LEVEL && s.numkeep < s.numdup;
+    level_member *members = NULL;
+    int64_t n = 0;
+    if (trim) {
+        members = malloc((size_t)s.numdup * sizeof *members);
+        if (!members) abort(); /* numdup <= vocab; the harness checks host memory before a run */
+    }
+    for (int64_t i = 0; i < vocab; i++) {
+        float xi = x[i];
+        int keep = 0;
+        if (is_finite(xi)) {
+            uint32_t pb = kp_topp_bits(prob_of(xi, row_max, z));
+            keep = pb > s.lo;
+            if (keep && trim && pb == s.hi) {
+                if (n < s.numdup) members[n++] = (level_member){kp_topp_logit_key(xi), i};
+                keep = 0; /* decided below */
+            }
+        }
+        y[i] = keep ? xi : -INFINITY;
+    }
+    if (trim) {
+        qsort(members, (size_t)n, sizeof *members, member_order);
+        for (int64_t k = 0; k < s.numkeep && k < n; k++) y[members[k].index] = x[members[k].index];
+        free(members);
+    }
+}
+
 static size_t topp_host_workspace_bytes(const void *args) {
     (void)args;
     return 0;
@@ -306,7 +400,7 @@ static int topp_host_run(topp_algo algo, const char *name, const void *vargs, ch
         job.piece_len = KP_TOPP_TILE;
         job.piece_count = (a->vocab + KP_TOPP_TILE - 1) / KP_TOPP_TILE;
     }
-    kp_parallel_for(a->batch, topp_row, &job);
+    kp_parallel_for(a->batch, algo == ALGO_SPLIT_PROB ? prob_row : topp_row, &job);
     return KP_RUN_OK;
 }
 
