@@ -395,6 +395,123 @@ Test(topp_host, thousand_way_tie_keeps_prefix) {
     free(x), free(y);
 }
 
+/* ---- near-uniform rows: one f32 prob shared by many distinct logits ---- */
+
+/* spread * N(0, 1): at spread 1e-6 a 32000-token row has a few dozen f32 prob levels. */
+static void fill_flat(float *row, int64_t vocab, uint64_t seed, double spread) {
+    fill_ordinary(row, vocab, seed);
+    for (int64_t i = 0; i < vocab; i++) row[i] = (float)(row[i] * 0.5 * spread);
+}
+
+static const float mixed_ps[8] = {0.95f, 1e-8f, 1.0f, 0.5f, 0.99f, 0.8f, 0.1f, 0.9f}; /* cases/'s top_p=mixed */
+
+Test(topp_host, split_prob_flat_rows_follow_rule, .timeout = 120) {
+    static const double spreads[] = {1e-6, 1e-4, 0.01, 0.1};
+    enum { V = 32000, B = 8 };
+    const kp_impl *impl = impl_named("topp.split_prob@host");
+    float *x = alloc_floats(B * V), *y = alloc_floats(B * V);
+    for (size_t s = 0; s < sizeof spreads / sizeof spreads[0]; s++) {
+        for (int64_t r = 0; r < B; r++) fill_flat(x + r * V, V, 70 + (uint64_t)r, spreads[s]);
+        run_topp(impl, x, y, mixed_ps, B, V, V, 0);
+        for (int64_t r = 0; r < B; r++) {
+            row_verdict rv;
+            const char *why = rule_violation(x + r * V, y + r * V, V, mixed_ps[r], 1, 0, &rv);
+            cr_assert_null(why, "spread %g row %lld p %g: %s (kept %lld, mass %.9f)", spreads[s], (long long)r,
+                           (double)mixed_ps[r], why, (long long)rv.kept, rv.mass);
+        }
+    }
+    free(x), free(y);
+}
+
+/* A level built on purpose: 3000 distinct logits i * 2^-40 (i = 0 .. 2999) at shuffled indices, the
+ * rest -inf. Every x - max is above -3e-9, so expf gives 1.0 and all 3000 share prob 1/Z: one level
+ * whose order (logit desc) is not its index order. p = 0.5 keeps about half of it. */
+static int64_t make_level_row(float *x, int64_t vocab, uint64_t seed) {
+    enum { N = 3000 };
+    for (int64_t i = 0; i < vocab; i++) x[i] = -INFINITY;
+    int64_t *slot = malloc(sizeof(int64_t) * (size_t)vocab);
+    cr_assert(slot);
+    for (int64_t i = 0; i < vocab; i++) slot[i] = i;
+    uint64_t st = seed;
+    for (int64_t i = vocab - 1; i > 0; i--) { /* Fisher-Yates */
+        int64_t j = (int64_t)(splitmix(&st) % (uint64_t)(i + 1)), t = slot[i];
+        slot[i] = slot[j];
+        slot[j] = t;
+    }
+    for (int64_t i = 0; i < N; i++) x[slot[i]] = (float)ldexp((double)i, -40);
+    free(slot);
+    return N;
+}
+
+/* The members of the level kept by y: all must rank above all dropped ones by logit. Returns kept. */
+static int64_t level_kept_in_order(const float *x, const float *y, int64_t vocab, float *lowest_kept,
+                                   float *highest_dropped) {
+    int64_t kept = 0;
+    *lowest_kept = INFINITY, *highest_dropped = -INFINITY;
+    for (int64_t i = 0; i < vocab; i++) {
+        if (!isfinite(x[i])) continue;
+        if (bits_of(y[i]) == bits_of(x[i])) {
+            kept++;
+            if (x[i] < *lowest_kept) *lowest_kept = x[i];
+        } else if (x[i] > *highest_dropped) {
+            *highest_dropped = x[i];
+        }
+    }
+    return kept;
+}
+
+/* The defect split_prob had: the kept members of a level chosen by index, not by the rule's order. */
+static void plant_index_order_selection(const float *x, float *y, int64_t vocab, int64_t keep) {
+    for (int64_t i = 0; i < vocab; i++) {
+        if (!isfinite(x[i])) continue;
+        y[i] = keep > 0 ? x[i] : -INFINITY;
+        keep -= keep > 0;
+    }
+}
+
+Test(topp_host, split_prob_level_kept_in_rule_order_and_index_order_defect_caught) {
+    enum { V = 20000 };
+    float *x = alloc_floats(V), *y = alloc_floats(V), *bad = alloc_floats(V), p = 0.5f;
+    int64_t n = make_level_row(x, V, 99);
+    run_topp(impl_named("topp.split_prob@host"), x, y, &p, 1, V, V, 0);
+    float lowest_kept, highest_dropped;
+    int64_t kept = level_kept_in_order(x, y, V, &lowest_kept, &highest_dropped);
+    cr_assert(kept == n / 2 || kept == n / 2 + 1, "kept %lld of the %lld-member level at p 0.5", (long long)kept,
+              (long long)n);
+    cr_assert_lt(highest_dropped, lowest_kept, "a dropped member (%g) outranks a kept one (%g)",
+                 (double)highest_dropped, (double)lowest_kept);
+    cr_assert_null(rule_violation(x, y, V, p, 1, 0, NULL));
+
+    memcpy(bad, x, V * sizeof *bad);
+    plant_index_order_selection(x, bad, V, kept);
+    cr_assert_not_null(rule_violation(x, bad, V, p, 1, 0, NULL), "the judge must catch index-order selection");
+    level_kept_in_order(x, bad, V, &lowest_kept, &highest_dropped);
+    cr_assert_gt(highest_dropped, lowest_kept, "the planted defect did not invert the order");
+
+    /* the other half of the old defect: the whole level (or more) kept, not minimal */
+    cr_assert_not_null(rule_violation(x, x, V, p, 1, 0, NULL), "keeping the whole level must fail minimality");
+    free(x), free(y), free(bad);
+}
+
+/* Flat rows among ordinary ones: the row bits must not depend on the batch either. */
+Test(topp_host, split_prob_flat_row_bits_do_not_depend_on_batch, .timeout = 60) {
+    enum { V = 32000, B = 65 };
+    const kp_impl *impl = impl_named("topp.split_prob@host");
+    float *x = alloc_floats(B * V), *y = alloc_floats(B * V), *alone = alloc_floats(V), p[B];
+    for (int64_t r = 0; r < B; r++) {
+        if (r % 3 == 0) fill_flat(x + r * V, V, 300 + (uint64_t)r, r % 2 ? 1e-6 : 1e-4);
+        else fill_ordinary(x + r * V, V, 300 + (uint64_t)r);
+        p[r] = mixed_ps[r % 8];
+    }
+    run_topp(impl, x, y, p, B, V, V, 0);
+    for (int64_t r = 0; r < B; r += 3) {
+        run_topp(impl, x + r * V, alone, &p[r], 1, V, V, 0);
+        cr_assert(memcmp(alone, y + r * V, V * sizeof *y) == 0, "row %lld differs alone and in a batch of %d",
+                  (long long)r, B);
+    }
+    free(x), free(y), free(alone);
+}
+
 /* ---- invariance and determinism ---- */
 
 Test(topp_host, split_prob_row_bits_do_not_depend_on_batch, .timeout = 120) {
