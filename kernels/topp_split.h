@@ -79,8 +79,11 @@
 
 #ifdef __CUDACC__
 #define KP_TOPP_HD static inline __host__ __device__
+/* run once per block by one thread: kept out of line so the kernels' register budgets stay small */
+#define KP_TOPP_HD_ONCE static __host__ __device__ __noinline__ __attribute__((unused))
 #else
 #define KP_TOPP_HD static inline
+#define KP_TOPP_HD_ONCE static inline
 #endif
 
 /* split_prob's search state for one row. */
@@ -122,7 +125,7 @@ KP_TOPP_HD uint32_t kp_topp_logit_key(float x) {
 }
 
 /* Step 3's start from the row statistics. */
-KP_TOPP_HD void kp_topp_start(kp_topp_search *s, float row_max, float z, float row_min, int64_t finite, float p,
+KP_TOPP_HD_ONCE void kp_topp_start(kp_topp_search *s, float row_max, float z, float row_min, int64_t finite, float p,
                               float min_prob) {
     s->row_max = row_max;
     s->z = z;
@@ -167,41 +170,45 @@ KP_TOPP_HD int kp_topp_bucket(const uint32_t pivots[KP_TOPP_FANOUT_PROB], uint32
 }
 
 /* One round's buckets (hist[1 .. F]; hist[0] unused) applied to the state. */
-KP_TOPP_HD void kp_topp_advance(kp_topp_search *s, const uint64_t hist[KP_TOPP_FANOUT_PROB + 1]) {
+KP_TOPP_HD_ONCE void kp_topp_advance(kp_topp_search *s, const uint64_t hist[KP_TOPP_FANOUT_PROB + 1]) {
     if (s->mode != KP_TOPP_LIVE) return;
-    uint64_t mass[KP_TOPP_FANOUT_PROB];
-    uint64_t run = s->hi_mass;
-    for (int f = KP_TOPP_FANOUT_PROB - 1; f >= 0; f--) {
-        run += hist[f + 1];
-        mass[f] = run;
-    }
+    /* mass(f) = mass(hi) + hist[f+1] + ... + hist[F] falls as f rises: scan down from F-1 for the
+     * largest f with mass(f) >= P, keeping mass(f+1) (mass(F) = mass(hi)) */
+    uint64_t run = s->hi_mass, mass_j = 0, mass_next = 0;
     int j = -1;
-    for (int f = KP_TOPP_FANOUT_PROB - 1; f >= 0 && j < 0; f--)
-        if (mass[f] >= s->target) j = f;
+#ifdef __CUDA_ARCH__
+#pragma unroll 1
+#endif
+    for (int f = KP_TOPP_FANOUT_PROB - 1; f >= 0; f--) {
+        uint64_t before = run;
+        run += hist[f + 1];
+        if (run >= s->target) {
+            j = f;
+            mass_j = run;
+            mass_next = before;
+            break;
+        }
+    }
     if (j < 0) { /* even every token above lo misses P: the f32 mass never reaches it */
         s->mode = KP_TOPP_KEEP_FINITE;
         return;
     }
     uint32_t new_lo = kp_topp_pivot(s, j);
-    uint32_t new_hi = s->hi;
-    uint64_t new_hi_mass = s->hi_mass;
-    if (j + 1 < KP_TOPP_FANOUT_PROB) {
-        new_hi = kp_topp_pivot(s, j + 1);
-        new_hi_mass = mass[j + 1];
-    }
+    uint32_t new_hi = j + 1 < KP_TOPP_FANOUT_PROB ? kp_topp_pivot(s, j + 1) : s->hi;
+    uint64_t new_hi_mass = mass_next;
     s->lo = new_lo;
     s->hi = new_hi;
     s->hi_mass = new_hi_mass;
     if (new_hi - new_lo > 1u) return; /* still LIVE */
     /* decided: the level prob == hi */
     uint64_t q = kp_topp_fix(kp_topp_float(new_hi));
-    uint64_t level_mass = mass[j] - new_hi_mass;
+    uint64_t level_mass = mass_j - new_hi_mass;
     if (q == 0 || level_mass == 0) { /* cannot happen (mass(lo) >= P > mass(hi)); keep prob > lo */
         s->mode = KP_TOPP_ABOVE;
         return;
     }
     int64_t n = (int64_t)(level_mass / q);
-    int64_t drop = (int64_t)((mass[j] - s->target) / q);
+    int64_t drop = (int64_t)((mass_j - s->target) / q);
     int64_t keep = drop < n ? n - drop : 1;
     s->mode = KP_TOPP_LEVEL;
     s->numdup = n;

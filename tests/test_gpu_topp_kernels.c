@@ -36,6 +36,33 @@ static void fill_ordinary(float *row, int64_t vocab, uint64_t seed) {
     }
 }
 
+/* spread * N(0, 1): near-uniform rows whose f32 prob levels each hold many distinct logits. */
+static void fill_flat(float *row, int64_t vocab, uint64_t seed, double spread) {
+    fill_ordinary(row, vocab, seed);
+    for (int64_t i = 0; i < vocab; i++) row[i] = (float)(row[i] * 0.5 * spread);
+}
+
+static const float mixed_ps[8] = {0.95f, 1e-8f, 1.0f, 0.5f, 0.99f, 0.8f, 0.1f, 0.9f}; /* cases/'s top_p=mixed */
+
+/* 3000 distinct logits i * 2^-40 at shuffled indices, the rest -inf: one f32 prob level (expf of
+ * every x - max is 1.0) whose rule order is not its index order. */
+static int64_t make_level_row(float *x, int64_t vocab, uint64_t seed) {
+    enum { N = 3000 };
+    for (int64_t i = 0; i < vocab; i++) x[i] = -INFINITY;
+    int64_t *slot = malloc(sizeof(int64_t) * (size_t)vocab);
+    cr_assert(slot);
+    for (int64_t i = 0; i < vocab; i++) slot[i] = i;
+    uint64_t st = seed;
+    for (int64_t i = vocab - 1; i > 0; i--) {
+        int64_t j = (int64_t)(splitmix(&st) % (uint64_t)(i + 1)), t = slot[i];
+        slot[i] = slot[j];
+        slot[j] = t;
+    }
+    for (int64_t i = 0; i < N; i++) x[slot[i]] = (float)ldexp((double)i, -40);
+    free(slot);
+    return N;
+}
+
 static float *alloc_floats(int64_t n) {
     float *p = malloc((size_t)n * sizeof *p);
     cr_assert(p, "out of host memory for %lld floats", (long long)n);
@@ -441,6 +468,52 @@ Test(gpu_topp, padding_between_vocab_and_stride_untouched, .timeout = 120) {
         }
 }
 
+/* ---- near-uniform rows: a boundary level of many distinct logits ---- */
+
+Test(gpu_topp, flat_rows_follow_rule_and_differences_are_reported, .timeout = 300) {
+    static const double spreads[] = {1e-6, 1e-4, 0.01, 0.1};
+    static const int64_t vocabs[] = {32000, 154856};
+    enum { B = 8 };
+    gpu g = gpu_open();
+    const kp_impl *cuda = impl_named("topp.split_prob@cuda");
+    for (size_t v = 0; v < 2; v++)
+        for (size_t s = 0; s < sizeof spreads / sizeof spreads[0]; s++) {
+            int64_t V = vocabs[v];
+            float *x = alloc_floats(B * V), *yc = alloc_floats(B * V), *yh = alloc_floats(B * V);
+            for (int64_t r = 0; r < B; r++) fill_flat(x + r * V, V, 70 + (uint64_t)r, spreads[s]);
+            gpu_run(&g, cuda, x, yc, mixed_ps, B, V, V);
+            host_run(host_port(cuda), x, yh, mixed_ps, B, V, V, g.sm_count);
+            char what[64];
+            snprintf(what, sizeof what, "flat spread %g %dx%lld", spreads[s], B, (long long)V);
+            compare_with_host(what, cuda, x, yc, yh, mixed_ps, B, V, V, false, -1);
+            free(x), free(yc), free(yh);
+        }
+}
+
+Test(gpu_topp, level_members_kept_in_rule_order_match_host, .timeout = 120) {
+    enum { V = 154856, B = 4 };
+    gpu g = gpu_open();
+    const kp_impl *cuda = impl_named("topp.split_prob@cuda");
+    float *x = alloc_floats(B * V), *yc = alloc_floats(B * V), *yh = alloc_floats(B * V);
+    float p[B] = {0.5f, 0.25f, 0.999f, 1e-6f};
+    for (int64_t r = 0; r < B; r++) make_level_row(x + r * V, V, 99 + (uint64_t)r);
+    gpu_run(&g, cuda, x, yc, p, B, V, V);
+    host_run(host_port(cuda), x, yh, p, B, V, V, g.sm_count);
+    compare_with_host("constructed level", cuda, x, yc, yh, p, B, V, V, true, -1);
+    for (int64_t r = 0; r < B; r++) {
+        float lowest_kept = INFINITY, highest_dropped = -INFINITY;
+        for (int64_t i = 0; i < V; i++) {
+            const float xi = x[r * V + i];
+            if (!isfinite(xi)) continue;
+            if (bits_of(yc[r * V + i]) == bits_of(xi)) lowest_kept = fminf(lowest_kept, xi);
+            else highest_dropped = fmaxf(highest_dropped, xi);
+        }
+        cr_assert_lt(highest_dropped, lowest_kept, "row %lld: dropped member %g outranks kept %g", (long long)r,
+                     (double)highest_dropped, (double)lowest_kept);
+    }
+    free(x), free(yc), free(yh);
+}
+
 /* ---- invariance, determinism, graphs ---- */
 
 static int slice_count(int64_t batch, int sm_count) {
@@ -466,7 +539,8 @@ Test(gpu_topp, split_prob_row_bits_do_not_depend_on_batch, .timeout = 300) {
             float *pool = alloc_floats(65 * V), *alone = alloc_floats(65 * V), *y = alloc_floats(65 * V);
             float ppool[65];
             for (int64_t r = 0; r < 65; r++) {
-                fill_ordinary(pool + r * V, V, 500 + (uint64_t)r);
+                if (r % 5 == 2) fill_flat(pool + r * V, V, 500 + (uint64_t)r, r % 2 ? 1e-6 : 1e-4); /* level trims */
+                else fill_ordinary(pool + r * V, V, 500 + (uint64_t)r);
                 ppool[r] = r % 3 == 0 ? 0.95f : r % 3 == 1 ? 0.5f : 0.99f;
             }
             pool[17 * V + 3] = 1e9f;
@@ -506,7 +580,8 @@ Test(gpu_topp, repeat_calls_are_bit_identical, .timeout = 120) {
     gpu g = gpu_open();
     float *x = alloc_floats(B * V), *first = alloc_floats(B * V), *y = alloc_floats(B * V), p[B];
     for (int64_t r = 0; r < B; r++) {
-        fill_ordinary(x + r * V, V, 900 + (uint64_t)r);
+        if (r % 8 == 5) fill_flat(x + r * V, V, 900 + (uint64_t)r, 1e-6);
+        else fill_ordinary(x + r * V, V, 900 + (uint64_t)r);
         if (r % 4 == 3) x[r * V + 154842] = 1e9f;
         p[r] = r % 2 ? 0.95f : 0.5f;
     }

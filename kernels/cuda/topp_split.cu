@@ -67,7 +67,9 @@ struct topp_plan {
     int piece_cap;         /* pieces per row in the workspace */
     int pieces_per_program;
     topp_stats *stats;     /* [batch][piece_cap] */
-    topp_part *parts;      /* [batch][rounds][piece_cap][F] */
+    topp_part *parts;      /* split_logit: [batch][rounds][piece_cap][F] */
+    unsigned long long *hist; /* split_prob: [batch][KP_TOPP_ROUNDS_PROB][F + 1] bucket fix-masses */
+    kp_topp_search *search;   /* split_prob: [batch][KP_TOPP_ROUNDS_PROB + 1] the state entering each round */
 };
 
 template <int ALGO> struct topp_traits;
@@ -536,6 +538,353 @@ __global__ void __launch_bounds__(TOPP_THREADS) topp_mask_kernel(topp_plan plan)
     }
 }
 
+/* ---- split_prob: the exact level search of topp_split.h (kp_topp_* shared with the host port) ---- */
+
+#define PROB_F KP_TOPP_FANOUT_PROB
+#define PROB_R KP_TOPP_ROUNDS_PROB
+static_assert(PROB_F <= TOPP_THREADS, "one thread per pivot");
+
+/* Step 1 for `row` from the tile statistics, in tile order (the host port's order); every thread
+ * calls it, thread 0 starts the search in *s. */
+__device__ __noinline__ void prob_start(const topp_plan &plan, int64_t row, kp_topp_search *s) {
+    constexpr int cap = 512;
+    __shared__ uint4 records[cap];
+    const int t = threadIdx.x;
+    const int pieces = plan.piece_count;
+    const uint4 *stats = reinterpret_cast<const uint4 *>(plan.stats + row * plan.piece_cap);
+    const topp_stats *rec = reinterpret_cast<const topp_stats *>(records);
+    float row_max = -INFINITY, row_min = INFINITY, z = 0.0f;
+    int64_t finite = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int base = 0; base < pieces; base += cap) {
+            const int n = min(cap, pieces - base);
+            for (int i = t; i < n; i += TOPP_THREADS) records[i] = stats[base + i];
+            __syncthreads();
+            if (t == 0) {
+                for (int i = 0; i < n; i++) {
+                    const topp_stats st = rec[i];
+                    if (st.count == 0) continue;
+                    if (pass == 0) {
+                        if (st.max > row_max) row_max = st.max;
+                        continue;
+                    }
+                    z = z + __fmul_rn(st.sum, expf(st.max - row_max));
+                    if (st.min < row_min) row_min = st.min;
+                    finite += st.count;
+                }
+            }
+            __syncthreads();
+        }
+    }
+    if (t == 0) {
+        const float min_prob = finite ? expf(row_min - row_max) / z : 0.0f;
+        kp_topp_start(s, row_max, z, row_min, finite, plan.top_p[row], min_prob);
+    }
+    __syncthreads();
+}
+
+/* The search state entering `round` (round == PROB_R: the final one), and stored by slice 0. */
+__device__ void prob_state(const topp_plan &plan, int64_t row, int slice, int round, kp_topp_search *s) {
+    __shared__ unsigned long long h[PROB_F + 1];
+    const int t = threadIdx.x;
+    if (round == 0) {
+        prob_start(plan, row, s);
+    } else {
+        const unsigned long long *src = plan.hist + (row * PROB_R + (round - 1)) * (PROB_F + 1);
+        for (int k = t; k <= PROB_F; k += TOPP_THREADS) h[k] = src[k];
+        if (t == 0) *s = plan.search[row * (PROB_R + 1) + (round - 1)];
+        __syncthreads();
+        if (t == 0) {
+            kp_topp_advance(s, reinterpret_cast<const uint64_t *>(h));
+            if (round == PROB_R) kp_topp_finish(s);
+        }
+    }
+    __syncthreads();
+    if (slice == 0 && t == 0) plan.search[row * (PROB_R + 1) + round] = *s;
+}
+
+/* Bounds on the f32 d = x - M outside which prob(x) is surely <= lo (d < *below) or surely > hi
+ * (d > *above): expf's error (a few ulp) is far inside KP_TOPP_BAND_MARGIN nats. Rounded outward. */
+__device__ __noinline__ void prob_band(float z, uint32_t lo, uint32_t hi, float *below, float *above) {
+    const double b = log((double)kp_topp_float(lo) * (double)z) - KP_TOPP_BAND_MARGIN;
+    const double a = log((double)kp_topp_float(hi) * (double)z) + KP_TOPP_BAND_MARGIN;
+    float fb = (float)b, fa = (float)a;
+    if ((double)fb > b) fb = nextafterf(fb, -INFINITY);
+    if ((double)fa < a) fa = nextafterf(fa, INFINITY);
+    *below = fb;
+    *above = fa;
+}
+
+/* Adds fix-mass `val` to bucket k (0: none) for each lane of the warp, exactly: one pass per distinct
+ * bucket among the lanes (warp-uniform loop), the bucket's sum by three 21-bit reductions, kept in a
+ * register of the lane that owns the bucket (lane k % 32; slot k / 32). No atomics, so no 64-bit
+ * shared-memory CAS loops; integer sums, so the order cannot change a bit. Call with the full warp. */
+__device__ __forceinline__ void warp_bucket_add(int k, unsigned long long val, unsigned long long acc[3]) {
+    const int lane = threadIdx.x & 31;
+    unsigned todo = __ballot_sync(0xffffffffu, k != 0);
+    while (todo) {
+        const int src = __ffs(todo) - 1;
+        const int kk = __shfl_sync(0xffffffffu, k, src);
+        const bool mine = k == kk;
+        const unsigned group = __ballot_sync(0xffffffffu, mine);
+        const unsigned long long v = mine ? val : 0ull;
+        const unsigned long long s0 = __reduce_add_sync(0xffffffffu, (unsigned)(v & 0x1fffffu));
+        const unsigned long long s1 = __reduce_add_sync(0xffffffffu, (unsigned)((v >> 21) & 0x1fffffu));
+        const unsigned long long s2 = __reduce_add_sync(0xffffffffu, (unsigned)(v >> 42));
+        if (lane == (kk & 31)) {
+            const unsigned long long sum = s0 + (s1 << 21) + (s2 << 42);
+            if (kk < 32) acc[0] += sum;
+            else if (kk < 64) acc[1] += sum;
+            else acc[2] += sum;
+        }
+        todo &= ~group;
+    }
+}
+
+#define ROUND_UNROLL 4
+__global__ void __launch_bounds__(TOPP_THREADS) prob_round_kernel(topp_plan plan, int round) {
+    __shared__ kp_topp_search s;
+    __shared__ uint32_t piv[PROB_F];
+    __shared__ unsigned long long whist[TOPP_THREADS / 32][PROB_F + 1];
+    __shared__ float below, above;
+    static_assert(PROB_F == 64, "warp_bucket_add keeps buckets 1 .. 64 in three slots per lane");
+    const int t = threadIdx.x, warp = t >> 5, lane = t & 31;
+    const int64_t row = blockIdx.x / plan.slices;
+    const int slice = blockIdx.x % plan.slices;
+    prob_state(plan, row, slice, round, &s);
+    if (s.mode != KP_TOPP_LIVE) return; /* decided: this round adds nothing */
+
+    if (t < PROB_F) piv[t] = kp_topp_pivot(&s, t);
+    if (t == 0) prob_band(s.z, s.lo, s.hi, &below, &above);
+    __syncthreads();
+    const float row_max = s.row_max, z = s.z, lo_band = below, hi_band = above;
+    const uint32_t lo = s.lo, hi = s.hi;
+    const float *x = plan.logits + row * plan.row_stride;
+    const int first = slice * plan.pieces_per_program;
+    const int last = min(first + plan.pieces_per_program, plan.piece_count);
+    const int begin = min(first * plan.piece_len, plan.vocab), end = min(last * plan.piece_len, plan.vocab);
+    unsigned long long acc[3] = {0ull, 0ull, 0ull};
+    /* every thread runs the same number of steps, so each warp_bucket_add sees the full warp */
+    for (int base = begin; base < end; base += TOPP_THREADS * ROUND_UNROLL) {
+        float v[ROUND_UNROLL];
+#pragma unroll
+        for (int u = 0; u < ROUND_UNROLL; u++) {
+            const int i = base + u * TOPP_THREADS + t;
+            v[u] = i < end ? x[i] : -INFINITY;
+        }
+#pragma unroll
+        for (int u = 0; u < ROUND_UNROLL; u++) {
+            int k = 0;
+            unsigned long long val = 0;
+            if (finite_logit(v[u])) {
+                const float d = v[u] - row_max;
+                if (d >= lo_band && d <= hi_band) {
+                    const float prob = expf(d) / z;
+                    const uint32_t pb = kp_topp_bits(prob);
+                    if (pb > lo && pb <= hi) {
+                        k = kp_topp_bucket(piv, pb);
+                        val = kp_topp_fix(prob);
+                    }
+                }
+            }
+            warp_bucket_add(k, val, acc);
+        }
+    }
+    whist[warp][lane] = acc[0]; /* bucket `lane` (bucket 0 is never used) */
+    whist[warp][lane + 32] = acc[1];
+    if (lane == 0) whist[warp][64] = acc[2];
+    __syncthreads();
+    if (t >= 1 && t <= PROB_F) { /* integer sums: the order of the adds cannot change a bit */
+        unsigned long long sum = 0;
+        for (int w = 0; w < TOPP_THREADS / 32; w++) sum += whist[w][t];
+        if (sum) atomicAdd(plan.hist + (row * PROB_R + round) * (PROB_F + 1) + t, sum);
+    }
+}
+
+__global__ void __launch_bounds__(TOPP_THREADS) prob_mask_kernel(topp_plan plan) {
+    __shared__ kp_topp_search s;
+    __shared__ float below, above;
+    const int t = threadIdx.x;
+    const int64_t row = blockIdx.x / plan.slices;
+    const int slice = blockIdx.x % plan.slices;
+    prob_state(plan, row, slice, PROB_R, &s);
+    const float *x = plan.logits + row * plan.row_stride;
+    float *y = plan.out + row * plan.row_stride;
+    const int first = slice * plan.pieces_per_program;
+    const int last = min(first + plan.pieces_per_program, plan.piece_count);
+    const int begin = min(first * plan.piece_len, plan.vocab), end = min(last * plan.piece_len, plan.vocab);
+    if (begin >= end) return;
+    if (s.mode == KP_TOPP_COPY) { /* bits, NaN payloads included */
+        const uint32_t *xb = reinterpret_cast<const uint32_t *>(x);
+        uint32_t *yb = reinterpret_cast<uint32_t *>(y);
+        for (int i = begin + t; i < end; i += TOPP_THREADS) yb[i] = xb[i];
+        return;
+    }
+    if (s.mode == KP_TOPP_KEEP_FINITE) {
+        lane_tokens(x, begin, end, [&](int i, float v) { y[i] = finite_logit(v) ? v : -INFINITY; });
+        return;
+    }
+    if (t == 0) prob_band(s.z, s.lo, s.lo, &below, &above);
+    __syncthreads();
+    const float row_max = s.row_max, z = s.z, lo_band = below, hi_band = above;
+    const uint32_t lo = s.lo, level = s.hi;
+    const bool trim = s.mode == KP_TOPP_LEVEL && s.numkeep < s.numdup;
+    lane_tokens(x, begin, end, [&](int i, float v) {
+        bool keep = false;
+        if (finite_logit(v)) {
+            const float d = v - row_max;
+            if (d > hi_band) {
+                keep = true; /* prob surely > lo * (1 + 1e-3): above the level */
+            } else if (d >= lo_band) {
+                const uint32_t pb = kp_topp_bits(expf(d) / z);
+                keep = pb > lo;
+                if (keep && trim && pb == level) return; /* a level member: prob_select_kernel writes it */
+            }
+        }
+        y[i] = keep ? v : -INFINITY;
+    });
+}
+
+/* Step 4 on the GPU: one block of SEL_THREADS per row whose boundary level must be trimmed.
+ * 1. A pass over the row collects the members' logit keys into shared memory (the order of the
+ *    appends varies, the multiset does not; past SEL_CAP members the passes below rescan the row).
+ * 2. Radix select, 8 bits at a time from the top, of the numkeep-th largest key: per pass a 256-bin
+ *    integer histogram, counted once per distinct digit per warp (__match_any_sync).
+ * 3. A pass over the row in index order writes every member: kept when its key is above the
+ *    selected key, or equal to it and among the first `need` such members by index (ballot scan). */
+#define SEL_THREADS 1024
+#define SEL_CAP 10240
+
+__device__ __forceinline__ void count_digit(unsigned int *digit_count, int digit) { /* 256: none */
+    const unsigned peers = __match_any_sync(0xffffffffu, digit);
+    if (digit < 256 && (int)(threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&digit_count[digit], __popc(peers));
+}
+
+__global__ void __launch_bounds__(SEL_THREADS) prob_select_kernel(topp_plan plan) {
+    __shared__ kp_topp_search s;
+    __shared__ float below, above;
+    __shared__ unsigned int digit_count[256];
+    __shared__ uint32_t keys[SEL_CAP];
+    __shared__ int nkeys;
+    __shared__ uint32_t prefix_sh;
+    __shared__ long long need_sh;
+    __shared__ int warp_eq[SEL_THREADS / 32];
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    const int64_t row = blockIdx.x;
+    if (t == 0) s = plan.search[row * (PROB_R + 1) + PROB_R];
+    __syncthreads();
+    if (!(s.mode == KP_TOPP_LEVEL && s.numkeep < s.numdup)) return;
+    if (t == 0) {
+        prob_band(s.z, s.lo, s.hi, &below, &above);
+        prefix_sh = 0;
+        need_sh = s.numkeep;
+        nkeys = 0;
+    }
+    __syncthreads();
+    const float *x = plan.logits + row * plan.row_stride;
+    float *y = plan.out + row * plan.row_stride;
+    const float row_max = s.row_max, z = s.z, lo_band = below, hi_band = above;
+    const uint32_t level = s.hi;
+    const int vocab = plan.vocab;
+    auto member = [&](float v) -> bool {
+        if (!finite_logit(v)) return false;
+        const float d = v - row_max;
+        if (d < lo_band || d > hi_band) return false;
+        return kp_topp_bits(expf(d) / z) == level;
+    };
+    /* 1. collect (all threads run the same number of chunks: the warp intrinsics see full warps) */
+    for (int chunk = 0; chunk < vocab; chunk += SEL_THREADS) {
+        const int i = chunk + t;
+        bool m = false;
+        uint32_t key = 0;
+        if (i < vocab) {
+            const float v = x[i];
+            m = member(v);
+            if (m) key = kp_topp_logit_key(v);
+        }
+        const unsigned ballot = __ballot_sync(0xffffffffu, m);
+        int base = 0;
+        if (lane == 0 && ballot) base = atomicAdd(&nkeys, __popc(ballot));
+        base = __shfl_sync(0xffffffffu, base, 0);
+        const int pos = base + __popc(ballot & ((1u << lane) - 1u));
+        if (m && pos < SEL_CAP) keys[pos] = key;
+    }
+    __syncthreads();
+    const int n = nkeys;
+    const bool cached = n <= SEL_CAP;
+    /* 2. radix select */
+    uint32_t mask = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int d = t; d < 256; d += SEL_THREADS) digit_count[d] = 0;
+        __syncthreads();
+        const uint32_t prefix = prefix_sh;
+        if (cached) {
+            for (int base = 0; base < n; base += SEL_THREADS) {
+                const int j = base + t;
+                int digit = 256;
+                if (j < n && (keys[j] & mask) == prefix) digit = (int)((keys[j] >> shift) & 255u);
+                count_digit(digit_count, digit);
+            }
+        } else {
+            for (int chunk = 0; chunk < vocab; chunk += SEL_THREADS) {
+                const int i = chunk + t;
+                int digit = 256;
+                if (i < vocab) {
+                    const float v = x[i];
+                    if (member(v)) {
+                        const uint32_t key = kp_topp_logit_key(v);
+                        if ((key & mask) == prefix) digit = (int)((key >> shift) & 255u);
+                    }
+                }
+                count_digit(digit_count, digit);
+            }
+        }
+        __syncthreads();
+        if (t == 0) {
+            long long need = need_sh;
+            int d = 255;
+            for (; d > 0; d--) {
+                if ((long long)digit_count[d] >= need) break;
+                need -= digit_count[d];
+            }
+            need_sh = need;
+            prefix_sh = prefix | ((uint32_t)d << shift);
+        }
+        mask |= 255u << shift;
+        __syncthreads();
+    }
+    /* 3. keep members above the key, and the first `need` members at the key in index order */
+    const uint32_t pivot_key = prefix_sh;
+    const long long need = need_sh;
+    long long rank_base = 0;
+    for (int chunk = 0; chunk < vocab; chunk += SEL_THREADS) {
+        const int i = chunk + t;
+        bool is_member = false, eq = false;
+        float v = 0.0f;
+        uint32_t key = 0;
+        if (i < vocab) {
+            v = x[i];
+            is_member = member(v);
+            if (is_member) {
+                key = kp_topp_logit_key(v);
+                eq = key == pivot_key;
+            }
+        }
+        const unsigned ballot = __ballot_sync(0xffffffffu, eq);
+        if (lane == 0) warp_eq[warp] = __popc(ballot);
+        __syncthreads();
+        long long rank = rank_base + __popc(ballot & ((1u << lane) - 1u));
+        int chunk_eq = 0;
+        for (int w = 0; w < SEL_THREADS / 32; w++) {
+            if (w < warp) rank += warp_eq[w];
+            chunk_eq += warp_eq[w];
+        }
+        __syncthreads();
+        rank_base += chunk_eq;
+        if (is_member) y[i] = (key > pivot_key || (eq && rank < need)) ? v : -INFINITY;
+    }
+}
+
 /* ---- launcher ---- */
 
 __attribute__((format(printf, 4, 5))) static int topp_fail(char *message, size_t message_len, int rc,
@@ -584,12 +933,22 @@ static int64_t topp_piece_cap(int algo, int64_t vocab) {
     return algo == ALGO_SPLIT_LOGIT ? KP_TOPP_MAX_SLICES : (vocab + KP_TOPP_TILE - 1) / KP_TOPP_TILE;
 }
 
-/* Workspace bytes for valid args, 0 for args topp_check refuses. */
+/* Workspace bytes for valid args, 0 for args topp_check refuses.
+ * split_logit: stats [batch][32] and partials [batch][5][32][8], 16 bytes each.
+ * split_prob: tile stats [batch][ceil(vocab / 2048)] (16 bytes), bucket masses
+ * [batch][ROUNDS_PROB][F + 1] (8 bytes) and search states [batch][ROUNDS_PROB + 1]. */
+static int64_t topp_workspace_per_row(int algo, int64_t vocab) {
+    if (algo == ALGO_SPLIT_LOGIT)
+        return topp_piece_cap(algo, vocab) *
+               (int64_t)(sizeof(topp_stats) + KP_TOPP_ROUNDS_LOGIT * KP_TOPP_FANOUT * sizeof(topp_part));
+    return topp_piece_cap(algo, vocab) * (int64_t)sizeof(topp_stats) +
+           (int64_t)(PROB_R * (PROB_F + 1) * sizeof(unsigned long long)) +
+           (int64_t)((PROB_R + 1) * sizeof(kp_topp_search));
+}
+
 static size_t topp_workspace(int algo, const kp_topp_args *a) {
     if (!a || a->batch <= 0 || a->vocab <= 0 || a->vocab > INT32_MAX - KP_TOPP_TILE) return 0;
-    const int64_t rounds = algo == ALGO_SPLIT_LOGIT ? KP_TOPP_ROUNDS_LOGIT : KP_TOPP_ROUNDS_PROB;
-    const int64_t per_row = topp_piece_cap(algo, a->vocab) * (int64_t)(sizeof(topp_stats) +
-                                                                       rounds * KP_TOPP_FANOUT * sizeof(topp_part));
+    const int64_t per_row = topp_workspace_per_row(algo, a->vocab);
     if (a->batch > INT64_MAX / per_row) return 0;
     return (size_t)(a->batch * per_row);
 }
@@ -640,37 +999,60 @@ static int topp_cuda_run(const char *name, const void *vargs, char *message, siz
         TOPP_CUDA_CHECK(cudaGetDevice(&device));
         TOPP_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
     }
-    constexpr int rounds = topp_traits<ALGO>::rounds;
     topp_plan plan;
     plan.logits = a->logits;
     plan.out = a->out;
     plan.top_p = a->top_p;
     plan.row_stride = a->row_stride;
     plan.vocab = (int)a->vocab;
-    plan.slices = topp_slice_count(a->batch, sm_count);
     plan.piece_cap = (int)topp_piece_cap(ALGO, a->vocab);
+    plan.hist = NULL;
+    plan.search = NULL;
+    plan.parts = NULL;
+    plan.stats = static_cast<topp_stats *>(a->workspace);
+    cudaStream_t stream = static_cast<cudaStream_t>(a->stream);
     if (ALGO == ALGO_SPLIT_LOGIT) {
+        constexpr int rounds = topp_traits<ALGO_SPLIT_LOGIT>::rounds;
+        plan.slices = topp_slice_count(a->batch, sm_count);
         plan.piece_count = plan.slices;
         plan.piece_len = (int)((a->vocab + plan.slices - 1) / plan.slices);
         plan.pieces_per_program = 1;
-    } else {
-        plan.piece_count = plan.piece_cap;
-        plan.piece_len = KP_TOPP_TILE;
-        plan.pieces_per_program = (plan.piece_count + plan.slices - 1) / plan.slices;
+        plan.parts = reinterpret_cast<topp_part *>(plan.stats + a->batch * plan.piece_cap);
+        const unsigned programs = (unsigned)(a->batch * plan.slices);
+        topp_stats_kernel<ALGO_SPLIT_LOGIT><<<programs, TOPP_THREADS, 0, stream>>>(plan);
+        TOPP_LAUNCH_CHECK("topp_stats_kernel");
+        for (int round = 0; round < rounds; round++) {
+            topp_round_kernel<ALGO_SPLIT_LOGIT><<<programs, TOPP_THREADS, 0, stream>>>(plan, round);
+            TOPP_LAUNCH_CHECK("topp_round_kernel");
+        }
+        topp_mask_kernel<ALGO_SPLIT_LOGIT><<<programs, TOPP_THREADS, 0, stream>>>(plan);
+        TOPP_LAUNCH_CHECK("topp_mask_kernel");
+        return KP_RUN_OK;
     }
-    plan.stats = static_cast<topp_stats *>(a->workspace);
-    plan.parts = reinterpret_cast<topp_part *>(plan.stats + a->batch * plan.piece_cap);
-
-    cudaStream_t stream = static_cast<cudaStream_t>(a->stream);
+    /* split_prob: enough programs per row to give every SM KP_TOPP_BLOCKS_PER_SM of them; the tiles
+     * and the integer sums make every bit independent of this choice */
+    plan.piece_len = KP_TOPP_TILE;
+    plan.piece_count = plan.piece_cap;
+    int64_t want = ((int64_t)KP_TOPP_BLOCKS_PER_SM * sm_count + a->batch - 1) / a->batch;
+    if (want < 1) want = 1;
+    if (want > plan.piece_count) want = plan.piece_count;
+    plan.pieces_per_program = (int)((plan.piece_count + want - 1) / want);
+    plan.slices = (plan.piece_count + plan.pieces_per_program - 1) / plan.pieces_per_program;
+    plan.hist = reinterpret_cast<unsigned long long *>(plan.stats + a->batch * plan.piece_cap);
+    plan.search = reinterpret_cast<kp_topp_search *>(plan.hist + a->batch * PROB_R * (PROB_F + 1));
+    TOPP_CUDA_CHECK(cudaMemsetAsync(plan.hist, 0, (size_t)a->batch * PROB_R * (PROB_F + 1) * sizeof(unsigned long long),
+                                    stream));
     const unsigned programs = (unsigned)(a->batch * plan.slices);
-    topp_stats_kernel<ALGO><<<programs, TOPP_THREADS, 0, stream>>>(plan);
+    topp_stats_kernel<ALGO_SPLIT_PROB><<<programs, TOPP_THREADS, 0, stream>>>(plan);
     TOPP_LAUNCH_CHECK("topp_stats_kernel");
-    for (int round = 0; round < rounds; round++) {
-        topp_round_kernel<ALGO><<<programs, TOPP_THREADS, 0, stream>>>(plan, round);
-        TOPP_LAUNCH_CHECK("topp_round_kernel");
+    for (int round = 0; round < PROB_R; round++) {
+        prob_round_kernel<<<programs, TOPP_THREADS, 0, stream>>>(plan, round);
+        TOPP_LAUNCH_CHECK("prob_round_kernel");
     }
-    topp_mask_kernel<ALGO><<<programs, TOPP_THREADS, 0, stream>>>(plan);
-    TOPP_LAUNCH_CHECK("topp_mask_kernel");
+    prob_mask_kernel<<<programs, TOPP_THREADS, 0, stream>>>(plan);
+    TOPP_LAUNCH_CHECK("prob_mask_kernel");
+    prob_select_kernel<<<(unsigned)a->batch, SEL_THREADS, 0, stream>>>(plan);
+    TOPP_LAUNCH_CHECK("prob_select_kernel");
     return KP_RUN_OK;
 }
 
