@@ -1,29 +1,35 @@
 /* topp_split.cu: topp.split_logit@cuda (incumbent) and topp.split_prob@cuda (candidate), the steps
- * of kernels/topp_split.h as a small-batch split pipeline: stats, a fixed number of rounds, mask.
+ * of kernels/topp_split.h. All launches on args->stream; no host sync; graph-capturable.
  *
- * Layout: every kernel runs a 1-D grid of batch * S programs (blocks of TOPP_THREADS = 256 threads,
- * program row * S + slice), all on args->stream: 1 + ROUNDS + 1 launches (7 or 18).
- *   S = the largest power of two <= 32 with S * 2 * batch <= sm_count (at least 1).
- *   split_logit: a row's pieces are its S slices of L = ceil(vocab / S) tokens; program s owns slice s.
- *   split_prob:  a row's pieces are fixed KP_TOPP_TILE tiles; program s owns tiles
- *                [s * ceil(T / S), (s + 1) * ceil(T / S)), so S only decides who works, never a bit.
+ * split_logit (unchanged, vLLM's small-batch split pipeline with its defect): a 1-D grid of
+ * batch * S programs (256 threads, program row * S + slice), S = the largest power of two <= 32 with
+ * S * 2 * batch <= sm_count, 7 launches: stats, 5 rounds, mask.
  *   1. topp_stats_kernel: per piece, max / min / finite count (order-free) and sum exp(x - max)
  *      (lane t sums tokens t, t + 256, ... in order, then a halving tree over the 256 lanes, the
  *      last levels of which one warp runs with shuffles, in the same order).
- *   2. topp_round_kernel, launched ROUNDS times (5 or 16): every program replays the combine of the
- *      stored stats and of the earlier rounds' partials (sequential over pieces, in piece order,
- *      staged through shared memory), so it needs no host sync and no grid sync and a CUDA graph
- *      can capture the whole pipeline.
- *      If the search is still open it evaluates the round's F pivots over its pieces and stores
- *      (mass, smallest key, count) per piece and pivot; otherwise it writes nothing and no one
- *      reads that round.
- *   3. topp_mask_kernel: replays the whole search, then masks its pieces. The tie budget is handed
- *      out in index order: the dup counts of lower pieces come from the stored partials of the
- *      chosen pivot, the rank inside a program from a ballot scan in index order. No atomics.
- * Workspace: stats [batch][P] and partials [batch][ROUNDS][P][F], 16 bytes each, where P is 32
- * (KP_TOPP_MAX_SLICES) for split_logit and ceil(vocab / 2048) for split_prob.
- * The host ports (kernels/host/topp_split.c) sum inside a piece in the same lane-and-tree order, so
- * host and CUDA differ only where CUDA's expf/logf differ from the host libm's in the last bits.
+ *   2. topp_round_kernel x5: every program replays the combine of the stored stats and of the
+ *      earlier rounds' partials (sequential over pieces, in piece order), evaluates the round's 8
+ *      pivots over its slice and stores (mass, smallest prob, count) per piece and pivot.
+ *   3. topp_mask_kernel: replays the search, then masks; the tie budget is handed out in index
+ *      order (dup counts of lower pieces from the stored partials, a ballot scan inside).
+ *
+ * split_prob: programs per row chosen so the grid is about KP_TOPP_BLOCKS_PER_SM programs per SM
+ * (the tiles and the integer sums make every bit independent of that choice); 8 launches:
+ *   1. topp_stats_kernel over fixed 2048-token tiles (as above); also zeroes round 0's buckets.
+ *   2. prob_round_kernel x5: the search state entering the round comes from the previous round's
+ *      state and bucket sums (kp_topp_advance; slice 0 stores it); a decided row returns at once.
+ *      Each program buckets the tokens of its tiles with lo < prob <= hi (expf skipped outside a
+ *      1e-3-nat band) into per-warp shared histograms of 64-bit fix-masses (32-bit atomics with
+ *      carry), then adds them into the row's buckets with 64-bit global atomics: integer sums,
+ *      exact and order-free. It also zeroes the next round's buckets.
+ *   3. prob_mask_kernel: the final state; keeps prob > lo and drops the rest, leaving the members
+ *      of a level to be trimmed to prob_select_kernel.
+ *   4. prob_select_kernel: one 1024-thread block per row that needs a trim (see there).
+ * Workspace: split_logit: stats [batch][32] and partials [batch][5][32][8] (16 bytes each);
+ * split_prob: tile stats [batch][ceil(vocab / 2048)], buckets [batch][5][65] (8 bytes) and states
+ * [batch][6]. Nothing is read from the workspace before this call wrote it.
+ * The host ports (kernels/host/topp_split.c) use the same order of f32 operations, so host and
+ * CUDA differ only where CUDA's expf/logf differ from the host libm's in the last bits.
  * f32 products that feed a sum use __fmul_rn so nvcc cannot contract them into an FMA the host
  * port does not do. */
 #include <cuda_runtime.h>
@@ -345,6 +351,10 @@ __global__ void __launch_bounds__(TOPP_THREADS) topp_stats_kernel(topp_plan plan
     const float *x = plan.logits + row * plan.row_stride;
     const int first = slice * plan.pieces_per_program;
     const int last = min(first + plan.pieces_per_program, plan.piece_count);
+    /* split_prob: round 0's buckets start at zero (written here, not by a memset on the stream, so
+     * nothing depends on the workspace's contents before the call) */
+    if (ALGO == ALGO_SPLIT_PROB && slice == 0 && t <= KP_TOPP_FANOUT_PROB)
+        plan.hist[row * KP_TOPP_ROUNDS_PROB * (KP_TOPP_FANOUT_PROB + 1) + t] = 0;
     for (int piece = first; piece < last; piece++) {
         const int begin = piece * plan.piece_len, end = min(begin + plan.piece_len, plan.vocab);
         float mx = -INFINITY, mn = INFINITY;
@@ -615,46 +625,35 @@ __device__ __noinline__ void prob_band(float z, uint32_t lo, uint32_t hi, float 
     *above = fa;
 }
 
-/* Adds fix-mass `val` to bucket k (0: none) for each lane of the warp, exactly: one pass per distinct
- * bucket among the lanes (warp-uniform loop), the bucket's sum by three 21-bit reductions, kept in a
- * register of the lane that owns the bucket (lane k % 32; slot k / 32). No atomics, so no 64-bit
- * shared-memory CAS loops; integer sums, so the order cannot change a bit. Call with the full warp. */
-__device__ __forceinline__ void warp_bucket_add(int k, unsigned long long val, unsigned long long acc[3]) {
-    const int lane = threadIdx.x & 31;
-    unsigned todo = __ballot_sync(0xffffffffu, k != 0);
-    while (todo) {
-        const int src = __ffs(todo) - 1;
-        const int kk = __shfl_sync(0xffffffffu, k, src);
-        const bool mine = k == kk;
-        const unsigned group = __ballot_sync(0xffffffffu, mine);
-        const unsigned long long v = mine ? val : 0ull;
-        const unsigned long long s0 = __reduce_add_sync(0xffffffffu, (unsigned)(v & 0x1fffffu));
-        const unsigned long long s1 = __reduce_add_sync(0xffffffffu, (unsigned)((v >> 21) & 0x1fffffu));
-        const unsigned long long s2 = __reduce_add_sync(0xffffffffu, (unsigned)(v >> 42));
-        if (lane == (kk & 31)) {
-            const unsigned long long sum = s0 + (s1 << 21) + (s2 << 42);
-            if (kk < 32) acc[0] += sum;
-            else if (kk < 64) acc[1] += sum;
-            else acc[2] += sum;
-        }
-        todo &= ~group;
-    }
+/* Adds fix-mass v (< 2^62) to a warp's bucket exactly with native 32-bit shared atomics: the low
+ * word's carry goes to the high word. Integer sums, so the order of the adds cannot change a bit. */
+__device__ __forceinline__ void bucket_add(unsigned *lo_word, unsigned *hi_word, unsigned long long v) {
+    const unsigned v_lo = (unsigned)v;
+    const unsigned old = atomicAdd(lo_word, v_lo);
+    const unsigned v_hi = (unsigned)(v >> 32) + (old + v_lo < old ? 1u : 0u);
+    if (v_hi) atomicAdd(hi_word, v_hi);
 }
 
-#define ROUND_UNROLL 4
+#define ROUND_LOADS 8 /* loads in flight per thread */
 __global__ void __launch_bounds__(TOPP_THREADS) prob_round_kernel(topp_plan plan, int round) {
     __shared__ kp_topp_search s;
     __shared__ uint32_t piv[PROB_F];
-    __shared__ unsigned long long whist[TOPP_THREADS / 32][PROB_F + 1];
+    __shared__ unsigned whist_lo[TOPP_THREADS / 32][PROB_F + 1], whist_hi[TOPP_THREADS / 32][PROB_F + 1];
     __shared__ float below, above;
-    static_assert(PROB_F == 64, "warp_bucket_add keeps buckets 1 .. 64 in three slots per lane");
-    const int t = threadIdx.x, warp = t >> 5, lane = t & 31;
+    const int t = threadIdx.x, warp = t >> 5;
     const int64_t row = blockIdx.x / plan.slices;
     const int slice = blockIdx.x % plan.slices;
     prob_state(plan, row, slice, round, &s);
+    /* the next round's buckets start at zero (its kernel adds into them after this one ends) */
+    if (slice == 0 && round + 1 < PROB_R && t <= PROB_F)
+        plan.hist[(row * PROB_R + round + 1) * (PROB_F + 1) + t] = 0;
     if (s.mode != KP_TOPP_LIVE) return; /* decided: this round adds nothing */
 
     if (t < PROB_F) piv[t] = kp_topp_pivot(&s, t);
+    for (int i = t; i < (TOPP_THREADS / 32) * (PROB_F + 1); i += TOPP_THREADS) {
+        (&whist_lo[0][0])[i] = 0;
+        (&whist_hi[0][0])[i] = 0;
+    }
     if (t == 0) prob_band(s.z, s.lo, s.hi, &below, &above);
     __syncthreads();
     const float row_max = s.row_max, z = s.z, lo_band = below, hi_band = above;
@@ -663,40 +662,30 @@ __global__ void __launch_bounds__(TOPP_THREADS) prob_round_kernel(topp_plan plan
     const int first = slice * plan.pieces_per_program;
     const int last = min(first + plan.pieces_per_program, plan.piece_count);
     const int begin = min(first * plan.piece_len, plan.vocab), end = min(last * plan.piece_len, plan.vocab);
-    unsigned long long acc[3] = {0ull, 0ull, 0ull};
-    /* every thread runs the same number of steps, so each warp_bucket_add sees the full warp */
-    for (int base = begin; base < end; base += TOPP_THREADS * ROUND_UNROLL) {
-        float v[ROUND_UNROLL];
+    for (int base = begin; base < end; base += TOPP_THREADS * ROUND_LOADS) {
+        float v[ROUND_LOADS];
 #pragma unroll
-        for (int u = 0; u < ROUND_UNROLL; u++) {
+        for (int u = 0; u < ROUND_LOADS; u++) {
             const int i = base + u * TOPP_THREADS + t;
             v[u] = i < end ? x[i] : -INFINITY;
         }
 #pragma unroll
-        for (int u = 0; u < ROUND_UNROLL; u++) {
-            int k = 0;
-            unsigned long long val = 0;
-            if (finite_logit(v[u])) {
-                const float d = v[u] - row_max;
-                if (d >= lo_band && d <= hi_band) {
-                    const float prob = expf(d) / z;
-                    const uint32_t pb = kp_topp_bits(prob);
-                    if (pb > lo && pb <= hi) {
-                        k = kp_topp_bucket(piv, pb);
-                        val = kp_topp_fix(prob);
-                    }
-                }
-            }
-            warp_bucket_add(k, val, acc);
+        for (int u = 0; u < ROUND_LOADS; u++) {
+            if (!finite_logit(v[u])) continue;
+            const float d = v[u] - row_max;
+            if (d < lo_band || d > hi_band) continue;
+            const float prob = expf(d) / z;
+            const uint32_t pb = kp_topp_bits(prob);
+            if (pb <= lo || pb > hi) continue;
+            const int k = kp_topp_bucket(piv, pb);
+            bucket_add(&whist_lo[warp][k], &whist_hi[warp][k], (unsigned long long)kp_topp_fix(prob));
         }
     }
-    whist[warp][lane] = acc[0]; /* bucket `lane` (bucket 0 is never used) */
-    whist[warp][lane + 32] = acc[1];
-    if (lane == 0) whist[warp][64] = acc[2];
     __syncthreads();
     if (t >= 1 && t <= PROB_F) { /* integer sums: the order of the adds cannot change a bit */
         unsigned long long sum = 0;
-        for (int w = 0; w < TOPP_THREADS / 32; w++) sum += whist[w][t];
+        for (int w = 0; w < TOPP_THREADS / 32; w++)
+            sum += ((unsigned long long)whist_hi[w][t] << 32) | whist_lo[w][t];
         if (sum) atomicAdd(plan.hist + (row * PROB_R + round) * (PROB_F + 1) + t, sum);
     }
 }
@@ -747,27 +736,82 @@ __global__ void __launch_bounds__(TOPP_THREADS) prob_mask_kernel(topp_plan plan)
 
 /* Step 4 on the GPU: one block of SEL_THREADS per row whose boundary level must be trimmed.
  * 1. A pass over the row collects the members' logit keys into shared memory (the order of the
- *    appends varies, the multiset does not; past SEL_CAP members the passes below rescan the row).
- * 2. Radix select, 8 bits at a time from the top, of the numkeep-th largest key: per pass a 256-bin
- *    integer histogram, counted once per distinct digit per warp (__match_any_sync).
- * 3. A pass over the row in index order writes every member: kept when its key is above the
- *    selected key, or equal to it and among the first `need` such members by index (ballot scan). */
+ *    appends varies, the multiset does not).
+ * 2. Radix select, 8 bits at a time from the top, of the numkeep-th largest key T: per pass a 256-bin
+ *    integer histogram, counted once per distinct digit per warp (__match_any_sync). `need` members
+ *    at T are kept.
+ * 3. A pass collects ~index of the members at T; the same radix select finds the need-th largest
+ *    ~index, i.e. the need lowest indices (indices are unique).
+ * 4. A pass writes every member: kept when its key is above T, or at T with one of those indices.
+ * Past SEL_CAP values a list is not cached: step 2 rescans the row per digit, and steps 3-4 become
+ * one pass in index order with a block-wide ballot scan. */
 #define SEL_THREADS 1024
 #define SEL_CAP 10240
+#define SEL_LOADS 4 /* loads in flight per thread in the collecting passes */
 
 __device__ __forceinline__ void count_digit(unsigned int *digit_count, int digit) { /* 256: none */
     const unsigned peers = __match_any_sync(0xffffffffu, digit);
     if (digit < 256 && (int)(threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&digit_count[digit], __popc(peers));
 }
 
+/* Appends `val` where `take`, in a varying order; all threads of the block call it. */
+__device__ __forceinline__ void append_value(bool take, uint32_t val, uint32_t *list, int *count) {
+    const int lane = threadIdx.x & 31;
+    const unsigned ballot = __ballot_sync(0xffffffffu, take);
+    int base = 0;
+    if (lane == 0 && ballot) base = atomicAdd(count, __popc(ballot));
+    base = __shfl_sync(0xffffffffu, base, 0);
+    const int pos = base + __popc(ballot & ((1u << lane) - 1u));
+    if (take && pos < SEL_CAP) list[pos] = val;
+}
+
+/* The select state, in shared memory. */
+struct sel_shared {
+    unsigned int digit_count[256];
+    uint32_t prefix;
+    long long need;
+};
+
+/* One 8-bit digit step of a radix select from the top: after the histogram, pick the digit. */
+__device__ __forceinline__ void digit_pick(sel_shared &sh, int shift) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        long long need = sh.need;
+        int d = 255;
+        for (; d > 0; d--) {
+            if ((long long)sh.digit_count[d] >= need) break;
+            need -= sh.digit_count[d];
+        }
+        sh.need = need;
+        sh.prefix |= (uint32_t)d << shift;
+    }
+    __syncthreads();
+}
+
+/* The need-th largest of list[0 .. n) (n <= SEL_CAP): sh.prefix, and in sh.need how many at it. */
+__device__ void select_cached(sel_shared &sh, const uint32_t *list, int n) {
+    uint32_t mask = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int d = threadIdx.x; d < 256; d += SEL_THREADS) sh.digit_count[d] = 0;
+        __syncthreads();
+        const uint32_t prefix = sh.prefix;
+        for (int base = 0; base < n; base += SEL_THREADS) {
+            const int j = base + (int)threadIdx.x;
+            int digit = 256;
+            if (j < n && (list[j] & mask) == prefix) digit = (int)((list[j] >> shift) & 255u);
+            count_digit(sh.digit_count, digit);
+        }
+        digit_pick(sh, shift);
+        mask |= 255u << shift;
+    }
+}
+
 __global__ void __launch_bounds__(SEL_THREADS) prob_select_kernel(topp_plan plan) {
     __shared__ kp_topp_search s;
     __shared__ float below, above;
-    __shared__ unsigned int digit_count[256];
-    __shared__ uint32_t keys[SEL_CAP];
-    __shared__ int nkeys;
-    __shared__ uint32_t prefix_sh;
-    __shared__ long long need_sh;
+    __shared__ sel_shared sh;
+    __shared__ uint32_t list[SEL_CAP];
+    __shared__ int nlist;
     __shared__ int warp_eq[SEL_THREADS / 32];
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
     const int64_t row = blockIdx.x;
@@ -776,9 +820,9 @@ __global__ void __launch_bounds__(SEL_THREADS) prob_select_kernel(topp_plan plan
     if (!(s.mode == KP_TOPP_LEVEL && s.numkeep < s.numdup)) return;
     if (t == 0) {
         prob_band(s.z, s.lo, s.hi, &below, &above);
-        prefix_sh = 0;
-        need_sh = s.numkeep;
-        nkeys = 0;
+        sh.prefix = 0;
+        sh.need = s.numkeep;
+        nlist = 0;
     }
     __syncthreads();
     const float *x = plan.logits + row * plan.row_stride;
@@ -792,40 +836,30 @@ __global__ void __launch_bounds__(SEL_THREADS) prob_select_kernel(topp_plan plan
         if (d < lo_band || d > hi_band) return false;
         return kp_topp_bits(expf(d) / z) == level;
     };
-    /* 1. collect (all threads run the same number of chunks: the warp intrinsics see full warps) */
-    for (int chunk = 0; chunk < vocab; chunk += SEL_THREADS) {
-        const int i = chunk + t;
-        bool m = false;
-        uint32_t key = 0;
-        if (i < vocab) {
-            const float v = x[i];
-            m = member(v);
-            if (m) key = kp_topp_logit_key(v);
+    /* 1. the members' keys (all threads run the same number of chunks: full warps) */
+    for (int chunk = 0; chunk < vocab; chunk += SEL_THREADS * SEL_LOADS) {
+        float v[SEL_LOADS];
+#pragma unroll
+        for (int u = 0; u < SEL_LOADS; u++) {
+            const int i = chunk + u * SEL_THREADS + t;
+            v[u] = i < vocab ? x[i] : -INFINITY;
         }
-        const unsigned ballot = __ballot_sync(0xffffffffu, m);
-        int base = 0;
-        if (lane == 0 && ballot) base = atomicAdd(&nkeys, __popc(ballot));
-        base = __shfl_sync(0xffffffffu, base, 0);
-        const int pos = base + __popc(ballot & ((1u << lane) - 1u));
-        if (m && pos < SEL_CAP) keys[pos] = key;
+#pragma unroll
+        for (int u = 0; u < SEL_LOADS; u++) {
+            const bool m = member(v[u]);
+            append_value(m, m ? kp_topp_logit_key(v[u]) : 0u, list, &nlist);
+        }
     }
     __syncthreads();
-    const int n = nkeys;
-    const bool cached = n <= SEL_CAP;
-    /* 2. radix select */
-    uint32_t mask = 0;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int d = t; d < 256; d += SEL_THREADS) digit_count[d] = 0;
-        __syncthreads();
-        const uint32_t prefix = prefix_sh;
-        if (cached) {
-            for (int base = 0; base < n; base += SEL_THREADS) {
-                const int j = base + t;
-                int digit = 256;
-                if (j < n && (keys[j] & mask) == prefix) digit = (int)((keys[j] >> shift) & 255u);
-                count_digit(digit_count, digit);
-            }
-        } else {
+    /* 2. the key T */
+    if (nlist <= SEL_CAP) {
+        select_cached(sh, list, nlist);
+    } else {
+        uint32_t mask = 0;
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            for (int d = t; d < 256; d += SEL_THREADS) sh.digit_count[d] = 0;
+            __syncthreads();
+            const uint32_t prefix = sh.prefix;
             for (int chunk = 0; chunk < vocab; chunk += SEL_THREADS) {
                 const int i = chunk + t;
                 int digit = 256;
@@ -836,26 +870,50 @@ __global__ void __launch_bounds__(SEL_THREADS) prob_select_kernel(topp_plan plan
                         if ((key & mask) == prefix) digit = (int)((key >> shift) & 255u);
                     }
                 }
-                count_digit(digit_count, digit);
+                count_digit(sh.digit_count, digit);
             }
+            digit_pick(sh, shift);
+            mask |= 255u << shift;
         }
-        __syncthreads();
-        if (t == 0) {
-            long long need = need_sh;
-            int d = 255;
-            for (; d > 0; d--) {
-                if ((long long)digit_count[d] >= need) break;
-                need -= digit_count[d];
-            }
-            need_sh = need;
-            prefix_sh = prefix | ((uint32_t)d << shift);
-        }
-        mask |= 255u << shift;
-        __syncthreads();
     }
-    /* 3. keep members above the key, and the first `need` members at the key in index order */
-    const uint32_t pivot_key = prefix_sh;
-    const long long need = need_sh;
+    const uint32_t pivot_key = sh.prefix;
+    const long long need = sh.need;
+    /* 3. ~index of the members at T */
+    __syncthreads();
+    if (t == 0) {
+        nlist = 0;
+        sh.prefix = 0;
+        sh.need = need;
+    }
+    __syncthreads();
+    for (int chunk = 0; chunk < vocab; chunk += SEL_THREADS * SEL_LOADS) {
+        float v[SEL_LOADS];
+#pragma unroll
+        for (int u = 0; u < SEL_LOADS; u++) {
+            const int i = chunk + u * SEL_THREADS + t;
+            v[u] = i < vocab ? x[i] : -INFINITY;
+        }
+#pragma unroll
+        for (int u = 0; u < SEL_LOADS; u++) {
+            const bool m = member(v[u]) && kp_topp_logit_key(v[u]) == pivot_key;
+            append_value(m, ~(uint32_t)(chunk + u * SEL_THREADS + t), list, &nlist);
+        }
+    }
+    __syncthreads();
+    if (nlist <= SEL_CAP) {
+        select_cached(sh, list, nlist);
+        const uint32_t index_key = sh.prefix; /* members at T with ~index >= it are the need lowest */
+        /* 4. write the members */
+#pragma unroll 4
+        for (int i = t; i < vocab; i += SEL_THREADS) {
+            const float v = x[i];
+            if (!member(v)) continue;
+            const uint32_t key = kp_topp_logit_key(v);
+            y[i] = (key > pivot_key || (key == pivot_key && ~(uint32_t)i >= index_key)) ? v : -INFINITY;
+        }
+        return;
+    }
+    /* 3-4 without the list: in index order, a block-wide ballot scan */
     long long rank_base = 0;
     for (int chunk = 0; chunk < vocab; chunk += SEL_THREADS) {
         const int i = chunk + t;
@@ -1040,8 +1098,6 @@ static int topp_cuda_run(const char *name, const void *vargs, char *message, siz
     plan.slices = (plan.piece_count + plan.pieces_per_program - 1) / plan.pieces_per_program;
     plan.hist = reinterpret_cast<unsigned long long *>(plan.stats + a->batch * plan.piece_cap);
     plan.search = reinterpret_cast<kp_topp_search *>(plan.hist + a->batch * PROB_R * (PROB_F + 1));
-    TOPP_CUDA_CHECK(cudaMemsetAsync(plan.hist, 0, (size_t)a->batch * PROB_R * (PROB_F + 1) * sizeof(unsigned long long),
-                                    stream));
     const unsigned programs = (unsigned)(a->batch * plan.slices);
     topp_stats_kernel<ALGO_SPLIT_PROB><<<programs, TOPP_THREADS, 0, stream>>>(plan);
     TOPP_LAUNCH_CHECK("topp_stats_kernel");
