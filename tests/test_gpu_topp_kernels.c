@@ -268,8 +268,10 @@ static void compare_with_host(const char *what, const kp_impl *cuda, const float
     }
     cr_log_info("%s %s vs %s: %lld of %lld rows differ, %lld tokens in all", what, cuda->name,
                 host_port(cuda)->name, (long long)rows_differ, (long long)batch, (long long)tokens_differ);
+    /* info, not warn: this Criterion exits 1 after any cr_log_warn even when every test passes (seen on
+     * the H200 run: 12 of 12 passing, exit 1), which would fail ctest on the incumbent's known behaviour */
     if (inversions)
-        cr_log_warn("%s %s: %lld rows keep a lower logit and drop a higher one of equal f32 prob (split_logit's "
+        cr_log_info("%s %s: %lld rows keep a lower logit and drop a higher one of equal f32 prob (split_logit's "
                     "prob-equality ties)", what, cuda->name, (long long)inversions);
 }
 
