@@ -49,14 +49,19 @@
  *    not on the path (host and CUDA may take other pivots where expf differs in the last bit).
  * 4. Ties. numkeep = n_level - floor((mass(lo) - P) / fix(q)), clamped to [1, n_level]. The kept
  *    members of the level are the first numkeep in the rule's order: logit descending (-0 = +0),
- *    then index ascending. Host: sort the level. CUDA: a radix select (4 passes of 8 bits) over the
- *    members' order-preserving logit keys with integer histograms, then index order inside the exact
- *    logit tie by a block-wide ballot scan; one block per row, no order-dependent atomics.
+ *    then index ascending. Host: sort the level. CUDA (one 1024-thread block per row that needs a
+ *    trim): the members' order-preserving logit keys are collected into shared memory, a radix
+ *    select (4 passes of 8 bits, integer histograms) finds the numkeep-th largest key T, and the
+ *    `need` members at T with the lowest indices are found by the same select over ~index; no
+ *    order-dependent atomics (appends vary in order, the selected values do not).
  * 5. Mask. Keep prob > lo (prob >= q) except the level members not selected; drop the rest; rows
  *    with top_p >= 1 keep every finite token; rows with no finite token are copied unchanged. Kept
  *    tokens are copied bit for bit, dropped ones become -inf. The CUDA kernels skip expf for tokens
  *    whose f32 x - M lies 1e-3 nats or more outside the band of interest (KP_TOPP_BAND_MARGIN); that
- *    only saves work, the outcome is the one computing every prob would give.
+ *    only saves work, the outcome is the one computing every prob would give. The CUDA bucket
+ *    masses are added as 64-bit integers (32-bit shared atomics with carry per warp, 64-bit global
+ *    atomics per block), and each kernel zeroes the buckets the next one fills: nothing is read
+ *    from the workspace before the call wrote it.
  */
 #ifndef KP_TOPP_SPLIT_H
 #define KP_TOPP_SPLIT_H

@@ -5,7 +5,10 @@
  * halving tree over the lanes), so the two devices differ only where expf/logf differ in the last
  * bits; a plain sequential f32 sum over a 131,072-token slice drifts by ~1e-5 of mass, enough to
  * drop boundary tokens. Every combine across pieces is sequential in piece order on both devices.
- * -0 and +0 count as one logit value in the tie group. */
+ * -0 and +0 count as one logit value in the tie group.
+ * decide_row / topp_row are split_logit's (their split_prob branches are no longer reached);
+ * split_prob runs prob_row, the exact level search of topp_split.h with the CUDA kernels' integer
+ * arithmetic (kp_topp_start / kp_topp_advance are the same functions on both devices). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
