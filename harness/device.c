@@ -103,7 +103,10 @@ int kp_buf_alloc(kp_buf *b, kp_memory memory, size_t bytes, const char *name, kp
     if (e != cudaSuccess)
         return kp_fail(err, KP_EXIT_ENV, "cudaMalloc of %zu bytes for %s failed: %s", total, name, cudaGetErrorString(e));
     b->base = p;
-    CUDA_TRY(cudaMemset(b->base, KP_GUARD_BYTE, total), name);
+    /* everything on the impl's stream, so fills and copies are ordered before its kernels (the
+     * stream is non-blocking: legacy-stream work would race with it) */
+    CUDA_TRY(cudaMemsetAsync(b->base, KP_GUARD_BYTE, total, g_stream), name);
+    CUDA_TRY(cudaStreamSynchronize(g_stream), name);
     return 0;
 #else
     return kp_fail(err, KP_EXIT_ENV, "%s: device memory requested in a build without CUDA", name);
@@ -120,8 +123,9 @@ int kp_buf_upload(kp_buf *b, const void *src, size_t bytes, const char *name, kp
         return 0;
     }
 #ifdef KP_HAVE_CUDA
-    if (src) CUDA_TRY(cudaMemcpy(kp_buf_ptr(b), src, bytes, cudaMemcpyHostToDevice), name);
-    else CUDA_TRY(cudaMemset(kp_buf_ptr(b), KP_GUARD_BYTE, bytes), name);
+    if (src) CUDA_TRY(cudaMemcpyAsync(kp_buf_ptr(b), src, bytes, cudaMemcpyHostToDevice, g_stream), name);
+    else CUDA_TRY(cudaMemsetAsync(kp_buf_ptr(b), KP_GUARD_BYTE, bytes, g_stream), name);
+    CUDA_TRY(cudaStreamSynchronize(g_stream), name); /* the source may be freed as soon as we return */
     return 0;
 #else
     (void)name;
@@ -136,7 +140,8 @@ int kp_buf_download(const kp_buf *b, void *dst, size_t bytes, const char *name, 
         return 0;
     }
 #ifdef KP_HAVE_CUDA
-    CUDA_TRY(cudaMemcpy(dst, kp_buf_ptr(b), bytes, cudaMemcpyDeviceToHost), name);
+    CUDA_TRY(cudaMemcpyAsync(dst, kp_buf_ptr(b), bytes, cudaMemcpyDeviceToHost, g_stream), name);
+    CUDA_TRY(cudaStreamSynchronize(g_stream), name);
     return 0;
 #else
     (void)name;
@@ -157,8 +162,10 @@ int kp_buf_check_guards(const kp_buf *b, const char *name, kp_error *err) {
         memcpy(after, b->base + KP_GUARD_BYTES + b->bytes, KP_GUARD_BYTES);
     } else {
 #ifdef KP_HAVE_CUDA
-        CUDA_TRY(cudaMemcpy(before, b->base, KP_GUARD_BYTES, cudaMemcpyDeviceToHost), name);
-        CUDA_TRY(cudaMemcpy(after, b->base + KP_GUARD_BYTES + b->bytes, KP_GUARD_BYTES, cudaMemcpyDeviceToHost), name);
+        CUDA_TRY(cudaMemcpyAsync(before, b->base, KP_GUARD_BYTES, cudaMemcpyDeviceToHost, g_stream), name);
+        CUDA_TRY(cudaMemcpyAsync(after, b->base + KP_GUARD_BYTES + b->bytes, KP_GUARD_BYTES, cudaMemcpyDeviceToHost,
+                                 g_stream), name);
+        CUDA_TRY(cudaStreamSynchronize(g_stream), name);
 #endif
     }
     if (!guard_clean(before, KP_GUARD_BYTES))
