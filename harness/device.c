@@ -16,19 +16,29 @@
 
 #ifdef KP_HAVE_CUDA
 #include <cuda_runtime_api.h>
-#define CUDA_TRY(call, what)                                                                                   \
-    do {                                                                                                       \
-        cudaError_t e_ = (call);                                                                               \
-        if (e_ != cudaSuccess)                                                                                 \
-            return kp_fail(err, KP_EXIT_ENV, "%s: %s failed: %s (%s:%d)", what, #call, cudaGetErrorString(e_),  \
-                           __FILE__, __LINE__);                                                                \
+/* Every CUDA failure goes through here: it names the call, and a sticky error (one a device-wide
+ * sync still reports) marks the device lost for the rest of the run. */
+static int g_device_lost;
+static int cuda_failed(kp_error *err, cudaError_t e, const char *what, const char *call, const char *file, int line) {
+    if (cudaDeviceSynchronize() != cudaSuccess) g_device_lost = 1;
+    else cudaGetLastError();
+    return kp_fail(err, KP_EXIT_ENV, "%s: %s failed: %s (%s) (%s:%d)%s", what, call, cudaGetErrorString(e),
+                   cudaGetErrorName(e), file, line,
+                   g_device_lost ? "; the error is sticky: the device is unusable for the rest of this run" : "");
+}
+#define CUDA_TRY(call, what)                                                                 \
+    do {                                                                                     \
+        cudaError_t e_ = (call);                                                             \
+        if (e_ != cudaSuccess) return cuda_failed(err, e_, what, #call, __FILE__, __LINE__); \
     } while (0)
 static cudaStream_t g_stream;
 static int g_sm_count;
 #endif
 
 static int g_device_count = -1;
+#ifndef KP_HAVE_CUDA
 static int g_device_lost;
+#endif
 
 int kp_device_lost(void) { return g_device_lost; }
 
@@ -100,8 +110,11 @@ int kp_buf_alloc(kp_buf *b, kp_memory memory, size_t bytes, const char *name, kp
 #ifdef KP_HAVE_CUDA
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, total);
-    if (e != cudaSuccess)
-        return kp_fail(err, KP_EXIT_ENV, "cudaMalloc of %zu bytes for %s failed: %s", total, name, cudaGetErrorString(e));
+    if (e != cudaSuccess) {
+        char what[160];
+        snprintf(what, sizeof what, "%s (%zu bytes)", name, total);
+        return cuda_failed(err, e, what, "cudaMalloc", __FILE__, __LINE__);
+    }
     b->base = p;
     /* everything on the impl's stream, so fills and copies are ordered before its kernels (the
      * stream is non-blocking: legacy-stream work would race with it) */
@@ -187,15 +200,8 @@ void kp_buf_free(kp_buf *b) {
 int kp_sync(kp_memory memory, kp_error *err) {
     if (memory == KP_MEMORY_HOST) return 0;
 #ifdef KP_HAVE_CUDA
-    cudaError_t e = cudaStreamSynchronize(g_stream);
-    if (e == cudaSuccess) e = cudaGetLastError();
-    if (e != cudaSuccess) {
-        /* a sticky error survives a device-wide sync and poisons every later call */
-        if (cudaDeviceSynchronize() != cudaSuccess) g_device_lost = 1;
-        else cudaGetLastError();
-        return kp_fail(err, KP_EXIT_ENV, "after the impl ran: %s (%s)%s", cudaGetErrorString(e), cudaGetErrorName(e),
-                       g_device_lost ? "; the error is sticky: the device is unusable for the rest of this run" : "");
-    }
+    CUDA_TRY(cudaStreamSynchronize(g_stream), "after the impl ran");
+    CUDA_TRY(cudaGetLastError(), "after the impl ran");
     return 0;
 #else
     return kp_fail(err, KP_EXIT_ENV, "device sync in a build without CUDA");
