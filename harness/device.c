@@ -197,6 +197,94 @@ void kp_buf_free(kp_buf *b) {
     b->base = NULL;
 }
 
+int kp_buf_gather_rows(kp_buf *dst, const kp_buf *src, const int64_t *rows, int64_t nrows, size_t row_bytes,
+                       const char *name, kp_error *err) {
+    KP_ASSERT(dst->memory == src->memory && (size_t)nrows * row_bytes <= dst->bytes);
+    for (int64_t i = 0; i < nrows;) {
+        int64_t run = 1;
+        while (i + run < nrows && rows[i + run] == rows[i] + run) run++;
+        KP_ASSERT((size_t)(rows[i] + run) * row_bytes <= src->bytes);
+        unsigned char *to = (unsigned char *)kp_buf_ptr(dst) + (size_t)i * row_bytes;
+        const unsigned char *from = (const unsigned char *)kp_buf_ptr(src) + (size_t)rows[i] * row_bytes;
+        if (dst->memory == KP_MEMORY_HOST) {
+            memcpy(to, from, (size_t)run * row_bytes);
+        } else {
+#ifdef KP_HAVE_CUDA
+            CUDA_TRY(cudaMemcpyAsync(to, from, (size_t)run * row_bytes, cudaMemcpyDeviceToDevice, g_stream), name);
+#else
+            (void)name;
+            return kp_fail(err, KP_EXIT_ENV, "device copy in a build without CUDA");
+#endif
+        }
+        i += run;
+    }
+#ifdef KP_HAVE_CUDA
+    if (dst->memory == KP_MEMORY_CUDA) CUDA_TRY(cudaStreamSynchronize(g_stream), name);
+#endif
+    (void)err;
+    return 0;
+}
+
+int kp_buf_fill_guard(kp_buf *b, size_t offset, size_t bytes, const char *name, kp_error *err) {
+    KP_ASSERT(offset + bytes <= b->bytes + KP_GUARD_BYTES);
+    unsigned char *at = (unsigned char *)kp_buf_ptr(b) + offset;
+    if (b->memory == KP_MEMORY_HOST) {
+        memset(at, KP_GUARD_BYTE, bytes);
+        return 0;
+    }
+#ifdef KP_HAVE_CUDA
+    CUDA_TRY(cudaMemsetAsync(at, KP_GUARD_BYTE, bytes, g_stream), name);
+    CUDA_TRY(cudaStreamSynchronize(g_stream), name);
+    return 0;
+#else
+    (void)name;
+    return kp_fail(err, KP_EXIT_ENV, "device fill in a build without CUDA");
+#endif
+}
+
+int kp_buf_check_range(const kp_buf *b, size_t offset, size_t bytes, const char *name, kp_error *err) {
+    KP_ASSERT(offset + bytes <= b->bytes + KP_GUARD_BYTES && bytes <= KP_GUARD_BYTES);
+    unsigned char seen[KP_GUARD_BYTES];
+    const unsigned char *at = (const unsigned char *)kp_buf_ptr(b) + offset;
+    if (b->memory == KP_MEMORY_HOST) {
+        memcpy(seen, at, bytes);
+    } else {
+#ifdef KP_HAVE_CUDA
+        CUDA_TRY(cudaMemcpyAsync(seen, at, bytes, cudaMemcpyDeviceToHost, g_stream), name);
+        CUDA_TRY(cudaStreamSynchronize(g_stream), name);
+#endif
+    }
+    if (!guard_clean(seen, bytes))
+        return kp_fail(err, KP_EXIT_ENV, "out-of-bounds write: the guard region after buffer '%s' was overwritten", name);
+    return 0;
+}
+
+void *kp_host_alloc_pinned(size_t bytes, int want, int *pinned) {
+    *pinned = 0;
+#ifdef KP_HAVE_CUDA
+    void *p = NULL;
+    if (want && kp_device_count() > 0 && cudaMallocHost(&p, bytes ? bytes : 1) == cudaSuccess) {
+        *pinned = 1;
+        return p;
+    }
+    cudaGetLastError();
+#endif
+    (void)want;
+    return malloc(bytes ? bytes : 1);
+}
+
+void kp_host_free_pinned(void *p, int pinned) {
+    if (!p) return;
+#ifdef KP_HAVE_CUDA
+    if (pinned) {
+        cudaFreeHost(p);
+        return;
+    }
+#endif
+    (void)pinned;
+    free(p);
+}
+
 int kp_sync(kp_memory memory, kp_error *err) {
     if (memory == KP_MEMORY_HOST) return 0;
 #ifdef KP_HAVE_CUDA

@@ -36,6 +36,17 @@ int kp_buf_download(const kp_buf *b, void *dst, size_t bytes, const char *name, 
 /* FAILED-class error naming the buffer when a guard byte changed (an out-of-bounds write). */
 int kp_buf_check_guards(const kp_buf *b, const char *name, kp_error *err);
 void kp_buf_free(kp_buf *b);
+/* Copy rows between two buffers of the same memory: dst row i <- src row rows[i]; runs of
+ * consecutive rows go as one copy. */
+int kp_buf_gather_rows(kp_buf *dst, const kp_buf *src, const int64_t *rows, int64_t nrows, size_t row_bytes,
+                       const char *name, kp_error *err);
+/* Fill [offset, offset + bytes) of the user area with KP_GUARD_BYTE / check it still holds it:
+ * a guard placed right after the rows in use when a buffer is larger than one run needs. */
+int kp_buf_fill_guard(kp_buf *b, size_t offset, size_t bytes, const char *name, kp_error *err);
+int kp_buf_check_range(const kp_buf *b, size_t offset, size_t bytes, const char *name, kp_error *err);
+/* Host memory the device copies to at full speed: page-locked when `want` and a GPU is there. */
+void *kp_host_alloc_pinned(size_t bytes, int want, int *pinned);
+void kp_host_free_pinned(void *p, int pinned);
 /* Whether a sticky CUDA error (illegal address, launch failure...) has made the device unusable
  * for the rest of the process; set by kp_sync and guard checks when they see one. */
 int kp_device_lost(void);

@@ -19,7 +19,15 @@
 typedef struct topp_out {
     int64_t nrows, stride, vocab;
     float *x; /* [nrows, stride] */
+    int pinned;
 } topp_out;
+
+/* One impl's buffers, kept for the whole case: a batch probe runs an impl ~140 times, and
+ * allocating, filling and uploading 40 MB each time cost more than the kernels. */
+typedef struct topp_slot {
+    const kp_impl *impl;
+    kp_buf in, out, tp, ws;
+} topp_slot;
 
 typedef struct topp_data {
     kp_topp_case tc;
@@ -37,6 +45,9 @@ typedef struct topp_data {
         kp_topp_judgement j;
     } judged[MAX_JUDGED];
     int njudged;
+    kp_buf all[2], all_tp[2]; /* every prepared row, per memory kind, copied there once */
+    topp_slot slots[MAX_JUDGED];
+    int nslots;
 } topp_data;
 
 static int topp_prepare(const kp_case *c, int64_t extra_rows, void **data, kp_error *err) {
@@ -58,6 +69,11 @@ static int topp_prepare(const kp_case *c, int64_t extra_rows, void **data, kp_er
 static void topp_release(void *data) {
     topp_data *d = data;
     if (!d) return;
+    for (int i = 0; i < d->nslots; i++) {
+        topp_slot *sl = &d->slots[i];
+        kp_buf_free(&sl->in), kp_buf_free(&sl->out), kp_buf_free(&sl->tp), kp_buf_free(&sl->ws);
+    }
+    for (int m = 0; m < 2; m++) kp_buf_free(&d->all[m]), kp_buf_free(&d->all_tp[m]);
     for (int i = 0; i < d->njudged; i++) kp_topp_judgement_free(&d->judged[i].j);
     if (d->have_ref) kp_topp_ref_free(&d->ref);
     free(d->logits);
@@ -106,46 +122,64 @@ static void topp_describe_inputs(const void *data, cJSON *inputs) {
     add_tensor(inputs, "top_p", KP_F32, 1, shape, 0, d->top_p);
 }
 
-/* One impl's buffers for a batch of chosen rows. The output buffer starts filled with guard bytes
- * so a write into row padding [vocab, stride) shows; guard regions catch writes outside buffers. */
+/* One launch on chosen rows, in the impl's cached slot. The rows in use of `out` start filled with
+ * guard bytes (so a write into row padding [vocab, stride) shows) and so do the KP_GUARD_BYTES
+ * right after them (so a write one row past the batch shows even in a larger buffer). */
 typedef struct topp_launch {
     const kp_impl *impl;
     int64_t nrows;
-    kp_buf in, out, tp, ws;
+    topp_slot *slot;
     kp_topp_args args;
 } topp_launch;
 
-static void launch_free(topp_launch *L) {
-    kp_buf_free(&L->in), kp_buf_free(&L->out), kp_buf_free(&L->tp), kp_buf_free(&L->ws);
+static void launch_free(topp_launch *L) { (void)L; /* slots live as long as the case */ }
+
+static topp_slot *slot_for(topp_data *d, const kp_impl *impl, kp_error *err) {
+    for (int i = 0; i < d->nslots; i++)
+        if (d->slots[i].impl == impl) return &d->slots[i];
+    if (d->nslots == MAX_JUDGED) {
+        kp_fail(err, KP_EXIT_USAGE, "more than %d impls on one case", MAX_JUDGED);
+        return NULL;
+    }
+    kp_memory mem = impl->memory;
+    const size_t rows_bytes = (size_t)(d->rows_total * d->tc.stride) * sizeof(float);
+    if (!d->all[mem].base &&
+        (kp_buf_alloc(&d->all[mem], mem, rows_bytes, "logits (all rows)", err) ||
+         kp_buf_upload(&d->all[mem], d->logits, rows_bytes, "logits (all rows)", err) ||
+         kp_buf_alloc(&d->all_tp[mem], mem, (size_t)d->rows_total * sizeof(float), "top_p (all rows)", err) ||
+         kp_buf_upload(&d->all_tp[mem], d->top_p, (size_t)d->rows_total * sizeof(float), "top_p (all rows)", err)))
+        return NULL;
+    topp_slot *sl = &d->slots[d->nslots];
+    memset(sl, 0, sizeof *sl);
+    sl->impl = impl;
+    if (kp_buf_alloc(&sl->in, mem, rows_bytes, "logits", err) || kp_buf_alloc(&sl->out, mem, rows_bytes, "out", err) ||
+        kp_buf_alloc(&sl->tp, mem, (size_t)d->rows_total * sizeof(float), "top_p", err)) {
+        kp_buf_free(&sl->in), kp_buf_free(&sl->out), kp_buf_free(&sl->tp);
+        return NULL;
+    }
+    d->nslots++;
+    return sl;
 }
 
 static kp_result launch_setup(topp_data *d, const kp_impl *impl, const int64_t *rows, int64_t nrows, topp_launch *L,
                               kp_error *err) {
     const int64_t S = d->tc.stride, V = d->tc.vocab;
-    const size_t row_bytes = (size_t)S * sizeof(float);
+    const size_t row_bytes = (size_t)S * sizeof(float), used = row_bytes * (size_t)nrows;
     memset(L, 0, sizeof *L);
     L->impl = impl, L->nrows = nrows;
     kp_memory mem = impl->memory;
     if (mem == KP_MEMORY_CUDA && kp_device_init(err)) return KP_NOT_RUN;
-    float *in = malloc(row_bytes * (size_t)nrows), *tp = malloc(sizeof(float) * (size_t)nrows);
-    if (!in || !tp) {
-        free(in), free(tp);
-        kp_fail(err, KP_EXIT_ENV, "out of host memory for a batch of %lld rows", (long long)nrows);
+    for (int64_t i = 0; i < nrows; i++) KP_ASSERT(rows[i] >= 0 && rows[i] < d->rows_total);
+    KP_ASSERT(nrows <= d->rows_total);
+    topp_slot *sl = slot_for(d, impl, err);
+    if (!sl) return KP_FAILED;
+    L->slot = sl;
+    size_t after = sl->out.bytes - used < KP_GUARD_BYTES ? sl->out.bytes - used : KP_GUARD_BYTES;
+    if (kp_buf_gather_rows(&sl->in, &d->all[mem], rows, nrows, row_bytes, "logits", err) ||
+        kp_buf_gather_rows(&sl->tp, &d->all_tp[mem], rows, nrows, sizeof(float), "top_p", err) ||
+        kp_buf_fill_guard(&sl->out, 0, used + after, "out", err))
         return KP_FAILED;
-    }
-    for (int64_t i = 0; i < nrows; i++) {
-        memcpy(in + i * S, d->logits + rows[i] * S, row_bytes);
-        tp[i] = d->top_p[rows[i]];
-    }
-    int bad = kp_buf_alloc(&L->in, mem, row_bytes * (size_t)nrows, "logits", err) ||
-              kp_buf_alloc(&L->out, mem, row_bytes * (size_t)nrows, "out", err) ||
-              kp_buf_alloc(&L->tp, mem, sizeof(float) * (size_t)nrows, "top_p", err) ||
-              kp_buf_upload(&L->in, in, row_bytes * (size_t)nrows, "logits", err) ||
-              kp_buf_upload(&L->out, NULL, row_bytes * (size_t)nrows, "out", err) ||
-              kp_buf_upload(&L->tp, tp, sizeof(float) * (size_t)nrows, "top_p", err);
-    free(in), free(tp);
-    if (bad) return KP_FAILED;
-    kp_topp_args args = {.logits = kp_buf_ptr(&L->in), .out = kp_buf_ptr(&L->out), .top_p = kp_buf_ptr(&L->tp),
+    kp_topp_args args = {.logits = kp_buf_ptr(&sl->in), .out = kp_buf_ptr(&sl->out), .top_p = kp_buf_ptr(&sl->tp),
                          .batch = nrows, .vocab = V, .row_stride = S,
                          .stream = mem == KP_MEMORY_CUDA ? kp_device_stream() : NULL,
                          .sm_count = mem == KP_MEMORY_CUDA ? kp_device_sm_count() : 0};
@@ -156,10 +190,11 @@ static kp_result launch_setup(topp_data *d, const kp_impl *impl, const int64_t *
         return KP_NOT_SUPPORTED;
     }
     size_t ws = impl->workspace_bytes ? impl->workspace_bytes(&L->args) : 0;
-    if (ws) {
-        if (kp_buf_alloc(&L->ws, mem, ws, "workspace", err)) return KP_FAILED;
-        L->args.workspace = kp_buf_ptr(&L->ws), L->args.workspace_bytes = ws;
+    if (ws > sl->ws.bytes) {
+        kp_buf_free(&sl->ws);
+        if (kp_buf_alloc(&sl->ws, mem, ws, "workspace", err)) return KP_FAILED;
     }
+    if (ws) L->args.workspace = kp_buf_ptr(&sl->ws), L->args.workspace_bytes = ws;
     return KP_PASSED;
 }
 
@@ -181,11 +216,14 @@ static kp_result launch_run(topp_launch *L, kp_error *err) {
 /* Wait, check every guard and the row padding, and copy the output back. */
 static kp_result launch_collect(topp_data *d, topp_launch *L, float *x, kp_error *err) {
     const int64_t S = d->tc.stride, V = d->tc.vocab;
+    topp_slot *sl = L->slot;
     size_t bytes = (size_t)S * sizeof(float) * (size_t)L->nrows;
-    if (kp_sync(L->impl->memory, err) || kp_buf_check_guards(&L->out, "out", err) ||
-        kp_buf_check_guards(&L->in, "logits", err) || kp_buf_check_guards(&L->tp, "top_p", err) ||
-        (L->args.workspace_bytes && kp_buf_check_guards(&L->ws, "workspace", err)) ||
-        kp_buf_download(&L->out, x, bytes, "out", err))
+    size_t after = sl->out.bytes - bytes < KP_GUARD_BYTES ? sl->out.bytes - bytes : KP_GUARD_BYTES;
+    if (kp_sync(L->impl->memory, err) || kp_buf_check_guards(&sl->out, "out", err) ||
+        kp_buf_check_range(&sl->out, bytes, after, "out", err) || kp_buf_check_guards(&sl->in, "logits", err) ||
+        kp_buf_check_guards(&sl->tp, "top_p", err) ||
+        (L->args.workspace_bytes && kp_buf_check_guards(&sl->ws, "workspace", err)) ||
+        kp_buf_download(&sl->out, x, bytes, "out", err))
         return KP_FAILED;
     for (int64_t r = 0; r < L->nrows; r++) {
         const unsigned char *pad = (const unsigned char *)(x + r * S + V);
@@ -215,7 +253,8 @@ static kp_result topp_run_rows_timed(void *data, const kp_impl *impl, const int6
     topp_data *d = data;
     *outp = NULL;
     topp_out *o = calloc(1, sizeof *o);
-    if (o) o->x = malloc((size_t)d->tc.stride * sizeof(float) * (size_t)nrows);
+    if (o) o->x = kp_host_alloc_pinned((size_t)d->tc.stride * sizeof(float) * (size_t)nrows,
+                                       impl->memory == KP_MEMORY_CUDA, &o->pinned);
     if (!o || !o->x) {
         if (o) free(o);
         kp_fail(err, KP_EXIT_ENV, "out of host memory for a batch of %lld rows", (long long)nrows);
@@ -245,7 +284,7 @@ static kp_result topp_run_rows_timed(void *data, const kp_impl *impl, const int6
     }
     launch_free(&L);
     if (r != KP_PASSED) {
-        free(o->x), free(o);
+        kp_host_free_pinned(o->x, o->pinned), free(o);
         return r;
     }
     *outp = o;
@@ -304,7 +343,7 @@ static int topp_bench(void *data, const kp_impl *impl, int reps, cJSON *timing, 
 
 static void topp_free_output(void *out) {
     topp_out *o = out;
-    if (o) free(o->x), free(o);
+    if (o) kp_host_free_pinned(o->x, o->pinned), free(o);
 }
 
 static const void *topp_out_row(const void *data, const void *out, int64_t i, size_t *bytes) {
