@@ -19,7 +19,6 @@
 typedef struct topp_out {
     int64_t nrows, stride, vocab;
     float *x; /* [nrows, stride] */
-    int pinned;
 } topp_out;
 
 /* One impl's buffers, kept for the whole case: a batch probe runs an impl ~140 times, and
@@ -27,6 +26,8 @@ typedef struct topp_out {
 typedef struct topp_slot {
     const kp_impl *impl;
     kp_buf in, out, tp, ws;
+    float *staging; /* page-locked, for CUDA outputs: one allocation per case, not per run */
+    int staging_pinned;
 } topp_slot;
 
 typedef struct topp_data {
@@ -72,6 +73,7 @@ static void topp_release(void *data) {
     for (int i = 0; i < d->nslots; i++) {
         topp_slot *sl = &d->slots[i];
         kp_buf_free(&sl->in), kp_buf_free(&sl->out), kp_buf_free(&sl->tp), kp_buf_free(&sl->ws);
+        kp_host_free_pinned(sl->staging, sl->staging_pinned);
     }
     for (int m = 0; m < 2; m++) kp_buf_free(&d->all[m]), kp_buf_free(&d->all_tp[m]);
     for (int i = 0; i < d->njudged; i++) kp_topp_judgement_free(&d->judged[i].j);
@@ -153,7 +155,9 @@ static topp_slot *slot_for(topp_data *d, const kp_impl *impl, kp_error *err) {
     memset(sl, 0, sizeof *sl);
     sl->impl = impl;
     if (kp_buf_alloc(&sl->in, mem, rows_bytes, "logits", err) || kp_buf_alloc(&sl->out, mem, rows_bytes, "out", err) ||
-        kp_buf_alloc(&sl->tp, mem, (size_t)d->rows_total * sizeof(float), "top_p", err)) {
+        kp_buf_alloc(&sl->tp, mem, (size_t)d->rows_total * sizeof(float), "top_p", err) ||
+        (mem == KP_MEMORY_CUDA && !(sl->staging = kp_host_alloc_pinned(rows_bytes, 1, &sl->staging_pinned)))) {
+        if (!err->msg[0]) kp_fail(err, KP_EXIT_ENV, "out of host memory for the output staging buffer");
         kp_buf_free(&sl->in), kp_buf_free(&sl->out), kp_buf_free(&sl->tp);
         return NULL;
     }
@@ -223,8 +227,9 @@ static kp_result launch_collect(topp_data *d, topp_launch *L, float *x, kp_error
         kp_buf_check_range(&sl->out, bytes, after, "out", err) || kp_buf_check_guards(&sl->in, "logits", err) ||
         kp_buf_check_guards(&sl->tp, "top_p", err) ||
         (L->args.workspace_bytes && kp_buf_check_guards(&sl->ws, "workspace", err)) ||
-        kp_buf_download(&sl->out, x, bytes, "out", err))
+        kp_buf_download(&sl->out, sl->staging ? (void *)sl->staging : (void *)x, bytes, "out", err))
         return KP_FAILED;
+    if (sl->staging) memcpy(x, sl->staging, bytes);
     for (int64_t r = 0; r < L->nrows; r++) {
         const unsigned char *pad = (const unsigned char *)(x + r * S + V);
         for (size_t k = 0; k < (size_t)(S - V) * sizeof(float); k++)
@@ -253,8 +258,7 @@ static kp_result topp_run_rows_timed(void *data, const kp_impl *impl, const int6
     topp_data *d = data;
     *outp = NULL;
     topp_out *o = calloc(1, sizeof *o);
-    if (o) o->x = kp_host_alloc_pinned((size_t)d->tc.stride * sizeof(float) * (size_t)nrows,
-                                       impl->memory == KP_MEMORY_CUDA, &o->pinned);
+    if (o) o->x = malloc((size_t)d->tc.stride * sizeof(float) * (size_t)nrows);
     if (!o || !o->x) {
         if (o) free(o);
         kp_fail(err, KP_EXIT_ENV, "out of host memory for a batch of %lld rows", (long long)nrows);
@@ -284,7 +288,7 @@ static kp_result topp_run_rows_timed(void *data, const kp_impl *impl, const int6
     }
     launch_free(&L);
     if (r != KP_PASSED) {
-        kp_host_free_pinned(o->x, o->pinned), free(o);
+        free(o->x), free(o);
         return r;
     }
     *outp = o;
@@ -343,7 +347,7 @@ static int topp_bench(void *data, const kp_impl *impl, int reps, cJSON *timing, 
 
 static void topp_free_output(void *out) {
     topp_out *o = out;
-    if (o) kp_host_free_pinned(o->x, o->pinned), free(o);
+    if (o) free(o->x), free(o);
 }
 
 static const void *topp_out_row(const void *data, const void *out, int64_t i, size_t *bytes) {
