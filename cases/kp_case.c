@@ -193,8 +193,6 @@ void kp_format_number(double v, char *buf, size_t len) {
     snprintf(buf, len, "%s", shortest);
 }
 
-int kp_case_family_known(const char *family) { return strcmp(family, "topp") == 0; }
-
 int kp_case_normalize(kp_case *c, kp_error *err) {
     if (strcmp(c->family, "topp") == 0) return kp_topp_case_normalize(c, err);
     return kp_fail(err, KP_EXIT_USAGE, "case family '%s' is unknown (known: topp)", c->family);

@@ -45,7 +45,4 @@ void kp_format_number(double v, char *buf, size_t len);
  * or mistyped field: exit class 2 naming the field. */
 int kp_case_normalize(kp_case *c, kp_error *err);
 
-/* The families cases/ knows. */
-int kp_case_family_known(const char *family);
-
 #endif
