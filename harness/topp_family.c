@@ -26,7 +26,8 @@ typedef struct topp_out {
 typedef struct topp_slot {
     const kp_impl *impl;
     kp_buf in, out, tp, ws;
-    float *staging; /* page-locked, for CUDA outputs: one allocation per case, not per run */
+    float *staging; /* page-locked, for CUDA outputs */
+    size_t staging_bytes;
     int staging_pinned;
 } topp_slot;
 
@@ -46,10 +47,26 @@ typedef struct topp_data {
         kp_topp_judgement j;
     } judged[MAX_JUDGED];
     int njudged;
-    kp_buf all[2], all_tp[2]; /* every prepared row, per memory kind, copied there once */
+    uint64_t generation; /* which prepared case this is, for the buffer cache */
+} topp_data;
+
+/* Buffers outlive cases: a gate of twelve cases would otherwise allocate, pin and free ~100 device
+ * and page-locked buffers, which on an H200 host cost more than the kernels. Buffers only grow;
+ * `all` holds the current case's rows, uploaded once per case and memory kind. */
+static struct {
+    kp_buf all[2], all_tp[2];
+    uint64_t all_generation[2];
     topp_slot slots[MAX_JUDGED];
     int nslots;
-} topp_data;
+    uint64_t next_generation;
+} g_cache;
+
+/* Grow a cached buffer to at least `bytes` (contents are not kept). */
+static int cache_reserve(kp_buf *b, kp_memory mem, size_t bytes, const char *name, kp_error *err) {
+    if (b->base && b->memory == mem && b->bytes >= bytes) return 0;
+    kp_buf_free(b);
+    return kp_buf_alloc(b, mem, bytes, name, err);
+}
 
 static int topp_prepare(const kp_case *c, int64_t extra_rows, void **data, kp_error *err) {
     topp_data *d = kp_calloc(1, sizeof *d, "topp case", err);
@@ -57,6 +74,7 @@ static int topp_prepare(const kp_case *c, int64_t extra_rows, void **data, kp_er
     int rc = kp_topp_case_read(c, &d->tc, err);
     if (rc) return free(d), rc;
     d->rows_total = d->tc.batch + extra_rows;
+    d->generation = ++g_cache.next_generation;
     d->logits = kp_calloc((size_t)(d->rows_total * d->tc.stride), sizeof(float), "logits", err);
     d->top_p = kp_calloc((size_t)d->rows_total, sizeof(float), "top_p", err);
     if (!d->logits || !d->top_p || (rc = kp_topp_case_rows(&d->tc, 0, d->rows_total, d->logits, d->top_p, err))) {
@@ -70,12 +88,6 @@ static int topp_prepare(const kp_case *c, int64_t extra_rows, void **data, kp_er
 static void topp_release(void *data) {
     topp_data *d = data;
     if (!d) return;
-    for (int i = 0; i < d->nslots; i++) {
-        topp_slot *sl = &d->slots[i];
-        kp_buf_free(&sl->in), kp_buf_free(&sl->out), kp_buf_free(&sl->tp), kp_buf_free(&sl->ws);
-        kp_host_free_pinned(sl->staging, sl->staging_pinned);
-    }
-    for (int m = 0; m < 2; m++) kp_buf_free(&d->all[m]), kp_buf_free(&d->all_tp[m]);
     for (int i = 0; i < d->njudged; i++) kp_topp_judgement_free(&d->judged[i].j);
     if (d->have_ref) kp_topp_ref_free(&d->ref);
     free(d->logits);
@@ -134,34 +146,45 @@ typedef struct topp_launch {
     kp_topp_args args;
 } topp_launch;
 
-static void launch_free(topp_launch *L) { (void)L; /* slots live as long as the case */ }
+static void launch_free(topp_launch *L) { (void)L; /* slots live in g_cache */ }
 
 static topp_slot *slot_for(topp_data *d, const kp_impl *impl, kp_error *err) {
-    for (int i = 0; i < d->nslots; i++)
-        if (d->slots[i].impl == impl) return &d->slots[i];
-    if (d->nslots == MAX_JUDGED) {
-        kp_fail(err, KP_EXIT_USAGE, "more than %d impls on one case", MAX_JUDGED);
-        return NULL;
-    }
     kp_memory mem = impl->memory;
     const size_t rows_bytes = (size_t)(d->rows_total * d->tc.stride) * sizeof(float);
-    if (!d->all[mem].base &&
-        (kp_buf_alloc(&d->all[mem], mem, rows_bytes, "logits (all rows)", err) ||
-         kp_buf_upload(&d->all[mem], d->logits, rows_bytes, "logits (all rows)", err) ||
-         kp_buf_alloc(&d->all_tp[mem], mem, (size_t)d->rows_total * sizeof(float), "top_p (all rows)", err) ||
-         kp_buf_upload(&d->all_tp[mem], d->top_p, (size_t)d->rows_total * sizeof(float), "top_p (all rows)", err)))
-        return NULL;
-    topp_slot *sl = &d->slots[d->nslots];
-    memset(sl, 0, sizeof *sl);
-    sl->impl = impl;
-    if (kp_buf_alloc(&sl->in, mem, rows_bytes, "logits", err) || kp_buf_alloc(&sl->out, mem, rows_bytes, "out", err) ||
-        kp_buf_alloc(&sl->tp, mem, (size_t)d->rows_total * sizeof(float), "top_p", err) ||
-        (mem == KP_MEMORY_CUDA && !(sl->staging = kp_host_alloc_pinned(rows_bytes, 1, &sl->staging_pinned)))) {
-        if (!err->msg[0]) kp_fail(err, KP_EXIT_ENV, "out of host memory for the output staging buffer");
-        kp_buf_free(&sl->in), kp_buf_free(&sl->out), kp_buf_free(&sl->tp);
-        return NULL;
+    const size_t tp_bytes = (size_t)d->rows_total * sizeof(float);
+    if (g_cache.all_generation[mem] != d->generation) {
+        g_cache.all_generation[mem] = 0;
+        if (cache_reserve(&g_cache.all[mem], mem, rows_bytes, "logits (all rows)", err) ||
+            kp_buf_upload(&g_cache.all[mem], d->logits, rows_bytes, "logits (all rows)", err) ||
+            cache_reserve(&g_cache.all_tp[mem], mem, tp_bytes, "top_p (all rows)", err) ||
+            kp_buf_upload(&g_cache.all_tp[mem], d->top_p, tp_bytes, "top_p (all rows)", err))
+            return NULL;
+        g_cache.all_generation[mem] = d->generation;
     }
-    d->nslots++;
+    topp_slot *sl = NULL;
+    for (int i = 0; i < g_cache.nslots && !sl; i++)
+        if (g_cache.slots[i].impl == impl) sl = &g_cache.slots[i];
+    if (!sl) {
+        if (g_cache.nslots == MAX_JUDGED) {
+            kp_fail(err, KP_EXIT_USAGE, "more than %d impls in one run", MAX_JUDGED);
+            return NULL;
+        }
+        sl = &g_cache.slots[g_cache.nslots++];
+        memset(sl, 0, sizeof *sl);
+        sl->impl = impl;
+    }
+    if (cache_reserve(&sl->in, mem, rows_bytes, "logits", err) || cache_reserve(&sl->out, mem, rows_bytes, "out", err) ||
+        cache_reserve(&sl->tp, mem, tp_bytes, "top_p", err))
+        return NULL;
+    if (mem == KP_MEMORY_CUDA && sl->staging_bytes < rows_bytes) {
+        kp_host_free_pinned(sl->staging, sl->staging_pinned);
+        sl->staging_bytes = 0;
+        if (!(sl->staging = kp_host_alloc_pinned(rows_bytes, 1, &sl->staging_pinned))) {
+            kp_fail(err, KP_EXIT_ENV, "out of host memory for the output staging buffer");
+            return NULL;
+        }
+        sl->staging_bytes = rows_bytes;
+    }
     return sl;
 }
 
@@ -179,8 +202,8 @@ static kp_result launch_setup(topp_data *d, const kp_impl *impl, const int64_t *
     if (!sl) return KP_FAILED;
     L->slot = sl;
     size_t after = sl->out.bytes - used < KP_GUARD_BYTES ? sl->out.bytes - used : KP_GUARD_BYTES;
-    if (kp_buf_gather_rows(&sl->in, &d->all[mem], rows, nrows, row_bytes, "logits", err) ||
-        kp_buf_gather_rows(&sl->tp, &d->all_tp[mem], rows, nrows, sizeof(float), "top_p", err) ||
+    if (kp_buf_gather_rows(&sl->in, &g_cache.all[mem], rows, nrows, row_bytes, "logits", err) ||
+        kp_buf_gather_rows(&sl->tp, &g_cache.all_tp[mem], rows, nrows, sizeof(float), "top_p", err) ||
         kp_buf_fill_guard(&sl->out, 0, used + after, "out", err))
         return KP_FAILED;
     kp_topp_args args = {.logits = kp_buf_ptr(&sl->in), .out = kp_buf_ptr(&sl->out), .top_p = kp_buf_ptr(&sl->tp),
