@@ -49,11 +49,13 @@
  *    not on the path (host and CUDA may take other pivots where expf differs in the last bit).
  * 4. Ties. numkeep = n_level - floor((mass(lo) - P) / fix(q)), clamped to [1, n_level]. The kept
  *    members of the level are the first numkeep in the rule's order: logit descending (-0 = +0),
- *    then index ascending. Host: sort the level. CUDA (one 1024-thread block per row that needs a
- *    trim): the members' order-preserving logit keys are collected into shared memory, a radix
- *    select (4 passes of 8 bits, integer histograms) finds the numkeep-th largest key T, and the
- *    `need` members at T with the lowest indices are found by the same select over ~index; no
- *    order-dependent atomics (appends vary in order, the selected values do not).
+ *    then index ascending. Host: sort the level. CUDA: the mask kernel (many blocks per row) lists
+ *    the members (order-preserving logit key, index) in the workspace, up to 16384 per row; then one
+ *    1024-thread block per row that needs a trim runs a radix select over that list (4 passes of 8
+ *    bits, integer histograms, the digit picked by a warp's integer suffix scan) for the numkeep-th
+ *    largest key T, and the same select over ~index for the `need` members at T with the lowest
+ *    indices. A larger level is rescanned from the row instead. No order-dependent atomics (appends
+ *    vary in order, the selected values do not).
  * 5. Mask. Keep prob > lo (prob >= q) except the level members not selected; drop the rest; rows
  *    with top_p >= 1 keep every finite token; rows with no finite token are copied unchanged. Kept
  *    tokens are copied bit for bit, dropped ones become -inf. The CUDA kernels skip expf for tokens

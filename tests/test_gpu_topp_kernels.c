@@ -44,10 +44,9 @@ static void fill_flat(float *row, int64_t vocab, uint64_t seed, double spread) {
 
 static const float mixed_ps[8] = {0.95f, 1e-8f, 1.0f, 0.5f, 0.99f, 0.8f, 0.1f, 0.9f}; /* cases/'s top_p=mixed */
 
-/* 3000 distinct logits i * 2^-40 at shuffled indices, the rest -inf: one f32 prob level (expf of
- * every x - max is 1.0) whose rule order is not its index order. */
-static int64_t make_level_row(float *x, int64_t vocab, uint64_t seed) {
-    enum { N = 3000 };
+/* n distinct logits i * 2^-40 at shuffled indices (n < 2^15), the rest -inf: one f32 prob level
+ * (expf of every x - max is 1.0) whose rule order is not its index order. */
+static int64_t make_level_row(float *x, int64_t vocab, uint64_t seed, int64_t N) {
     for (int64_t i = 0; i < vocab; i++) x[i] = -INFINITY;
     int64_t *slot = malloc(sizeof(int64_t) * (size_t)vocab);
     cr_assert(slot);
@@ -493,12 +492,15 @@ Test(gpu_topp, flat_rows_follow_rule_and_differences_are_reported, .timeout = 30
 }
 
 Test(gpu_topp, level_members_kept_in_rule_order_match_host, .timeout = 120) {
-    enum { V = 154856, B = 4 };
+    enum { V = 154856, B = 6 };
     gpu g = gpu_open();
     const kp_impl *cuda = impl_named("topp.split_prob@cuda");
     float *x = alloc_floats(B * V), *yc = alloc_floats(B * V), *yh = alloc_floats(B * V);
-    float p[B] = {0.5f, 0.25f, 0.999f, 1e-6f};
-    for (int64_t r = 0; r < B; r++) make_level_row(x + r * V, V, 99 + (uint64_t)r);
+    float p[B] = {0.5f, 0.25f, 0.999f, 1e-6f, 0.5f, 0.3f};
+    /* level sizes: the CUDA select keeps up to 10240 members in shared memory, up to 16384 in its
+     * global list, and rescans the row past that */
+    static const int64_t sizes[B] = {3000, 3000, 3000, 3000, 12000, 20000};
+    for (int64_t r = 0; r < B; r++) make_level_row(x + r * V, V, 99 + (uint64_t)r, sizes[r]);
     gpu_run(&g, cuda, x, yc, p, B, V, V);
     host_run(host_port(cuda), x, yh, p, B, V, V, g.sm_count);
     compare_with_host("constructed level", cuda, x, yc, yh, p, B, V, V, true, -1);

@@ -23,15 +23,19 @@
  *      carry), then adds them into the row's buckets with 64-bit global atomics: integer sums,
  *      exact and order-free. It also zeroes the next round's buckets.
  *   3. prob_mask_kernel: the final state; keeps prob > lo and drops the rest, leaving the members
- *      of a level to be trimmed to prob_select_kernel.
- *   4. prob_select_kernel: one 1024-thread block per row that needs a trim (see there).
+ *      of a level to be trimmed to prob_select_kernel, and lists them (logit key, index) in the
+ *      workspace, in a varying order (shared buffer per tile, one global atomic per tile and block).
+ *   4. prob_select_kernel: one 1024-thread block per row that needs a trim; it selects over the list
+ *      (up to 16384 members), or rescans the row past that (see there).
  * Workspace: split_logit: stats [batch][32] and partials [batch][5][32][8] (16 bytes each);
- * split_prob: tile stats [batch][ceil(vocab / 2048)], buckets [batch][5][65] (8 bytes) and states
- * [batch][6]. Nothing is read from the workspace before this call wrote it.
+ * split_prob: tile stats [batch][ceil(vocab / 2048)], buckets [batch][5][65] (8 bytes), states
+ * [batch][6], level counts [batch][4] and level lists [batch][3][min(vocab, 16384) rounded up to 4]
+ * (4 bytes). Nothing is read from the workspace before this call wrote it.
  * The host ports (kernels/host/topp_split.c) use the same order of f32 operations, so host and
  * CUDA differ only where CUDA's expf/logf differ from the host libm's in the last bits.
  * f32 products that feed a sum use __fmul_rn so nvcc cannot contract them into an FMA the host
  * port does not do. */
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <math.h>
@@ -76,6 +80,9 @@ struct topp_plan {
     topp_part *parts;      /* split_logit: [batch][rounds][piece_cap][F] */
     unsigned long long *hist; /* split_prob: [batch][KP_TOPP_ROUNDS_PROB][F + 1] bucket fix-masses */
     kp_topp_search *search;   /* split_prob: [batch][KP_TOPP_ROUNDS_PROB + 1] the state entering each round */
+    unsigned *level_count;    /* split_prob: [batch][4] members of the trimmed level appended by the mask (word 0) */
+    uint32_t *level_list;     /* split_prob: [batch][3][level_cap] their logit keys, indices, and scratch */
+    int level_cap;            /* split_prob: entries per list, min(vocab, LEVEL_CAP) rounded up to 4 */
 };
 
 template <int ALGO> struct topp_traits;
@@ -355,6 +362,8 @@ __global__ void __launch_bounds__(TOPP_THREADS) topp_stats_kernel(topp_plan plan
      * nothing depends on the workspace's contents before the call) */
     if (ALGO == ALGO_SPLIT_PROB && slice == 0 && t <= KP_TOPP_FANOUT_PROB)
         plan.hist[row * KP_TOPP_ROUNDS_PROB * (KP_TOPP_FANOUT_PROB + 1) + t] = 0;
+    /* split_prob: the mask kernel appends the trimmed level's members after a count that starts at 0 */
+    if (ALGO == ALGO_SPLIT_PROB && slice == 0 && t == 0) plan.level_count[row * 4] = 0;
     for (int piece = first; piece < last; piece++) {
         const int begin = piece * plan.piece_len, end = min(begin + plan.piece_len, plan.vocab);
         float mx = -INFINITY, mn = INFINITY;
@@ -634,10 +643,10 @@ __device__ __forceinline__ void bucket_add(unsigned *lo_word, unsigned *hi_word,
     if (v_hi) atomicAdd(hi_word, v_hi);
 }
 
-#define ROUND_LOADS 8 /* loads in flight per thread */
+#define ROUND_LOADS 8  /* loads in flight per thread */
+#define ROUND_LOADS4 4 /* float4 loads in flight per thread */
 __global__ void __launch_bounds__(TOPP_THREADS) prob_round_kernel(topp_plan plan, int round) {
     __shared__ kp_topp_search s;
-    __shared__ uint32_t piv[PROB_F];
     __shared__ unsigned whist_lo[TOPP_THREADS / 32][PROB_F + 1], whist_hi[TOPP_THREADS / 32][PROB_F + 1];
     __shared__ float below, above;
     const int t = threadIdx.x, warp = t >> 5;
@@ -649,7 +658,6 @@ __global__ void __launch_bounds__(TOPP_THREADS) prob_round_kernel(topp_plan plan
         plan.hist[(row * PROB_R + round + 1) * (PROB_F + 1) + t] = 0;
     if (s.mode != KP_TOPP_LIVE) return; /* decided: this round adds nothing */
 
-    if (t < PROB_F) piv[t] = kp_topp_pivot(&s, t);
     for (int i = t; i < (TOPP_THREADS / 32) * (PROB_F + 1); i += TOPP_THREADS) {
         (&whist_lo[0][0])[i] = 0;
         (&whist_hi[0][0])[i] = 0;
@@ -658,27 +666,64 @@ __global__ void __launch_bounds__(TOPP_THREADS) prob_round_kernel(topp_plan plan
     __syncthreads();
     const float row_max = s.row_max, z = s.z, lo_band = below, hi_band = above;
     const uint32_t lo = s.lo, hi = s.hi;
+    /* kp_topp_bucket without the search: pivot_f = lo + floor(f * W / F) < prob_bits iff f * W < F * D
+     * (W = hi - lo, D = prob_bits - lo, 1 <= D <= W), so the bucket is the smallest f with f * W >= F * D,
+     * in 1 .. F. A float quotient lands within one of it (relative error ~2^-22, F * D / W <= F), and
+     * one exact 64-bit step each way corrects it: the same bucket as the search, always. */
+    const unsigned long long width = hi - lo;
+    const float per_bit = (float)PROB_F / (float)(hi - lo);
     const float *x = plan.logits + row * plan.row_stride;
     const int first = slice * plan.pieces_per_program;
     const int last = min(first + plan.pieces_per_program, plan.piece_count);
     const int begin = min(first * plan.piece_len, plan.vocab), end = min(last * plan.piece_len, plan.vocab);
-    for (int base = begin; base < end; base += TOPP_THREADS * ROUND_LOADS) {
-        float v[ROUND_LOADS];
+    auto add_token = [&](float v) {
+        if (!finite_logit(v)) return;
+        const float d = v - row_max;
+        if (d < lo_band || d > hi_band) return;
+        const float prob = expf(d) / z;
+        const uint32_t pb = kp_topp_bits(prob);
+        if (pb <= lo || pb > hi) return;
+        const uint32_t dist = pb - lo;
+        const unsigned long long scaled = (unsigned long long)dist * PROB_F;
+        int k = (int)ceilf(__fmul_rn((float)dist, per_bit));
+        k = min(max(k, 1), PROB_F);
+        if (k > 1 && (unsigned long long)(k - 1) * width >= scaled) k--;
+        else if ((unsigned long long)k * width < scaled) k++;
+        bucket_add(&whist_lo[warp][k], &whist_hi[warp][k], (unsigned long long)kp_topp_fix(prob));
+    };
+    /* The buckets are integer sums, so which thread takes which token cannot change a bit: a row
+     * whose slice starts 16-byte aligned is read as float4s (ROUND_LOADS4 in flight per thread). */
+    const float *xs = x + begin;
+    const int count = end - begin;
+    if ((reinterpret_cast<uintptr_t>(xs) & 15u) == 0) {
+        const float4 *x4 = reinterpret_cast<const float4 *>(xs);
+        const int count4 = count / 4;
+        for (int base = 0; base < count4; base += TOPP_THREADS * ROUND_LOADS4) {
+            float4 v[ROUND_LOADS4];
 #pragma unroll
-        for (int u = 0; u < ROUND_LOADS; u++) {
-            const int i = base + u * TOPP_THREADS + t;
-            v[u] = i < end ? x[i] : -INFINITY;
+            for (int u = 0; u < ROUND_LOADS4; u++) {
+                const int i = base + u * TOPP_THREADS + t;
+                v[u] = i < count4 ? x4[i] : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+            }
+#pragma unroll
+            for (int u = 0; u < ROUND_LOADS4; u++) {
+                add_token(v[u].x);
+                add_token(v[u].y);
+                add_token(v[u].z);
+                add_token(v[u].w);
+            }
         }
+        for (int i = count4 * 4 + t; i < count; i += TOPP_THREADS) add_token(xs[i]);
+    } else {
+        for (int base = begin; base < end; base += TOPP_THREADS * ROUND_LOADS) {
+            float v[ROUND_LOADS];
 #pragma unroll
-        for (int u = 0; u < ROUND_LOADS; u++) {
-            if (!finite_logit(v[u])) continue;
-            const float d = v[u] - row_max;
-            if (d < lo_band || d > hi_band) continue;
-            const float prob = expf(d) / z;
-            const uint32_t pb = kp_topp_bits(prob);
-            if (pb <= lo || pb > hi) continue;
-            const int k = kp_topp_bucket(piv, pb);
-            bucket_add(&whist_lo[warp][k], &whist_hi[warp][k], (unsigned long long)kp_topp_fix(prob));
+            for (int u = 0; u < ROUND_LOADS; u++) {
+                const int i = base + u * TOPP_THREADS + t;
+                v[u] = i < end ? x[i] : -INFINITY;
+            }
+#pragma unroll
+            for (int u = 0; u < ROUND_LOADS; u++) add_token(v[u]);
         }
     }
     __syncthreads();
@@ -718,23 +763,78 @@ __global__ void __launch_bounds__(TOPP_THREADS) prob_mask_kernel(topp_plan plan)
     const float row_max = s.row_max, z = s.z, lo_band = below, hi_band = above;
     const uint32_t lo = s.lo, level = s.hi;
     const bool trim = s.mode == KP_TOPP_LEVEL && s.numkeep < s.numdup;
-    lane_tokens(x, begin, end, [&](int i, float v) {
-        bool keep = false;
-        if (finite_logit(v)) {
-            const float d = v - row_max;
-            if (d > hi_band) {
-                keep = true; /* prob surely > lo * (1 + 1e-3): above the level */
-            } else if (d >= lo_band) {
-                const uint32_t pb = kp_topp_bits(expf(d) / z);
-                keep = pb > lo;
-                if (keep && trim && pb == level) return; /* a level member: prob_select_kernel writes it */
+    if (!trim) {
+        lane_tokens(x, begin, end, [&](int i, float v) {
+            bool keep = false;
+            if (finite_logit(v)) {
+                const float d = v - row_max;
+                if (d > hi_band) {
+                    keep = true; /* prob surely > lo * (1 + 1e-3): above the level */
+                } else if (d >= lo_band) {
+                    keep = kp_topp_bits(expf(d) / z) > lo;
+                }
             }
+            y[i] = keep ? v : -INFINITY;
+        });
+        return;
+    }
+    /* trim: the level members are left to prob_select_kernel and appended, tile by tile, to the row's
+     * list (logit key, index): through a shared buffer, one global atomic per tile and block. The
+     * positions vary from run to run; the set, all the select reads, does not. */
+    __shared__ uint32_t buf_key[KP_TOPP_TILE], buf_idx[KP_TOPP_TILE];
+    __shared__ int nbuf, base_sh;
+    const int cap = plan.level_cap;
+    uint32_t *list_key = plan.level_list + row * 3 * (int64_t)cap, *list_idx = list_key + cap;
+    if (t == 0) nbuf = 0;
+    __syncthreads();
+    for (int piece = first; piece < last; piece++) {
+        const int tb = piece * plan.piece_len, te = min(tb + plan.piece_len, plan.vocab);
+        lane_tokens(x, tb, te, [&](int i, float v) {
+            bool keep = false;
+            if (finite_logit(v)) {
+                const float d = v - row_max;
+                if (d > hi_band) {
+                    keep = true; /* prob surely > lo * (1 + 1e-3): above the level */
+                } else if (d >= lo_band) {
+                    const uint32_t pb = kp_topp_bits(expf(d) / z);
+                    keep = pb > lo;
+                    if (keep && pb == level) { /* a level member: prob_select_kernel writes it */
+                        cooperative_groups::coalesced_group g = cooperative_groups::coalesced_threads();
+                        int pos = 0;
+                        if (g.thread_rank() == 0) pos = atomicAdd(&nbuf, (int)g.size());
+                        pos = g.shfl(pos, 0) + (int)g.thread_rank();
+                        buf_key[pos] = kp_topp_logit_key(v);
+                        buf_idx[pos] = (uint32_t)i;
+                        return;
+                    }
+                }
+            }
+            y[i] = keep ? v : -INFINITY;
+        });
+        __syncthreads();
+        const int n = nbuf;
+        __syncthreads(); /* every thread has read nbuf before thread 0 resets it */
+        if (n == 0) continue;
+        if (t == 0) {
+            base_sh = (int)atomicAdd(plan.level_count + row * 4, (unsigned)n);
+            nbuf = 0;
         }
-        y[i] = keep ? v : -INFINITY;
-    });
+        __syncthreads();
+        const int64_t base = base_sh;
+        for (int j = t; j < n; j += TOPP_THREADS)
+            if (base + j < cap) {
+                list_key[base + j] = buf_key[j];
+                list_idx[base + j] = buf_idx[j];
+            }
+        __syncthreads(); /* the buffer is refilled by the next tile */
+    }
 }
 
 /* Step 4 on the GPU: one block of SEL_THREADS per row whose boundary level must be trimmed.
+ * When the mask kernel listed every member (at most level_cap of them), steps 1-4 below run over
+ * that list instead of the row: the keys (copied to shared memory up to SEL_CAP, else read from the
+ * list), the ~indices of the members at T (shared memory or the list's scratch third), and the
+ * writes of the listed members. The same multisets, the same selects: the same bits. Otherwise:
  * 1. A pass over the row collects the members' logit keys into shared memory (the order of the
  *    appends varies, the multiset does not).
  * 2. Radix select, 8 bits at a time from the top, of the numkeep-th largest key T: per pass a 256-bin
@@ -755,14 +855,15 @@ __device__ __forceinline__ void count_digit(unsigned int *digit_count, int digit
 }
 
 /* Appends `val` where `take`, in a varying order; all threads of the block call it. */
-__device__ __forceinline__ void append_value(bool take, uint32_t val, uint32_t *list, int *count) {
+__device__ __forceinline__ void append_value(bool take, uint32_t val, uint32_t *list, int *count,
+                                             int cap = SEL_CAP) {
     const int lane = threadIdx.x & 31;
     const unsigned ballot = __ballot_sync(0xffffffffu, take);
     int base = 0;
     if (lane == 0 && ballot) base = atomicAdd(count, __popc(ballot));
     base = __shfl_sync(0xffffffffu, base, 0);
     const int pos = base + __popc(ballot & ((1u << lane) - 1u));
-    if (take && pos < SEL_CAP) list[pos] = val;
+    if (take && pos < cap) list[pos] = val;
 }
 
 /* The select state, in shared memory. */
@@ -772,23 +873,48 @@ struct sel_shared {
     long long need;
 };
 
-/* One 8-bit digit step of a radix select from the top: after the histogram, pick the digit. */
+/* One 8-bit digit step of a radix select from the top: after the histogram, pick the digit. With
+ * S(d) = count[d] + ... + count[255], the digit is the largest d >= 1 with S(d) >= need (else 0) and
+ * the need left at it is need - S(d + 1): found by warp 0, lane l holding digits 8l .. 8l + 7, with a
+ * suffix scan over the lanes (integer sums, so exactly the top-down loop's result). */
 __device__ __forceinline__ void digit_pick(sel_shared &sh, int shift) {
     __syncthreads();
-    if (threadIdx.x == 0) {
-        long long need = sh.need;
-        int d = 255;
-        for (; d > 0; d--) {
-            if ((long long)sh.digit_count[d] >= need) break;
-            need -= sh.digit_count[d];
+    if (threadIdx.x < 32) {
+        const int l = threadIdx.x;
+        long long c[8], mine = 0;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            c[k] = sh.digit_count[8 * l + k];
+            mine += c[k];
         }
-        sh.need = need;
-        sh.prefix |= (uint32_t)d << shift;
+        long long suffix = mine; /* S(8l) */
+#pragma unroll
+        for (int off = 1; off < 32; off *= 2) {
+            const long long other = __shfl_down_sync(0xffffffffu, suffix, off);
+            if (l + off < 32) suffix += other;
+        }
+        const long long need = sh.need;
+        const unsigned fits = __ballot_sync(0xffffffffu, suffix >= need || l == 0);
+        if (l == 31 - __clz(fits)) { /* S falls as d rises: the answer lies in the highest such lane */
+            long long above = suffix - mine; /* S(8l + 8) */
+            int d = 8 * l;
+#pragma unroll
+            for (int k = 7; k >= 0; k--) {
+                if (above + c[k] >= need || 8 * l + k == 0) {
+                    d = 8 * l + k;
+                    break;
+                }
+                above += c[k];
+            }
+            sh.need = need - above; /* above = S(d + 1) */
+            sh.prefix |= (uint32_t)d << shift;
+        }
     }
     __syncthreads();
 }
 
-/* The need-th largest of list[0 .. n) (n <= SEL_CAP): sh.prefix, and in sh.need how many at it. */
+/* The need-th largest of list[0 .. n) (shared, or global memory this block wrote before a barrier):
+ * sh.prefix, and in sh.need how many at it. */
 __device__ void select_cached(sel_shared &sh, const uint32_t *list, int n) {
     uint32_t mask = 0;
     for (int shift = 24; shift >= 0; shift -= 8) {
@@ -827,6 +953,42 @@ __global__ void __launch_bounds__(SEL_THREADS) prob_select_kernel(topp_plan plan
     __syncthreads();
     const float *x = plan.logits + row * plan.row_stride;
     float *y = plan.out + row * plan.row_stride;
+    const unsigned listed = plan.level_count[row * 4];
+    if (listed <= (unsigned)plan.level_cap) {
+        /* the mask kernel listed every member: steps 1-4 over the list, not the row */
+        const int n = (int)listed, cap = plan.level_cap;
+        const uint32_t *gkey = plan.level_list + row * 3 * (int64_t)cap, *gidx = gkey + cap;
+        uint32_t *scratch = const_cast<uint32_t *>(gidx) + cap;
+        const bool cached = n <= SEL_CAP;
+        if (cached) {
+            for (int j = t; j < n; j += SEL_THREADS) list[j] = gkey[j];
+            __syncthreads();
+        }
+        select_cached(sh, cached ? list : gkey, n);
+        const uint32_t pivot_key = sh.prefix;
+        const long long need = sh.need;
+        __syncthreads();
+        if (t == 0) {
+            nlist = 0;
+            sh.prefix = 0;
+            sh.need = need;
+        }
+        __syncthreads();
+        uint32_t *eq = cached ? list : scratch; /* members at T: at most n of them */
+        for (int base = 0; base < n; base += SEL_THREADS) {
+            const int j = base + t;
+            const bool m = j < n && gkey[j] == pivot_key;
+            append_value(m, m ? ~gidx[j] : 0u, eq, &nlist, cached ? SEL_CAP : cap);
+        }
+        __syncthreads();
+        select_cached(sh, eq, nlist);
+        const uint32_t index_key = sh.prefix; /* members at T with ~index >= it are the need lowest */
+        for (int j = t; j < n; j += SEL_THREADS) {
+            const uint32_t i = gidx[j], key = gkey[j];
+            y[i] = (key > pivot_key || (key == pivot_key && ~i >= index_key)) ? x[i] : -INFINITY;
+        }
+        return;
+    }
     const float row_max = s.row_max, z = s.z, lo_band = below, hi_band = above;
     const uint32_t level = s.hi;
     const int vocab = plan.vocab;
@@ -987,6 +1149,10 @@ static int topp_slice_count(int64_t batch, int sm_count) {
     return s;
 }
 
+/* split_prob: entries of a row's level list; a larger level is trimmed by rescanning the row */
+#define LEVEL_CAP 16384
+static int64_t topp_level_cap(int64_t vocab) { return ((vocab < LEVEL_CAP ? vocab : LEVEL_CAP) + 3) / 4 * 4; }
+
 static int64_t topp_piece_cap(int algo, int64_t vocab) {
     return algo == ALGO_SPLIT_LOGIT ? KP_TOPP_MAX_SLICES : (vocab + KP_TOPP_TILE - 1) / KP_TOPP_TILE;
 }
@@ -1001,7 +1167,8 @@ static int64_t topp_workspace_per_row(int algo, int64_t vocab) {
                (int64_t)(sizeof(topp_stats) + KP_TOPP_ROUNDS_LOGIT * KP_TOPP_FANOUT * sizeof(topp_part));
     return topp_piece_cap(algo, vocab) * (int64_t)sizeof(topp_stats) +
            (int64_t)(PROB_R * (PROB_F + 1) * sizeof(unsigned long long)) +
-           (int64_t)((PROB_R + 1) * sizeof(kp_topp_search));
+           (int64_t)((PROB_R + 1) * sizeof(kp_topp_search)) + (int64_t)(4 * sizeof(unsigned)) +
+           3 * topp_level_cap(vocab) * (int64_t)sizeof(uint32_t);
 }
 
 static size_t topp_workspace(int algo, const kp_topp_args *a) {
@@ -1066,6 +1233,9 @@ static int topp_cuda_run(const char *name, const void *vargs, char *message, siz
     plan.piece_cap = (int)topp_piece_cap(ALGO, a->vocab);
     plan.hist = NULL;
     plan.search = NULL;
+    plan.level_count = NULL;
+    plan.level_list = NULL;
+    plan.level_cap = 0;
     plan.parts = NULL;
     plan.stats = static_cast<topp_stats *>(a->workspace);
     cudaStream_t stream = static_cast<cudaStream_t>(a->stream);
@@ -1098,6 +1268,9 @@ static int topp_cuda_run(const char *name, const void *vargs, char *message, siz
     plan.slices = (plan.piece_count + plan.pieces_per_program - 1) / plan.pieces_per_program;
     plan.hist = reinterpret_cast<unsigned long long *>(plan.stats + a->batch * plan.piece_cap);
     plan.search = reinterpret_cast<kp_topp_search *>(plan.hist + a->batch * PROB_R * (PROB_F + 1));
+    plan.level_count = reinterpret_cast<unsigned *>(plan.search + a->batch * (PROB_R + 1));
+    plan.level_cap = (int)topp_level_cap(a->vocab);
+    plan.level_list = reinterpret_cast<uint32_t *>(plan.level_count + a->batch * 4);
     const unsigned programs = (unsigned)(a->batch * plan.slices);
     topp_stats_kernel<ALGO_SPLIT_PROB><<<programs, TOPP_THREADS, 0, stream>>>(plan);
     TOPP_LAUNCH_CHECK("topp_stats_kernel");
