@@ -259,30 +259,20 @@ int kp_buf_check_range(const kp_buf *b, size_t offset, size_t bytes, const char 
     return 0;
 }
 
-void *kp_host_alloc_pinned(size_t bytes, int want, int *pinned) {
-    *pinned = 0;
+int kp_host_register(void *p, size_t bytes) {
 #ifdef KP_HAVE_CUDA
-    void *p = NULL;
-    if (want && kp_device_count() > 0 && cudaMallocHost(&p, bytes ? bytes : 1) == cudaSuccess) {
-        *pinned = 1;
-        return p;
-    }
+    if (kp_device_count() > 0 && cudaHostRegister(p, bytes, cudaHostRegisterDefault) == cudaSuccess) return 1;
     cudaGetLastError();
 #endif
-    (void)want;
-    return malloc(bytes ? bytes : 1);
+    (void)p, (void)bytes;
+    return 0;
 }
 
-void kp_host_free_pinned(void *p, int pinned) {
-    if (!p) return;
+void kp_host_unregister(void *p) {
 #ifdef KP_HAVE_CUDA
-    if (pinned) {
-        cudaFreeHost(p);
-        return;
-    }
+    cudaHostUnregister(p);
 #endif
-    (void)pinned;
-    free(p);
+    (void)p;
 }
 
 int kp_sync(kp_memory memory, kp_error *err) {

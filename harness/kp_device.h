@@ -44,9 +44,10 @@ int kp_buf_gather_rows(kp_buf *dst, const kp_buf *src, const int64_t *rows, int6
  * a guard placed right after the rows in use when a buffer is larger than one run needs. */
 int kp_buf_fill_guard(kp_buf *b, size_t offset, size_t bytes, const char *name, kp_error *err);
 int kp_buf_check_range(const kp_buf *b, size_t offset, size_t bytes, const char *name, kp_error *err);
-/* Host memory the device copies to at full speed: page-locked when `want` and a GPU is there. */
-void *kp_host_alloc_pinned(size_t bytes, int want, int *pinned);
-void kp_host_free_pinned(void *p, int pinned);
+/* Page-lock existing host memory for fast device copies (1 on success; 0 without a GPU). */
+int kp_host_register(void *p, size_t bytes);
+void kp_host_unregister(void *p);
+
 /* Whether a sticky CUDA error (illegal address, launch failure...) has made the device unusable
  * for the rest of the process; set by kp_sync and guard checks when they see one. */
 int kp_device_lost(void);

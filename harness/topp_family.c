@@ -19,6 +19,8 @@
 typedef struct topp_out {
     int64_t nrows, stride, vocab;
     float *x; /* [nrows, stride] */
+    size_t bytes;
+    int pinned;
 } topp_out;
 
 /* One impl's buffers, kept for the whole case: a batch probe runs an impl ~140 times, and
@@ -26,9 +28,6 @@ typedef struct topp_out {
 typedef struct topp_slot {
     const kp_impl *impl;
     kp_buf in, out, tp, ws;
-    float *staging; /* page-locked, for CUDA outputs */
-    size_t staging_bytes;
-    int staging_pinned;
 } topp_slot;
 
 typedef struct topp_data {
@@ -60,6 +59,43 @@ static struct {
     int nslots;
     uint64_t next_generation;
 } g_cache;
+
+/* Output buffers are recycled: a batch check makes ~140 outputs per impl, and fresh 40 MB
+ * allocations cost page faults on every first touch. Large ones are page-locked once
+ * (cudaHostRegister) so device outputs copy straight into them at full speed. */
+#define POOL_MAX 8
+static struct {
+    float *x;
+    size_t bytes;
+    int pinned;
+} g_pool[POOL_MAX];
+static int g_pool_count;
+
+static float *output_alloc(size_t bytes, int *pinned) {
+    int best = -1;
+    for (int i = 0; i < g_pool_count; i++)
+        if (g_pool[i].bytes >= bytes && (best < 0 || g_pool[i].bytes < g_pool[best].bytes)) best = i;
+    if (best >= 0) {
+        float *x = g_pool[best].x;
+        *pinned = g_pool[best].pinned;
+        g_pool[best] = g_pool[--g_pool_count];
+        return x;
+    }
+    float *x = malloc(bytes ? bytes : 1);
+    *pinned = x && bytes >= ((size_t)1 << 20) && kp_host_register(x, bytes);
+    return x;
+}
+
+static void output_release(float *x, size_t bytes, int pinned) {
+    if (!x) return;
+    if (g_pool_count < POOL_MAX) {
+        g_pool[g_pool_count].x = x, g_pool[g_pool_count].bytes = bytes, g_pool[g_pool_count].pinned = pinned;
+        g_pool_count++;
+        return;
+    }
+    if (pinned) kp_host_unregister(x);
+    free(x);
+}
 
 /* Grow a cached buffer to at least `bytes` (contents are not kept). */
 static int cache_reserve(kp_buf *b, kp_memory mem, size_t bytes, const char *name, kp_error *err) {
@@ -176,15 +212,6 @@ static topp_slot *slot_for(topp_data *d, const kp_impl *impl, kp_error *err) {
     if (cache_reserve(&sl->in, mem, rows_bytes, "logits", err) || cache_reserve(&sl->out, mem, rows_bytes, "out", err) ||
         cache_reserve(&sl->tp, mem, tp_bytes, "top_p", err))
         return NULL;
-    if (mem == KP_MEMORY_CUDA && sl->staging_bytes < rows_bytes) {
-        kp_host_free_pinned(sl->staging, sl->staging_pinned);
-        sl->staging_bytes = 0;
-        if (!(sl->staging = kp_host_alloc_pinned(rows_bytes, 1, &sl->staging_pinned))) {
-            kp_fail(err, KP_EXIT_ENV, "out of host memory for the output staging buffer");
-            return NULL;
-        }
-        sl->staging_bytes = rows_bytes;
-    }
     return sl;
 }
 
@@ -250,9 +277,8 @@ static kp_result launch_collect(topp_data *d, topp_launch *L, float *x, kp_error
         kp_buf_check_range(&sl->out, bytes, after, "out", err) || kp_buf_check_guards(&sl->in, "logits", err) ||
         kp_buf_check_guards(&sl->tp, "top_p", err) ||
         (L->args.workspace_bytes && kp_buf_check_guards(&sl->ws, "workspace", err)) ||
-        kp_buf_download(&sl->out, sl->staging ? (void *)sl->staging : (void *)x, bytes, "out", err))
+        kp_buf_download(&sl->out, x, bytes, "out", err))
         return KP_FAILED;
-    if (sl->staging) memcpy(x, sl->staging, bytes);
     for (int64_t r = 0; r < L->nrows; r++) {
         const unsigned char *pad = (const unsigned char *)(x + r * S + V);
         for (size_t k = 0; k < (size_t)(S - V) * sizeof(float); k++)
@@ -267,6 +293,7 @@ static kp_result launch_collect(topp_data *d, topp_launch *L, float *x, kp_error
 
 static kp_result topp_run_rows_timed(void *data, const kp_impl *impl, const int64_t *rows, int64_t nrows, void **outp,
                                      cJSON *info, kp_error *err);
+static void topp_free_output(void *out);
 
 static kp_result topp_run_rows(void *data, const kp_impl *impl, const int64_t *rows, int64_t nrows, void **outp,
                                cJSON *info, kp_error *err) {
@@ -281,7 +308,10 @@ static kp_result topp_run_rows_timed(void *data, const kp_impl *impl, const int6
     topp_data *d = data;
     *outp = NULL;
     topp_out *o = calloc(1, sizeof *o);
-    if (o) o->x = malloc((size_t)d->tc.stride * sizeof(float) * (size_t)nrows);
+    if (o) {
+        o->bytes = (size_t)d->tc.stride * sizeof(float) * (size_t)nrows;
+        o->x = impl->memory == KP_MEMORY_CUDA ? output_alloc(o->bytes, &o->pinned) : malloc(o->bytes ? o->bytes : 1);
+    }
     if (!o || !o->x) {
         if (o) free(o);
         kp_fail(err, KP_EXIT_ENV, "out of host memory for a batch of %lld rows", (long long)nrows);
@@ -311,7 +341,7 @@ static kp_result topp_run_rows_timed(void *data, const kp_impl *impl, const int6
     }
     launch_free(&L);
     if (r != KP_PASSED) {
-        free(o->x), free(o);
+        topp_free_output(o);
         return r;
     }
     *outp = o;
@@ -370,7 +400,10 @@ static int topp_bench(void *data, const kp_impl *impl, int reps, cJSON *timing, 
 
 static void topp_free_output(void *out) {
     topp_out *o = out;
-    if (o) free(o->x), free(o);
+    if (!o) return;
+    if (o->pinned || o->bytes >= ((size_t)1 << 20)) output_release(o->x, o->bytes, o->pinned);
+    else free(o->x);
+    free(o);
 }
 
 static const void *topp_out_row(const void *data, const void *out, int64_t i, size_t *bytes) {
