@@ -409,6 +409,7 @@ const char *kp_stage_name(kp_stage stage) { return stage_names[stage]; }
 
 kp_result kp_check_run(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON *chk) {
     check_header(spec, chk);
+    double t0 = kp_now();
     kp_result r;
     switch (spec->kind) {
     case KP_CHECK_EXACT: r = check_exact(ctx, spec, chk); break;
@@ -418,5 +419,6 @@ kp_result kp_check_run(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON *chk) 
     default: r = check_expect(ctx, spec, chk); break;
     }
     cJSON_AddStringToObject(chk, "result", kp_result_name(r));
+    kp_json_add_double(chk, "seconds", kp_now() - t0);
     return r;
 }

@@ -264,7 +264,10 @@ int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err
             kp_evidence ev = {.bundle = st.bundle, .artifacts = artifacts, .inline_limit = 16};
             kp_case_ctx ctx;
             kp_error cerr = {0};
-            if (kp_case_ctx_open(&ctx, cs, &ev, receipt, &cerr)) {
+            double t_open = kp_now();
+            int open_rc = kp_case_ctx_open(&ctx, cs, &ev, receipt, &cerr);
+            kp_json_add_double(receipt, "prepare_s", kp_now() - t_open);
+            if (open_rc) {
                 case_result = KP_FAILED;
                 char msg[1200];
                 snprintf(msg, sizeof msg, "FAILED: preparing the case: %s", cerr.msg);
@@ -302,7 +305,9 @@ int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err
                         cJSON_AddItemToArray(reasons, cJSON_CreateString(msg));
                     }
                 }
+                double t_close = kp_now();
                 kp_case_ctx_close(&ctx);
+                kp_json_add_double(receipt, "release_s", kp_now() - t_close);
             }
             device_lost = kp_device_lost();
             cJSON_AddItemToObject(receipt, "checks", checks);
