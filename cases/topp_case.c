@@ -174,6 +174,7 @@ static uint64_t slot_offset(int slot, int64_t row, int64_t span) {
 
 typedef struct gen_job {
     const kp_topp_case *tc;
+    int skip_base; /* rows already hold the ordinary base: apply the profile's changes only */
     int64_t first_row, nrows, block_rows;
     float *logits;
     int failed;
@@ -214,7 +215,7 @@ static int block_positions(kp_rng *rng, int slot, int64_t span, int64_t row0, in
     return rc;
 }
 
-static int gen_block(const kp_topp_case *tc, int64_t row0, int64_t nrows, float *logits, kp_error *err) {
+static int gen_block(const kp_topp_case *tc, int skip_base, int64_t row0, int64_t nrows, float *logits, kp_error *err) {
     const int64_t V = tc->vocab, S = tc->stride;
     const int64_t head = tc->profile == KP_TOPP_TIES || tc->profile == KP_TOPP_FLAT ? 0 : (V / 8 < HEAD_MAX ? V / 8 : HEAD_MAX);
     const int64_t npos = tc->profile == KP_TOPP_TIES ? 2 * tc->tie_count : tc->profile == KP_TOPP_NAN ? tc->nan_count : 0;
@@ -227,8 +228,8 @@ static int gen_block(const kp_topp_case *tc, int64_t row0, int64_t nrows, float 
     for (int64_t i = 0; !rc && i < V; i++) perm[i] = (int32_t)i;
 
     /* slot 0: the tail, four draws per token */
-    if (!rc) rc = kp_rng_seek(&rng, slot_offset(SLOT_TAIL, row0, 4 * V), err);
-    for (int64_t r = 0; !rc && r < nrows; r++) {
+    if (!rc && !skip_base) rc = kp_rng_seek(&rng, slot_offset(SLOT_TAIL, row0, 4 * V), err);
+    for (int64_t r = 0; !rc && !skip_base && r < nrows; r++) {
         float *row = logits + r * S;
         if ((rc = kp_rng_next(&rng, draws, (size_t)(4 * V), err))) break;
         for (int64_t i = 0; i < V; i++) {
@@ -243,8 +244,9 @@ static int gen_block(const kp_topp_case *tc, int64_t row0, int64_t nrows, float 
         for (int64_t i = V; i < S; i++) row[i] = bits_to_float(KP_TOPP_PAD_BITS);
     }
     /* slot 1: the dominant head */
-    if (!rc && head > 0) rc = block_positions(&rng, SLOT_HEAD, HEAD_MAX, row0, nrows, head, V, perm, draws, pos, err);
-    for (int64_t r = 0; !rc && head > 0 && r < nrows; r++)
+    if (!rc && head > 0 && !skip_base)
+        rc = block_positions(&rng, SLOT_HEAD, HEAD_MAX, row0, nrows, head, V, perm, draws, pos, err);
+    for (int64_t r = 0; !rc && head > 0 && !skip_base && r < nrows; r++)
         for (int64_t j = 0; j < head; j++) {
             float *x = logits + r * S + pos[r * head + j];
             *x = (float)(14.0 - 0.75 * (double)j + (double)*x);
@@ -283,23 +285,78 @@ static void gen_worker(void *ctx, int64_t b) {
     int64_t r0 = b * job->block_rows;
     int64_t n = job->nrows - r0 < job->block_rows ? job->nrows - r0 : job->block_rows;
     kp_error err = {0};
-    if (gen_block(job->tc, job->first_row + r0, n, job->logits + r0 * job->tc->stride, &err)) {
+    if (gen_block(job->tc, job->skip_base, job->first_row + r0, n, job->logits + r0 * job->tc->stride, &err)) {
         if (!__atomic_exchange_n(&job->failed, 1, __ATOMIC_SEQ_CST)) job->err = err;
     }
 }
 
-int kp_topp_case_rows(const kp_topp_case *tc, int64_t first_row, int64_t nrows, float *logits, float *top_p,
-                      kp_error *err) {
-    if (nrows <= 0) return 0;
+static int gen_rows(const kp_topp_case *tc, int skip_base, int64_t first_row, int64_t nrows, float *logits, kp_error *err) {
     /* One block per worker: a cuRAND host seek costs milliseconds, so seek as rarely as possible. */
     int64_t threads = kp_thread_count();
-    gen_job job = {.tc = tc, .first_row = first_row, .nrows = nrows, .logits = logits};
+    gen_job job = {.tc = tc, .skip_base = skip_base, .first_row = first_row, .nrows = nrows, .logits = logits};
     job.block_rows = (nrows + threads - 1) / threads;
     kp_parallel_for((nrows + job.block_rows - 1) / job.block_rows, gen_worker, &job);
     if (job.failed) {
         *err = job.err;
         return err->code;
     }
+    return 0;
+}
+
+/* The ordinary rows of the last (seed, vocab, stride) generated. ordinary, forced, neginf and nan
+ * share them (a gate's cases often differ only in the forced value or the batch), and drawing
+ * them is most of generation's cost. */
+typedef struct base_cache {
+    int valid;
+    uint64_t seed;
+    int64_t vocab, stride, first, nrows;
+    float *rows;
+} base_cache;
+static base_cache g_base;
+
+void kp_topp_case_cache_clear(void) {
+    free(g_base.rows);
+    memset(&g_base, 0, sizeof g_base);
+}
+
+static int base_rows(const kp_topp_case *tc, int64_t first_row, int64_t nrows, float *logits, kp_error *err) {
+    const size_t row_bytes = (size_t)tc->stride * sizeof(float);
+    int hit = g_base.valid && g_base.seed == tc->seed && g_base.vocab == tc->vocab && g_base.stride == tc->stride &&
+              first_row >= g_base.first && first_row + nrows <= g_base.first + g_base.nrows;
+    if (!hit) {
+        kp_topp_case base = *tc;
+        base.profile = KP_TOPP_ORDINARY;
+        float *rows = kp_calloc((size_t)nrows, row_bytes, "generated rows", err);
+        if (!rows) return err->code;
+        int rc = gen_rows(&base, 0, first_row, nrows, rows, err);
+        if (rc) {
+            free(rows);
+            return rc;
+        }
+        kp_topp_case_cache_clear();
+        g_base = (base_cache){1, tc->seed, tc->vocab, tc->stride, first_row, nrows, rows};
+    }
+    memcpy(logits, g_base.rows + (first_row - g_base.first) * tc->stride, row_bytes * (size_t)nrows);
+    return 0;
+}
+
+int kp_topp_case_rows(const kp_topp_case *tc, int64_t first_row, int64_t nrows, float *logits, float *top_p,
+                      kp_error *err) {
+    if (nrows <= 0) return 0;
+    int rc;
+    switch (tc->profile) {
+    case KP_TOPP_ORDINARY:
+    case KP_TOPP_FORCED:
+    case KP_TOPP_NEGINF:
+    case KP_TOPP_NAN:
+        rc = base_rows(tc, first_row, nrows, logits, err);
+        if (!rc && tc->profile != KP_TOPP_ORDINARY) rc = gen_rows(tc, 1, first_row, nrows, logits, err);
+        break;
+    default:
+        rc = gen_rows(tc, 0, first_row, nrows, logits, err);
+        break;
+    }
+    if (rc) return rc;
     if (top_p)
         for (int64_t r = 0; r < nrows; r++) top_p[r] = kp_topp_case_row_top_p(tc, first_row + r);
     return 0;

@@ -197,3 +197,27 @@ Test(cases, mixed_top_p_cycles_including_tiny_and_one) {
     cr_assert_eq(kp_topp_case_row_top_p(&tc, 2), 1.0f);
     cr_assert_eq(kp_topp_case_row_top_p(&tc, 8), 0.95f);
 }
+
+/* Ordinary, forced, neginf and nan rows share cached ordinary rows: a cache hit must give the
+ * bytes a fresh generation gives. */
+Test(cases, cached_rows_match_fresh_ones) {
+    const char *names[] = {"topp(batch=6,force_token=7,force_value=1e9,profile=forced,seed=9,top_p=0.9,vocab=5000)",
+                           "topp(batch=6,nan_count=4,profile=nan,seed=9,top_p=0.9,vocab=5000)",
+                           "topp(batch=6,neginf_frac=0.5,profile=neginf,seed=9,top_p=0.9,vocab=5000)"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        kp_topp_case tc;
+        char cold[KP_SHA256_HEX_LEN], warm[KP_SHA256_HEX_LEN];
+        kp_topp_case_cache_clear();
+        digest_of(names[i], cold);
+        float *x = gen("topp(batch=6,profile=ordinary,seed=9,top_p=0.9,vocab=5000)", &tc); /* fills the cache */
+        free(x);
+        digest_of(names[i], warm);
+        cr_assert_str_eq(warm, cold, "%s", names[i]);
+    }
+    /* and a forced row differs from the ordinary one only at the forced token */
+    kp_topp_case a, b;
+    float *x = gen("topp(batch=2,profile=ordinary,seed=9,top_p=0.9,vocab=5000)", &a);
+    float *y = gen("topp(batch=2,force_token=7,force_value=1e9,profile=forced,seed=9,top_p=0.9,vocab=5000)", &b);
+    for (int i = 0; i < 2 * 5000; i++) cr_assert(x[i] == y[i] || i % 5000 == 7, "element %d", i);
+    free(x), free(y);
+}
