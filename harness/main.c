@@ -2,6 +2,7 @@
  * exit codes: 0 passed, 1 incorrect, 2 usage/config, 3 environment/kernel failure, 4 timeout, 77 nothing ran. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -180,6 +181,10 @@ static int cmd_export(const char *name, const char *out, const char **impl_names
 
 int main(int argc, char **argv) {
     if (argc < 2) return usage(NULL);
+    /* Cases allocate and free hundreds of MB each; kept in the heap, freed pages are reused
+     * instead of being faulted in afresh (measured: ~900k minor faults for the CUDA gate). */
+    mallopt(M_MMAP_THRESHOLD, 1 << 30);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
     const char *cmd = argv[1];
     const char *config = NULL, *out = NULL, *filter = NULL, *positional = NULL;
     const char *impls[32], *cases[32];
