@@ -6,7 +6,7 @@
  * bits; a plain sequential f32 sum over a 131,072-token slice drifts by ~1e-5 of mass, enough to
  * drop boundary tokens. Every combine across pieces is sequential in piece order on both devices.
  * -0 and +0 count as one logit value in the tie group.
- * decide_row / topp_row are split_logit's (their split_prob branches are no longer reached);
+ * decide_row / topp_row are split_logit's alone;
  * split_prob runs prob_row, the exact level search of topp_split.h with the CUDA kernels' integer
  * arithmetic (kp_topp_start / kp_topp_advance are the same functions on both devices). */
 #include <math.h>
@@ -42,7 +42,6 @@ typedef struct row_decision {
     row_mode mode;
     float pivot;
     float dup_prob;   /* boundary prob (split_logit: matched on prob) */
-    float dup_logit;  /* boundary logit (split_prob: matched on logit) */
     int64_t numdup, numkeep;
 } row_decision;
 
@@ -58,6 +57,7 @@ typedef struct row_job {
     const kp_topp_args *args;
     topp_algo algo;
     int64_t piece_len, piece_count;
+    int failed; /* a row could not get its scratch memory: the call fails, never a partial mask */
 } row_job;
 
 static int is_finite(float x) { return isfinite(x) != 0; }
@@ -109,7 +109,7 @@ static void eval_round(const row_job *job, const float *x, float row_max, float 
         for (int64_t i = begin; i < end; i++) {
             if (!is_finite(x[i])) continue;
             float prob = expf(x[i] - row_max) / z;
-            float key = job->algo == ALGO_SPLIT_LOGIT ? prob : x[i];
+            float key = prob; /* split_logit's tie group: equal f32 probs */
             int64_t lane = (i - begin) % TOPP_LANES;
             for (int f = 0; f < KP_TOPP_FANOUT; f++) {
                 if (!(prob > pivots[f])) continue;
@@ -138,7 +138,7 @@ static int64_t tie_numkeep(float mass, float p, float dup_prob, int64_t numdup) 
 /* Steps 1 to 3 for one row. */
 static row_decision decide_row(const row_job *job, const float *x, float p, float *row_max_out, float *z_out) {
     const int64_t vocab = job->args->vocab;
-    row_decision d = {MODE_COPY, 0.0f, 0.0f, 0.0f, 0, 0};
+    row_decision d = {MODE_COPY, 0.0f, 0.0f, 0, 0};
 
     /* Step 1: M first (a max, order-free), then Z = sum s_i * exp(m_i - M) in piece order. */
     float row_max = -INFINITY, row_min = INFINITY, z = 0.0f;
@@ -166,7 +166,7 @@ static row_decision decide_row(const row_job *job, const float *x, float p, floa
     if (p >= 1.0f) return d;
 
     /* Step 2: the pivot ladder. */
-    const int rounds = job->algo == ALGO_SPLIT_LOGIT ? KP_TOPP_ROUNDS_LOGIT : KP_TOPP_ROUNDS_PROB;
+    const int rounds = KP_TOPP_ROUNDS_LOGIT;
     float lo = expf(row_min - row_max) / z, hi = 1.0f / z;
     if (lo < KP_TOPP_PIVOT_FLOOR) lo = KP_TOPP_PIVOT_FLOOR;
     int have_best = 0, found = 0;
@@ -181,7 +181,7 @@ static row_decision decide_row(const row_job *job, const float *x, float p, floa
         ladder_part parts[KP_TOPP_FANOUT];
         eval_round(job, x, row_max, z, pivots, parts);
         for (int f = KP_TOPP_FANOUT - 1; f >= 0 && !found; f--) {
-            float min_prob = job->algo == ALGO_SPLIT_LOGIT ? parts[f].key : expf(parts[f].key - row_max) / z;
+            float min_prob = parts[f].key;
             if (parts[f].count > 0 && parts[f].mass >= p && parts[f].mass - min_prob * (float)parts[f].count < p) {
                 found = 1;
                 pivot = pivots[f];
@@ -214,12 +214,7 @@ static row_decision decide_row(const row_job *job, const float *x, float p, floa
     /* Step 3: the boundary tie group. */
     d.mode = MODE_PIVOT;
     d.pivot = pivot;
-    if (job->algo == ALGO_SPLIT_LOGIT) {
-        d.dup_prob = chosen.key;
-    } else {
-        d.dup_logit = chosen.key;
-        d.dup_prob = expf(chosen.key - row_max) / z;
-    }
+    d.dup_prob = chosen.key;
     d.numdup = chosen.count;
     d.numkeep = tie_numkeep(chosen.mass, p, d.dup_prob, chosen.count);
     return d;
@@ -243,7 +238,7 @@ static void topp_row(void *ctx, int64_t row) {
         return;
     }
     /* Step 4: the mask. */
-    const float threshold = logf(d.pivot) + logf(z) + row_max; /* split_logit only */
+    const float threshold = logf(d.pivot) + logf(z) + row_max; /* the seed's defect: rounds to M at 1e9 */
     const int trim = d.numkeep < d.numdup;
     int64_t rank = 0;
     for (int64_t i = 0; i < vocab; i++) {
@@ -253,14 +248,7 @@ static void topp_row(void *ctx, int64_t row) {
             continue;
         }
         float prob = expf(xi - row_max) / z;
-        int keep, dup;
-        if (job->algo == ALGO_SPLIT_LOGIT) {
-            keep = xi > threshold;
-            dup = prob == d.dup_prob;
-        } else {
-            keep = prob > d.pivot;
-            dup = xi == d.dup_logit;
-        }
+        int keep = xi > threshold, dup = prob == d.dup_prob;
         if (trim && dup) {
             if (rank >= d.numkeep) keep = 0;
             rank++;
@@ -285,7 +273,7 @@ static int member_order(const void *a, const void *b) { /* the rule's order: log
 static float prob_of(float x, float row_max, float z) { return expf(x - row_max) / z; }
 
 static void prob_row(void *ctx, int64_t row) {
-    const row_job *job = ctx;
+    row_job *job = ctx;
     const kp_topp_args *a = job->args;
     const float *x = a->logits + row * a->row_stride;
     float *y = a->out + row * a->row_stride;
@@ -338,9 +326,9 @@ static void prob_row(void *ctx, int64_t row) {
     const int trim = s.mode == KP_TOPP_LEVEL && s.numkeep < s.numdup;
     level_member *members = NULL;
     int64_t n = 0;
-    if (trim) {
-        members = malloc((size_t)s.numdup * sizeof *members);
-        if (!members) abort(); /* numdup <= vocab; the harness checks host memory before a run */
+    if (trim && !(members = malloc((size_t)s.numdup * sizeof *members))) {
+        __atomic_store_n(&job->failed, 1, __ATOMIC_SEQ_CST);
+        return;
     }
     for (int64_t i = 0; i < vocab; i++) {
         float xi = x[i];
@@ -404,6 +392,10 @@ static int topp_host_run(topp_algo algo, const char *name, const void *vargs, ch
         job.piece_count = (a->vocab + KP_TOPP_TILE - 1) / KP_TOPP_TILE;
     }
     kp_parallel_for(a->batch, algo == ALGO_SPLIT_PROB ? prob_row : topp_row, &job);
+    if (job.failed) {
+        if (message && message_len) snprintf(message, message_len, "%s: out of host memory for a row's boundary level", name);
+        return KP_RUN_FAILED;
+    }
     return KP_RUN_OK;
 }
 
