@@ -12,37 +12,12 @@
 #include "../kernels/kp_registry.h"
 #include "../kernels/topp_split.h"
 #include "kp_test_util.h"
-
-/* ---- inputs: a small seeded generator, independent of cases/ on purpose ---- */
-
-static uint64_t splitmix(uint64_t *state) {
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static double uniform01(uint64_t *state) { return ((double)(splitmix(state) >> 11) + 0.5) * 0x1p-53; }
-
-/* 2 * N(0, 1), the seed's ordinary logits. */
-static void fill_ordinary(float *row, int64_t vocab, uint64_t seed) {
-    uint64_t st = seed * 0x2545f4914f6cdd1dull + 1;
-    for (int64_t i = 0; i < vocab; i++) {
-        double u = uniform01(&st), v = uniform01(&st);
-        row[i] = (float)(2.0 * sqrt(-2.0 * log(u)) * cos(2.0 * M_PI * v));
-    }
-}
+#include "kp_topp_rows.h"
 
 static float *alloc_floats(int64_t n) {
     float *p = malloc((size_t)n * sizeof *p);
     cr_assert(p, "out of memory for %lld floats", (long long)n);
     return p;
-}
-
-static uint32_t bits_of(float x) {
-    uint32_t b;
-    memcpy(&b, &x, sizeof b);
-    return b;
 }
 
 static const kp_impl *impl_named(const char *name) {
@@ -397,13 +372,6 @@ Test(topp_host, thousand_way_tie_keeps_prefix) {
 
 /* ---- near-uniform rows: one f32 prob shared by many distinct logits ---- */
 
-/* spread * N(0, 1): at spread 1e-6 a 32000-token row has a few dozen f32 prob levels. */
-static void fill_flat(float *row, int64_t vocab, uint64_t seed, double spread) {
-    fill_ordinary(row, vocab, seed);
-    for (int64_t i = 0; i < vocab; i++) row[i] = (float)(row[i] * 0.5 * spread);
-}
-
-static const float mixed_ps[8] = {0.95f, 1e-8f, 1.0f, 0.5f, 0.99f, 0.8f, 0.1f, 0.9f}; /* cases/'s top_p=mixed */
 
 Test(topp_host, split_prob_flat_rows_follow_rule, .timeout = 120) {
     static const double spreads[] = {1e-6, 1e-4, 0.01, 0.1};
@@ -421,26 +389,6 @@ Test(topp_host, split_prob_flat_rows_follow_rule, .timeout = 120) {
         }
     }
     free(x), free(y);
-}
-
-/* A level built on purpose: 3000 distinct logits i * 2^-40 (i = 0 .. 2999) at shuffled indices, the
- * rest -inf. Every x - max is above -3e-9, so expf gives 1.0 and all 3000 share prob 1/Z: one level
- * whose order (logit desc) is not its index order. p = 0.5 keeps about half of it. */
-static int64_t make_level_row(float *x, int64_t vocab, uint64_t seed) {
-    enum { N = 3000 };
-    for (int64_t i = 0; i < vocab; i++) x[i] = -INFINITY;
-    int64_t *slot = malloc(sizeof(int64_t) * (size_t)vocab);
-    cr_assert(slot);
-    for (int64_t i = 0; i < vocab; i++) slot[i] = i;
-    uint64_t st = seed;
-    for (int64_t i = vocab - 1; i > 0; i--) { /* Fisher-Yates */
-        int64_t j = (int64_t)(splitmix(&st) % (uint64_t)(i + 1)), t = slot[i];
-        slot[i] = slot[j];
-        slot[j] = t;
-    }
-    for (int64_t i = 0; i < N; i++) x[slot[i]] = (float)ldexp((double)i, -40);
-    free(slot);
-    return N;
 }
 
 /* The members of the level kept by y: all must rank above all dropped ones by logit. Returns kept. */
@@ -472,7 +420,7 @@ static void plant_index_order_selection(const float *x, float *y, int64_t vocab,
 Test(topp_host, split_prob_level_kept_in_rule_order_and_index_order_defect_caught) {
     enum { V = 20000 };
     float *x = alloc_floats(V), *y = alloc_floats(V), *bad = alloc_floats(V), p = 0.5f;
-    int64_t n = make_level_row(x, V, 99);
+    int64_t n = make_level_row(x, V, 99, 3000);
     run_topp(impl_named("topp.split_prob@host"), x, y, &p, 1, V, V, 0);
     float lowest_kept, highest_dropped;
     int64_t kept = level_kept_in_order(x, y, V, &lowest_kept, &highest_dropped);

@@ -1,0 +1,59 @@
+/* kp_topp_rows.c: seeded top-p rows for the kernel tests (host ports and CUDA kernels), made
+ * independently of cases/ on purpose, so a defect in the generator cannot hide one in a kernel. */
+#define _GNU_SOURCE
+#include "kp_topp_rows.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+const float mixed_ps[8] = {0.95f, 1e-8f, 1.0f, 0.5f, 0.99f, 0.8f, 0.1f, 0.9f}; /* cases/'s top_p=mixed */
+
+uint64_t splitmix(uint64_t *state) {
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+double uniform01(uint64_t *state) { return ((double)(splitmix(state) >> 11) + 0.5) * 0x1p-53; }
+
+/* 2 * N(0, 1), the seed's ordinary logits. */
+void fill_ordinary(float *row, int64_t vocab, uint64_t seed) {
+    uint64_t st = seed * 0x2545f4914f6cdd1dull + 1;
+    for (int64_t i = 0; i < vocab; i++) {
+        double u = uniform01(&st), v = uniform01(&st);
+        row[i] = (float)(2.0 * sqrt(-2.0 * log(u)) * cos(2.0 * M_PI * v));
+    }
+}
+
+/* spread * N(0, 1): near-uniform rows whose f32 prob levels each hold many distinct logits. */
+void fill_flat(float *row, int64_t vocab, uint64_t seed, double spread) {
+    fill_ordinary(row, vocab, seed);
+    for (int64_t i = 0; i < vocab; i++) row[i] = (float)(row[i] * 0.5 * spread);
+}
+
+/* n distinct logits i * 2^-40 at shuffled indices (n < 2^15), the rest -inf: one f32 prob level
+ * (expf of every x - max is 1.0) whose rule order is not its index order. */
+int64_t make_level_row(float *x, int64_t vocab, uint64_t seed, int64_t N) {
+    for (int64_t i = 0; i < vocab; i++) x[i] = -INFINITY;
+    int64_t *slot = malloc(sizeof(int64_t) * (size_t)vocab);
+    cr_assert(slot);
+    for (int64_t i = 0; i < vocab; i++) slot[i] = i;
+    uint64_t st = seed;
+    for (int64_t i = vocab - 1; i > 0; i--) {
+        int64_t j = (int64_t)(splitmix(&st) % (uint64_t)(i + 1)), t = slot[i];
+        slot[i] = slot[j];
+        slot[j] = t;
+    }
+    for (int64_t i = 0; i < N; i++) x[slot[i]] = (float)ldexp((double)i, -40);
+    free(slot);
+    return N;
+}
+
+uint32_t bits_of(float x) {
+    uint32_t b;
+    memcpy(&b, &x, sizeof b);
+    return b;
+}

@@ -1,0 +1,20 @@
+/* kp_topp_rows.h: seeded top-p rows shared by tests/test_kernels_host_topp.c and
+ * tests/test_gpu_topp_kernels.c (a splitmix64 stream, not cuRAND: independent of cases/). */
+#ifndef KP_TOPP_ROWS_H
+#define KP_TOPP_ROWS_H
+
+#include <stdint.h>
+
+extern const float mixed_ps[8];
+uint64_t splitmix(uint64_t *state);
+double uniform01(uint64_t *state);
+/* 2 * N(0, 1), the seed's ordinary logits. */
+void fill_ordinary(float *row, int64_t vocab, uint64_t seed);
+/* spread * N(0, 1): near-uniform rows whose f32 prob levels each hold many distinct logits. */
+void fill_flat(float *row, int64_t vocab, uint64_t seed, double spread);
+/* N distinct logits i * 2^-40 at shuffled indices, the rest -inf: one f32 prob level whose rule
+ * order is not its index order. Returns N. */
+int64_t make_level_row(float *x, int64_t vocab, uint64_t seed, int64_t N);
+uint32_t bits_of(float x);
+
+#endif
