@@ -161,12 +161,10 @@ static kp_result check_exact(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON 
     kp_json_add_int(f, "elements_differ", tokens);
     cJSON_AddItemToObject(f, "per_row", per_row);
     /* where they differ, say who meets the rule: the evidence the seed's gate lacked */
-    if (nrows_diff && !err.msg[0] && ctx->fam->explain_exact) {
-        if (ctx->fam->reference(ctx->data, spec, ctx->reference, &err) ||
-            ctx->fam->explain_exact(ctx->data, spec, ctx->outs[a].out, ctx->outs[b].out, rows, nrows_diff, per_row,
-                                    ctx->ev, &err)) {
-        }
-    }
+    /* (a failure here leaves its message in err, which fails the check below) */
+    if (nrows_diff && !err.msg[0] && ctx->fam->explain_exact && !ctx->fam->reference(ctx->data, spec, ctx->reference, &err))
+        ctx->fam->explain_exact(ctx->data, spec, ctx->outs[a].out, ctx->outs[b].out, rows, nrows_diff, per_row, ctx->ev,
+                                &err);
     free(idx), free(rows);
     if (err.msg[0]) {
         cJSON_AddStringToObject(chk, "summary", err.msg);
@@ -314,7 +312,12 @@ kp_result kp_batch_probe(kp_case_ctx *ctx, const kp_impl *impl, const void *full
         kp_json_add_int(row, "position", i);
         char aname[96];
         snprintf(aname, sizeof aname, "batch.%s.row%lld.differ", name, (long long)rows[i]);
-        kp_evidence_list(ctx->ev, row, "elements", aname, idx, n, &err);
+        if (kp_evidence_list(ctx->ev, row, "elements", aname, idx, n, &err)) {
+            cJSON_AddStringToObject(p, "error", err.msg);
+            free(idx);
+            ctx->fam->free_output(out);
+            return KP_FAILED;
+        }
     }
     free(idx);
     ctx->fam->free_output(out);
