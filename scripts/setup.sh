@@ -36,5 +36,11 @@ fi
 
 [ -x "$cuda_root/bin/nvcc" ] && export PATH="$cuda_root/bin:$PATH"
 build=${KPARITY_BUILD_DIR:-build}
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release ${KPARITY_CMAKE_ARGS:-} >/dev/null
-cmake --build "$build" -j"$(nproc)"
+mkdir -p "$build"
+# quiet when it works (the gate's output is what a startup log should show); the whole log when not
+if ! { cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release ${KPARITY_CMAKE_ARGS:-} &&
+       cmake --build "$build" -j"$(nproc)"; } >"$build/setup.log" 2>&1; then
+  cat "$build/setup.log" >&2
+  echo "setup: the build failed (log above, also in $build/setup.log)" >&2
+  exit 3
+fi
