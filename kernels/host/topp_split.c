@@ -135,30 +135,33 @@ static int64_t tie_numkeep(float mass, float p, float dup_prob, int64_t numdup) 
     return keep < 1 ? 1 : keep;
 }
 
-/* Steps 1 to 3 for one row. */
-static row_decision decide_row(const row_job *job, const float *x, float p, float *row_max_out, float *z_out) {
+/* Step 1 for one row: M first (a max, order-free), then Z = sum s_i * exp(m_i - M) over the
+ * pieces in piece order, and the row's min finite logit. Returns the finite count. */
+static int64_t row_stats(const row_job *job, const float *x, float *row_max, float *row_min, float *z) {
     const int64_t vocab = job->args->vocab;
-    row_decision d = {MODE_COPY, 0.0f, 0.0f, 0, 0};
-
-    /* Step 1: M first (a max, order-free), then Z = sum s_i * exp(m_i - M) in piece order. */
-    float row_max = -INFINITY, row_min = INFINITY, z = 0.0f;
     int64_t finite = 0;
-    for (int64_t piece = 0; piece < job->piece_count; piece++) {
-        int64_t begin = piece * job->piece_len, end = begin + job->piece_len;
-        if (end > vocab) end = vocab;
-        for (int64_t i = begin; i < end; i++)
-            if (is_finite(x[i]) && x[i] > row_max) row_max = x[i];
-    }
+    *row_max = -INFINITY, *row_min = INFINITY, *z = 0.0f;
+    for (int64_t i = 0; i < vocab; i++)
+        if (is_finite(x[i]) && x[i] > *row_max) *row_max = x[i];
     for (int64_t piece = 0; piece < job->piece_count; piece++) {
         int64_t begin = piece * job->piece_len, end = begin + job->piece_len;
         if (end > vocab) end = vocab;
         if (begin >= end) continue;
         piece_stats st = stats_of(x, begin, end);
         if (st.count == 0) continue;
-        z += st.sum * expf(st.max - row_max);
-        if (st.min < row_min) row_min = st.min;
+        *z += st.sum * expf(st.max - *row_max);
+        if (st.min < *row_min) *row_min = st.min;
         finite += st.count;
     }
+    return finite;
+}
+
+/* Steps 1 to 3 for one row. */
+static row_decision decide_row(const row_job *job, const float *x, float p, float *row_max_out, float *z_out) {
+    row_decision d = {MODE_COPY, 0.0f, 0.0f, 0, 0};
+
+    float row_max, row_min, z;
+    int64_t finite = row_stats(job, x, &row_max, &row_min, &z);
     *row_max_out = row_max;
     *z_out = z;
     if (finite == 0) return d; /* MODE_COPY: nothing finite, the row is copied unchanged */
@@ -279,21 +282,8 @@ static void prob_row(void *ctx, int64_t row) {
     float *y = a->out + row * a->row_stride;
     const int64_t vocab = a->vocab;
 
-    /* Step 1, as decide_row does it for tiles */
-    float row_max = -INFINITY, row_min = INFINITY, z = 0.0f;
-    int64_t finite = 0;
-    for (int64_t i = 0; i < vocab; i++)
-        if (is_finite(x[i]) && x[i] > row_max) row_max = x[i];
-    for (int64_t piece = 0; piece < job->piece_count; piece++) {
-        int64_t begin = piece * job->piece_len, end = begin + job->piece_len;
-        if (end > vocab) end = vocab;
-        if (begin >= end) continue;
-        piece_stats st = stats_of(x, begin, end);
-        if (st.count == 0) continue;
-        z += st.sum * expf(st.max - row_max);
-        if (st.min < row_min) row_min = st.min;
-        finite += st.count;
-    }
+    float row_max, row_min, z;
+    int64_t finite = row_stats(job, x, &row_max, &row_min, &z);
     kp_topp_search s;
     float min_prob = finite ? prob_of(row_min, row_max, z) : 0.0f;
     kp_topp_start(&s, row_max, z, row_min, finite, a->top_p[row], min_prob);
