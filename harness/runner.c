@@ -230,11 +230,13 @@ static void *watchdog_main(void *arg) {
 
 int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err) {
     run_state st = {.cfg = cfg, .opt = opt, .current = -1};
+    for (int i = 0; i < cfg->ncases; i++) st.selected += !opt->filter || strstr(cfg->cases[i].name, opt->filter);
+    if (st.selected == 0) /* before the bundle exists: an empty bundle would read as a run */
+        return kp_fail(err, KP_EXIT_USAGE, "--filter '%s' matches no case", opt->filter ? opt->filter : "");
     if (kp_bundle_open(&st.bundle, opt->out_dir, err)) return err->code;
     pthread_mutex_init(&st.lock, NULL);
     st.timeout = opt->timeout_s > 0 ? opt->timeout_s : cfg->timeout_s;
     st.t_start = kp_now();
-    for (int i = 0; i < cfg->ncases; i++) st.selected += !opt->filter || strstr(cfg->cases[i].name, opt->filter);
     st.env = kp_environment_json();
     if (st.timeout > 0) st.have_watchdog = pthread_create(&st.watchdog, NULL, watchdog_main, &st) == 0;
     summary_row *rows = NULL;
@@ -361,9 +363,7 @@ int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err
     if (st.have_watchdog) pthread_join(st.watchdog, NULL);
     int code;
     const char *verdict;
-    if (st.selected == 0) {
-        code = KP_EXIT_USAGE, verdict = "NO_CASES";
-    } else if (timed_out) {
+    if (timed_out) {
         code = KP_EXIT_TIMEOUT, verdict = "TIMEOUT";
     } else if (worst == KP_FAILED || device_lost) {
         code = KP_EXIT_ENV, verdict = "FAILED";
@@ -387,7 +387,6 @@ int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err
             fprintf(stderr, " %s %.2fs%s", kp_stage_name((kp_stage)s), kp_stage_seconds((kp_stage)s), s + 1 < KP_STAGE_COUNT ? "," : "");
         fprintf(stderr, "; run %.2fs (process start to here %.2fs)\n", kp_now() - st.t_start, kp_process_seconds());
     }
-    if (!rc && st.selected == 0) rc = kp_fail(err, KP_EXIT_USAGE, "--filter '%s' matches no case", opt->filter ? opt->filter : "");
     cJSON_Delete(st.env);
     free(rows);
     kp_bundle_free(st.bundle);
