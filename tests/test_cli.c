@@ -87,6 +87,18 @@ Test(cli, unwritable_output_folder_exits_2_naming_the_path) {
     cr_assert(strstr(err, dir), "%s", err);
 }
 
+Test(cli, a_filter_that_matches_nothing_is_refused_without_a_bundle) {
+    char *cfg, *text, *bundle, *out, *err;
+    cr_assert(asprintf(&text, HEAD "\"cases\":[{\"case\":\"%s\",\"checks\":" RULE "}]}", good_case) > 0);
+    cfg = config("filter", text);
+    cr_assert(asprintf(&bundle, "%s/none", dir) > 0);
+    char *argv[] = {kpt_binary(), "run", "--config", cfg, "--filter", "vocab=999)", "--out", bundle, NULL};
+    cr_assert_eq(kpt_run(argv, &out, &err), 2, "%s", err);
+    cr_assert(strstr(err, "matches no case"), "%s", err);
+    struct stat st;
+    cr_assert_neq(stat(bundle, &st), 0, "no bundle for a run that ran nothing");
+}
+
 Test(cli, missing_config_and_unknown_options_are_usage_errors) {
     char *out, *err;
     char *a1[] = {kpt_binary(), "gate", "--config", "/nonexistent/x.json", NULL};
