@@ -46,7 +46,7 @@ int kp_bench(const char **impl_names, int nimpl, const char **cases, int ncase, 
             if (kp_impl_at(i)->memory == KP_MEMORY_HOST || kp_device_count() > 0) impls[n++] = kp_impl_at(i);
     double copy_bw = kp_device_count() > 0 ? kp_device_copy_bandwidth() : 0;
     if (copy_bw > 0) printf("device copy bandwidth (1 GiB D2D, median of 5): %.1f GB/s\n", copy_bw / 1e9);
-    printf("%-26s %-70s %12s %12s %10s %8s\n", "IMPL", "CASE", "MEDIAN us", "MIN us", "GB/s", "% copy");
+    printf("%-26s %-70s %12s %19s %10s %8s\n", "IMPL", "CASE", "MEDIAN us", "P10-P90 us", "GB/s", "% copy");
     int rc = 0;
     for (int c = 0; c < ncase; c++) {
         kp_case kc;
@@ -69,14 +69,17 @@ int kp_bench(const char **impl_names, int nimpl, const char **cases, int ncase, 
                 printf("%-26s %-70s  %s\n", impls[i]->name, name, err.msg);
                 rc = KP_EXIT_ENV;
             } else {
-                double med = 0, mn = 0, gbs = 0;
+                double med = 0, p10 = 0, p90 = 0, gbs = 0;
                 kp_json_get_double(t, "median_us", &med);
-                kp_json_get_double(t, "min_us", &mn);
+                kp_json_get_double(t, "p10_us", &p10);
+                kp_json_get_double(t, "p90_us", &p90);
                 kp_json_get_double(t, "gb_per_s", &gbs);
                 char share[16] = "-";
                 if (impls[i]->memory == KP_MEMORY_CUDA && copy_bw > 0)
                     snprintf(share, sizeof share, "%.1f", 100.0 * gbs * 1e9 / copy_bw);
-                printf("%-26s %-70s %12.1f %12.1f %10.1f %8s\n", impls[i]->name, name, med, mn, gbs, share);
+                char spread[40];
+                snprintf(spread, sizeof spread, "%.1f-%.1f", p10, p90);
+                printf("%-26s %-70s %12.1f %19s %10.1f %8s\n", impls[i]->name, name, med, spread, gbs, share);
             }
             cJSON_Delete(t);
         }
@@ -93,8 +96,11 @@ int kp_bench(const char **impl_names, int nimpl, const char **cases, int ncase, 
             if (bad) return fail_with(&err);
             if (k == 2) {
                 qsort(ref_s, 3, sizeof *ref_s, cmp_seconds);
-                printf("%-26s %-70s %12.1f %12.1f %10s %8s  (%.2f ms per row, %d threads)\n", "reference.topp@host-f64",
-                       name, ref_s[1] * 1e6, ref_s[0] * 1e6, "-", "-", ref_s[1] * 1e3 / (double)rows, kp_thread_count());
+                char spread[40];
+                snprintf(spread, sizeof spread, "%.1f-%.1f", ref_s[0] * 1e6, ref_s[2] * 1e6);
+                printf("%-26s %-70s %12.1f %19s %10s %8s  (%.2f ms per row, %d threads; 3 runs, min-max)\n",
+                       "reference.topp@host-f64", name, ref_s[1] * 1e6, spread, "-", "-", ref_s[1] * 1e3 / (double)rows,
+                       kp_thread_count());
             }
         }
     }

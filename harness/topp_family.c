@@ -385,6 +385,8 @@ static int topp_bench(void *data, const kp_impl *impl, int reps, cJSON *timing, 
         kp_json_add_int(timing, "reps", reps);
         kp_json_add_double(timing, "median_us", us[reps / 2]);
         kp_json_add_double(timing, "min_us", us[0]);
+        kp_json_add_double(timing, "p10_us", us[reps / 10]);
+        kp_json_add_double(timing, "p90_us", us[reps - 1 - reps / 10]);
         kp_json_add_double(timing, "max_us", us[reps - 1]);
         kp_json_add_double(timing, "bytes", bytes);
         kp_json_add_double(timing, "gb_per_s", bytes / (us[reps / 2] * 1e-6) / 1e9);
