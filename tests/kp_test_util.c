@@ -2,6 +2,9 @@
 #define _GNU_SOURCE
 #include "kp_test_util.h"
 
+#include <cjson/cJSON.h>
+#include <criterion/criterion.h>
+
 #include <fcntl.h>
 #include <ftw.h>
 #include <stdio.h>
@@ -124,4 +127,23 @@ int kpt_gpu_available(void) {
 #else
     return 0;
 #endif
+}
+
+char *kpt_dir;
+void kpt_dir_setup(void) { kpt_dir = kpt_tempdir(); }
+void kpt_dir_teardown(void) {
+    kpt_rmtree(kpt_dir);
+    free(kpt_dir);
+    kpt_dir = NULL;
+}
+
+cJSON *kpt_receipt(const char *bundle, int index) {
+    char *path;
+    cr_assert(asprintf(&path, "%s/receipts/%04d.json", bundle, index) > 0);
+    char *text = kpt_read(path, NULL);
+    cr_assert_not_null(text, "no receipt %s", path);
+    cJSON *doc = cJSON_Parse(text);
+    cr_assert_not_null(doc, "%s does not parse", path);
+    free(text), free(path);
+    return doc;
 }

@@ -12,6 +12,15 @@ char *kpt_binary(void);
 const char *kpt_source_dir(void);
 const char *kpt_cuda_plugin(void);
 
+/* A fresh scratch folder per test: TestSuite(name, .init = kpt_dir_setup, .fini = kpt_dir_teardown)
+ * and use kpt_dir. */
+extern char *kpt_dir;
+void kpt_dir_setup(void);
+void kpt_dir_teardown(void);
+/* Parse receipts/NNNN.json of a bundle (asserting it exists and parses); cJSON_Delete it. */
+struct cJSON;
+struct cJSON *kpt_receipt(const char *bundle, int index);
+
 /* Run `argv` (NULL-terminated) with stdout and stderr captured (each truncated to 64 KiB).
  * Returns the exit status, or 128 + signal. The caller frees *out and *errout. */
 int kpt_run(char *const argv[], char **out, char **errout);

@@ -9,27 +9,21 @@
 
 #include "kp_test_util.h"
 
-static char *dir;
-static void setup(void) { dir = kpt_tempdir(); }
-static void teardown(void) {
-    kpt_rmtree(dir);
-    free(dir);
-}
-TestSuite(cli, .init = setup, .fini = teardown, .timeout = 300);
+TestSuite(cli, .init = kpt_dir_setup, .fini = kpt_dir_teardown, .timeout = 300);
 
 static const char *good_case = "topp(batch=2,profile=ordinary,seed=1,top_p=0.9,vocab=300)";
 
 /* A config whose one case is `case_json` (an object) with `extra` members spliced in at the top. */
 static char *config(const char *name, const char *text) {
     char *path;
-    cr_assert(asprintf(&path, "%s/%s.json", dir, name) > 0);
+    cr_assert(asprintf(&path, "%s/%s.json", kpt_dir, name) > 0);
     cr_assert_eq(kpt_write(path, text, strlen(text)), 0);
     return path;
 }
 
 static void expect_usage(const char *text, const char *needle) {
     char *cfg = config("bad", text), *out, *err, *bundle;
-    cr_assert(asprintf(&bundle, "%s/never", dir) > 0);
+    cr_assert(asprintf(&bundle, "%s/never", kpt_dir) > 0);
     char *argv[] = {kpt_binary(), "gate", "--config", cfg, "--out", bundle, "--quiet", NULL};
     int rc = kpt_run(argv, &out, &err);
     cr_assert_eq(rc, 2, "exit %d for %s\n%s", rc, text, err);
@@ -82,16 +76,16 @@ Test(cli, unwritable_output_folder_exits_2_naming_the_path) {
     cr_assert_eq(kpt_run(argv, &out, &err), 2, "%s", err);
     cr_assert(strstr(err, "/proc/version/bundle"), "%s", err);
     /* a non-empty folder is refused too: receipts are never mixed with older files */
-    char *argv2[] = {kpt_binary(), "gate", "--config", cfg, "--out", dir, "--quiet", NULL};
+    char *argv2[] = {kpt_binary(), "gate", "--config", cfg, "--out", kpt_dir, "--quiet", NULL};
     cr_assert_eq(kpt_run(argv2, &out, &err), 2, "%s", err);
-    cr_assert(strstr(err, dir), "%s", err);
+    cr_assert(strstr(err, kpt_dir), "%s", err);
 }
 
 Test(cli, a_filter_that_matches_nothing_is_refused_without_a_bundle) {
     char *cfg, *text, *bundle, *out, *err;
     cr_assert(asprintf(&text, HEAD "\"cases\":[{\"case\":\"%s\",\"checks\":" RULE "}]}", good_case) > 0);
     cfg = config("filter", text);
-    cr_assert(asprintf(&bundle, "%s/none", dir) > 0);
+    cr_assert(asprintf(&bundle, "%s/none", kpt_dir) > 0);
     char *argv[] = {kpt_binary(), "run", "--config", cfg, "--filter", "vocab=999)", "--out", bundle, NULL};
     cr_assert_eq(kpt_run(argv, &out, &err), 2, "%s", err);
     cr_assert(strstr(err, "matches no case"), "%s", err);
@@ -108,14 +102,14 @@ Test(cli, missing_config_and_unknown_options_are_usage_errors) {
     cr_assert_eq(kpt_run(a2, &out, &err), 2);
     char *a3[] = {kpt_binary(), "launch", NULL};
     cr_assert_eq(kpt_run(a3, &out, &err), 2);
-    char *a4[] = {kpt_binary(), "export", "topp(batch=2,profile=ordinary,seed=1,top_p=2,vocab=300)", "--out", dir, NULL};
+    char *a4[] = {kpt_binary(), "export", "topp(batch=2,profile=ordinary,seed=1,top_p=2,vocab=300)", "--out", kpt_dir, NULL};
     cr_assert_eq(kpt_run(a4, &out, &err), 2);
     cr_assert(strstr(err, "'top_p'"), "%s", err);
     char *a5[] = {kpt_binary(), "verify", "/nonexistent-bundle", NULL};
     cr_assert_eq(kpt_run(a5, &out, &err), 2);
 }
 
-/* Run a small gate into dir/name and return the bundle path. */
+/* Run a small gate into kpt_dir/name and return the bundle path. */
 static char *make_bundle(const char *name) {
     char *text, *bundle;
     cr_assert(asprintf(&text,
@@ -128,7 +122,7 @@ static char *make_bundle(const char *name) {
                        "{\"case\":\"topp(batch=2,profile=ties,seed=4,tie_count=300,top_p=0.5,vocab=1000)\","
                        "\"checks\":[{\"check\":\"rule\",\"impl\":\"candidate\"}]}]}") > 0);
     char *cfg = config(name, text);
-    cr_assert(asprintf(&bundle, "%s/%s", dir, name) > 0);
+    cr_assert(asprintf(&bundle, "%s/%s", kpt_dir, name) > 0);
     char *argv[] = {kpt_binary(), "run", "--config", cfg, "--out", bundle, "--quiet", NULL};
     char *out, *err;
     int rc = kpt_run(argv, &out, &err);
@@ -189,12 +183,12 @@ Test(cli, verify_replay_regenerates_inputs_and_reference) {
 
 Test(cli, export_writes_npy_files_numpy_can_open) {
     char *out, *err, *path;
-    char *argv[] = {kpt_binary(), "export", (char *)good_case, "--out", dir, NULL};
+    char *argv[] = {kpt_binary(), "export", (char *)good_case, "--out", kpt_dir, NULL};
     cr_assert_eq(kpt_run(argv, &out, &err), 0, "%s", err);
     const char *names[] = {"logits.npy", "top_p.npy", "reference_keep.npy", "reference_prob.npy", "topp.split_logit@host.npy",
                            "topp.split_prob@host.npy"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
-        cr_assert(asprintf(&path, "%s/%s", dir, names[i]) > 0);
+        cr_assert(asprintf(&path, "%s/%s", kpt_dir, names[i]) > 0);
         size_t len;
         char *data = kpt_read(path, &len);
         cr_assert_not_null(data, "%s missing", names[i]);

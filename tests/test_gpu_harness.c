@@ -11,17 +11,11 @@
 
 #include "kp_test_util.h"
 
-static char *dir;
-static void setup(void) { dir = kpt_tempdir(); }
-static void teardown(void) {
-    kpt_rmtree(dir);
-    free(dir);
-}
-TestSuite(gpu_harness, .init = setup, .fini = teardown, .timeout = 300);
+TestSuite(gpu_harness, .init = kpt_dir_setup, .fini = kpt_dir_teardown, .timeout = 300);
 
 static char *write_config(const char *cases) {
     char *path, *body;
-    cr_assert(asprintf(&path, "%s/c.json", dir) > 0);
+    cr_assert(asprintf(&path, "%s/c.json", kpt_dir) > 0);
     cr_assert(asprintf(&body,
                        "{\"schema\":\"kparity.gate/v1\",\"name\":\"t\",\"plugins\":[{\"path\":\"%s\"}],"
                        "\"impls\":{\"candidate\":\"topp.split_prob@cuda\"},"
@@ -32,16 +26,6 @@ static char *write_config(const char *cases) {
     return path;
 }
 
-static cJSON *read_receipt(const char *bundle, int i) {
-    char *path;
-    cr_assert(asprintf(&path, "%s/receipts/%04d.json", bundle, i) > 0);
-    char *text = kpt_read(path, NULL);
-    cr_assert_not_null(text, "%s", path);
-    cJSON *doc = cJSON_Parse(text);
-    free(text), free(path);
-    return doc;
-}
-
 static const char *check_summary(const cJSON *rec, int k) {
     const cJSON *chk = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(rec, "checks"), k);
     const cJSON *s = cJSON_GetObjectItemCaseSensitive(chk, "summary");
@@ -49,7 +33,7 @@ static const char *check_summary(const cJSON *rec, int k) {
 }
 
 static int gate(const char *cfg, const char *name, char **out, char **err, char **bundle) {
-    cr_assert(asprintf(bundle, "%s/%s", dir, name) > 0);
+    cr_assert(asprintf(bundle, "%s/%s", kpt_dir, name) > 0);
     char *argv[] = {kpt_binary(), "gate", "--config", (char *)cfg, "--out", *bundle, "--quiet", NULL};
     return kpt_run(argv, out, err);
 }
@@ -59,7 +43,7 @@ Test(gpu_harness, guard_regions_catch_a_device_out_of_bounds_write) {
                              "\"checks\":[{\"check\":\"rule\",\"impl\":\"topp.oob@cuda\"}]}");
     char *o, *e, *b;
     cr_assert_eq(gate(cfg, "oob", &o, &e, &b), 3, "%s%s", o, e);
-    cJSON *rec = read_receipt(b, 1);
+    cJSON *rec = kpt_receipt(b, 1);
     cr_assert(strstr(check_summary(rec, 0), "guard region after buffer 'out'"), "%s", check_summary(rec, 0));
     cJSON_Delete(rec);
 }
@@ -69,7 +53,7 @@ Test(gpu_harness, a_device_write_into_row_padding_is_caught) {
                              "\"checks\":[{\"check\":\"rule\",\"impl\":\"topp.pad@cuda\"}]}");
     char *o, *e, *b;
     cr_assert_eq(gate(cfg, "pad", &o, &e, &b), 3, "%s%s", o, e);
-    cJSON *rec = read_receipt(b, 1);
+    cJSON *rec = kpt_receipt(b, 1);
     cr_assert(strstr(check_summary(rec, 0), "row padding"), "%s", check_summary(rec, 0));
     cJSON_Delete(rec);
 }
@@ -81,7 +65,7 @@ Test(gpu_harness, a_sticky_error_ends_the_run_with_receipts_for_what_finished) {
         "{\"case\":\"topp(batch=2,profile=ordinary,seed=3,top_p=0.9,vocab=4096)\",\"checks\":[{\"check\":\"rule\",\"impl\":\"candidate\"}]}");
     char *o, *e, *b;
     cr_assert_eq(gate(cfg, "trap", &o, &e, &b), 3, "%s%s", o, e);
-    cJSON *r1 = read_receipt(b, 1), *r2 = read_receipt(b, 2), *r3 = read_receipt(b, 3);
+    cJSON *r1 = kpt_receipt(b, 1), *r2 = kpt_receipt(b, 2), *r3 = kpt_receipt(b, 3);
     cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(r1, "result")->valuestring, "PASSED");
     cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(r2, "result")->valuestring, "FAILED");
     cr_assert(strstr(check_summary(r2, 0), "sticky"), "%s", check_summary(r2, 0));
@@ -97,7 +81,7 @@ Test(gpu_harness, receipts_record_the_gpu) {
                              "{\"check\":\"batch\",\"impl\":\"candidate\"}]}");
     char *o, *e, *b;
     cr_assert_eq(gate(cfg, "env", &o, &e, &b), 0, "%s%s", o, e);
-    cJSON *rec = read_receipt(b, 1);
+    cJSON *rec = kpt_receipt(b, 1);
     const cJSON *gpu = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(rec, "environment"), "gpu");
     cr_assert(cJSON_IsObject(gpu), "no gpu in the environment");
     const cJSON *uuid = cJSON_GetObjectItemCaseSensitive(gpu, "uuid"), *sms = cJSON_GetObjectItemCaseSensitive(gpu, "sm_count");

@@ -10,19 +10,12 @@
 #include "../harness/kp_checks.h"
 #include "kp_test_util.h"
 
-static char *dir;
-
-static void setup(void) { dir = kpt_tempdir(); }
-static void teardown(void) {
-    kpt_rmtree(dir);
-    free(dir);
-}
-TestSuite(harness, .init = setup, .fini = teardown, .timeout = 300);
+TestSuite(harness, .init = kpt_dir_setup, .fini = kpt_dir_teardown, .timeout = 300);
 
 /* Build the defect plugin with one -D flag (or none) and a name; returns its path. */
 static char *plugin(const char *flag, const char *name) {
     char *so, *src, *inc, *def;
-    cr_assert(asprintf(&so, "%s/%s.so", dir, name) > 0);
+    cr_assert(asprintf(&so, "%s/%s.so", kpt_dir, name) > 0);
     cr_assert(asprintf(&src, "%s/tests/fixtures/plugin_topp_defects.c", kpt_source_dir()) > 0);
     cr_assert(asprintf(&inc, "-I%s/kernels", kpt_source_dir()) > 0);
     cr_assert(asprintf(&def, "-DKPT_NAME=\"%s\"", name) > 0);
@@ -37,7 +30,7 @@ static char *plugin(const char *flag, const char *name) {
 
 static char *write_config(const char *name, const char *body) {
     char *path;
-    cr_assert(asprintf(&path, "%s/%s.json", dir, name) > 0);
+    cr_assert(asprintf(&path, "%s/%s.json", kpt_dir, name) > 0);
     cr_assert_eq(kpt_write(path, body, strlen(body)), 0);
     return path;
 }
@@ -69,17 +62,6 @@ static int gate(const char *config, const char *out, char **stdout_text, char **
     return kpt_run(argv, stdout_text, stderr_text);
 }
 
-static cJSON *receipt(const char *bundle, int index) {
-    char *path;
-    cr_assert(asprintf(&path, "%s/receipts/%04d.json", bundle, index) > 0);
-    char *text = kpt_read(path, NULL);
-    cr_assert_not_null(text, "no receipt %s", path);
-    cJSON *doc = cJSON_Parse(text);
-    cr_assert_not_null(doc);
-    free(text), free(path);
-    return doc;
-}
-
 static const cJSON *check_of(const cJSON *rec, int k) {
     return cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(rec, "checks"), k);
 }
@@ -97,7 +79,7 @@ static double num(const cJSON *obj, const char *key) {
 
 static char *bundle_path(const char *name) {
     char *p;
-    cr_assert(asprintf(&p, "%s/%s", dir, name) > 0);
+    cr_assert(asprintf(&p, "%s/%s", kpt_dir, name) > 0);
     return p;
 }
 
@@ -108,7 +90,7 @@ Test(harness, clean_impl_passes_every_check_and_the_bundle_verifies) {
     char *out = bundle_path("clean"), *o, *e;
     int rc = gate(cfg, out, &o, &e);
     cr_assert_eq(rc, 0, "exit %d\n%s\n%s", rc, o, e);
-    cJSON *rec = receipt(out, 1);
+    cJSON *rec = kpt_receipt(out, 1);
     cr_assert_str_eq(str(rec, "result"), "PASSED");
     for (int k = 0; k < 3; k++) cr_assert_str_eq(str(check_of(rec, k), "result"), "PASSED", "check %d", k);
     char *argv[] = {kpt_binary(), "verify", out, "--replay", NULL};
@@ -121,7 +103,7 @@ Test(harness, rule_catches_one_dropped_token_and_names_it) {
     char *cfg = config_for(so, "topp.flip@host", "[{\"check\":\"rule\",\"impl\":\"candidate\"}]", NULL);
     char *out = bundle_path("flip"), *o, *e;
     cr_assert_eq(gate(cfg, out, &o, &e), 1, "%s%s", o, e);
-    cJSON *rec = receipt(out, 1);
+    cJSON *rec = kpt_receipt(out, 1);
     const cJSON *chk = check_of(rec, 0);
     cr_assert_str_eq(str(chk, "result"), "INCORRECT");
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(chk, "findings");
@@ -142,7 +124,7 @@ Test(harness, exact_names_differing_rows_and_who_meets_the_rule) {
                        clean, flip) > 0);
     char *cfg = write_config("exact", body), *out = bundle_path("exact"), *o, *e;
     cr_assert_eq(gate(cfg, out, &o, &e), 1, "%s%s", o, e);
-    cJSON *rec = receipt(out, 1);
+    cJSON *rec = kpt_receipt(out, 1);
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(check_of(rec, 0), "findings");
     cr_assert_eq(num(f, "rows_differ"), 3);
     cr_assert_eq(num(f, "elements_differ"), 3);
@@ -160,7 +142,7 @@ Test(harness, repeat_catches_run_to_run_variation) {
     char *cfg = config_for(so, "topp.varies@host", "[{\"check\":\"repeat\",\"impl\":\"candidate\"}]", NULL);
     char *out = bundle_path("repeat"), *o, *e;
     cr_assert_eq(gate(cfg, out, &o, &e), 1, "%s%s", o, e);
-    cJSON *rec = receipt(out, 1);
+    cJSON *rec = kpt_receipt(out, 1);
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(check_of(rec, 0), "findings");
     cr_assert_eq(num(f, "distinct_outputs"), 4);
     cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(f, "rows_varying")), 12);
@@ -172,7 +154,7 @@ Test(harness, batch_catches_batch_dependence) {
     char *cfg = config_for(so, "topp.batchy@host", "[{\"check\":\"batch\",\"impl\":\"candidate\"}]", NULL);
     char *out = bundle_path("batch"), *o, *e;
     cr_assert_eq(gate(cfg, out, &o, &e), 1, "%s%s", o, e);
-    cJSON *rec = receipt(out, 1);
+    cJSON *rec = kpt_receipt(out, 1);
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(check_of(rec, 0), "findings");
     /* the full batch (12) and the 65-row probe drop a token; alone (1) and the halves (6) do not */
     cr_assert_eq(num(f, "row_differences"), 12 + 12);
@@ -185,7 +167,7 @@ Test(harness, guard_regions_catch_an_out_of_bounds_write) {
     char *cfg = config_for(so, "topp.oob@host", "[{\"check\":\"rule\",\"impl\":\"candidate\"}]", NULL);
     char *out = bundle_path("oob"), *o, *e;
     cr_assert_eq(gate(cfg, out, &o, &e), 3, "%s%s", o, e);
-    cJSON *rec = receipt(out, 1);
+    cJSON *rec = kpt_receipt(out, 1);
     cr_assert_str_eq(str(check_of(rec, 0), "result"), "FAILED");
     cr_assert(strstr(str(check_of(rec, 0), "summary"), "guard region after buffer 'out'"), "%s", str(check_of(rec, 0), "summary"));
     cJSON_Delete(rec);
@@ -196,7 +178,7 @@ Test(harness, a_write_into_row_padding_fails_the_case) {
     char *cfg = config_for(so, "topp.pad@host", "[{\"check\":\"rule\",\"impl\":\"candidate\"}]", NULL);
     char *out = bundle_path("pad"), *o, *e;
     cr_assert_eq(gate(cfg, out, &o, &e), 3, "%s%s", o, e);
-    cJSON *rec = receipt(out, 1);
+    cJSON *rec = kpt_receipt(out, 1);
     cr_assert(strstr(str(check_of(rec, 0), "summary"), "row padding"), "%s", str(check_of(rec, 0), "summary"));
     cJSON_Delete(rec);
 }
@@ -211,7 +193,7 @@ Test(harness, expect_reports_loudly_when_a_known_defect_does_not_reproduce) {
     char *out = bundle_path("expect"), *o, *e;
     cr_assert_eq(gate(cfg, out, &o, &e), 1, "%s%s", o, e);
     cr_assert(strstr(e, "KNOWN DEFECT DID NOT REPRODUCE"), "%s", e);
-    cJSON *rec = receipt(out, 1);
+    cJSON *rec = kpt_receipt(out, 1);
     cr_assert_str_eq(str(check_of(rec, 0), "result"), "INCORRECT");
     cr_assert_str_eq(str(check_of(rec, 1), "result"), "PASSED", "the real incumbent does mask every forced row");
     cJSON_Delete(rec);
@@ -239,7 +221,7 @@ Test(harness, a_timeout_exits_4_with_a_verifiable_bundle) {
     char *out = bundle_path("timeout"), *o, *e;
     char *argv[] = {kpt_binary(), "gate", "--config", cfg, "--out", out, "--timeout", "0.01", "--quiet", NULL};
     cr_assert_eq(kpt_run(argv, &o, &e), 4, "%s%s", o, e);
-    cJSON *rec = receipt(out, 2);
+    cJSON *rec = kpt_receipt(out, 2);
     cr_assert_str_eq(str(rec, "result"), "NOT_RUN");
     char *vargv[] = {kpt_binary(), "verify", out, NULL};
     cr_assert_eq(kpt_run(vargv, NULL, NULL), 0);
@@ -255,11 +237,11 @@ Test(harness, the_watchdog_ends_a_hung_case_as_failed_and_keeps_the_bundle_intac
     char *argv[] = {kpt_binary(), "gate", "--config", cfg, "--out", out, "--timeout", "1", "--quiet", "--", "/bin/echo", "started", NULL};
     cr_assert_eq(kpt_run(argv, &o, &e), 4, "%s%s", o, e);
     cr_assert_null(strstr(o, "started"));
-    cJSON *rec = receipt(out, 1);
+    cJSON *rec = kpt_receipt(out, 1);
     cr_assert_str_eq(str(rec, "result"), "FAILED");
     const cJSON *reason = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(rec, "reasons"), 0);
     cr_assert(cJSON_IsString(reason) && strstr(reason->valuestring, "timeout"), "%s", cJSON_IsString(reason) ? reason->valuestring : "");
-    cJSON *rec2 = receipt(out, 2);
+    cJSON *rec2 = kpt_receipt(out, 2);
     cr_assert_str_eq(str(rec2, "result"), "NOT_RUN");
     char *vargv[] = {kpt_binary(), "verify", out, NULL};
     cr_assert_eq(kpt_run(vargv, NULL, &e), 0, "%s", e);
