@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../kernels/kp_registry.h"
+
 const float mixed_ps[8] = {0.95f, 1e-8f, 1.0f, 0.5f, 0.99f, 0.8f, 0.1f, 0.9f}; /* cases/'s top_p=mixed */
 
 uint64_t splitmix(uint64_t *state) {
@@ -56,4 +58,16 @@ uint32_t bits_of(float x) {
     uint32_t b;
     memcpy(&b, &x, sizeof b);
     return b;
+}
+
+float *alloc_floats(int64_t n) {
+    float *p = malloc((size_t)n * sizeof *p);
+    cr_assert(p, "out of host memory for %lld floats", (long long)n);
+    return p;
+}
+
+const kp_impl *impl_named(const char *name) {
+    const kp_impl *impl = kp_impl_find(name);
+    cr_assert(impl, "impl %s is not registered", name);
+    return impl;
 }

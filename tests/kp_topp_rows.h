@@ -16,5 +16,9 @@ void fill_flat(float *row, int64_t vocab, uint64_t seed, double spread);
  * order is not its index order. Returns N. */
 int64_t make_level_row(float *x, int64_t vocab, uint64_t seed, int64_t N);
 uint32_t bits_of(float x);
+/* Allocation and lookup that fail the test instead of returning NULL. */
+float *alloc_floats(int64_t n);
+struct kp_impl;
+const struct kp_impl *impl_named(const char *name);
 
 #endif

@@ -18,18 +18,6 @@
 #include "kp_topp_rows.h"
 
 
-static float *alloc_floats(int64_t n) {
-    float *p = malloc((size_t)n * sizeof *p);
-    cr_assert(p, "out of host memory for %lld floats", (long long)n);
-    return p;
-}
-
-static const kp_impl *impl_named(const char *name) {
-    const kp_impl *impl = kp_impl_find(name);
-    cr_assert(impl, "impl %s is not registered", name);
-    return impl;
-}
-
 /* The host port of a CUDA impl: same algorithm, same slice choice given the same sm_count. */
 static const kp_impl *host_port(const kp_impl *cuda) {
     return strstr(cuda->name, "split_logit") ? impl_named("topp.split_logit@host") : impl_named("topp.split_prob@host");

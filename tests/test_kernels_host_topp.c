@@ -14,18 +14,6 @@
 #include "kp_test_util.h"
 #include "kp_topp_rows.h"
 
-static float *alloc_floats(int64_t n) {
-    float *p = malloc((size_t)n * sizeof *p);
-    cr_assert(p, "out of memory for %lld floats", (long long)n);
-    return p;
-}
-
-static const kp_impl *impl_named(const char *name) {
-    const kp_impl *impl = kp_impl_find(name);
-    cr_assert(impl, "impl %s is not registered", name);
-    return impl;
-}
-
 static int run_topp(const kp_impl *impl, const float *logits, float *out, const float *top_p, int64_t batch,
                     int64_t vocab, int64_t stride, int32_t sm_count) {
     kp_topp_args a = {.logits = logits, .out = out, .top_p = top_p, .batch = batch, .vocab = vocab,
