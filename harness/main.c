@@ -226,7 +226,11 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(cmd, "list")) return cmd_list(config);
     if (!strcmp(cmd, "run")) return cmd_run(0, config, out, filter, timeout, quiet, json, NULL);
-    if (!strcmp(cmd, "gate")) return cmd_run(1, config, out, filter, timeout, quiet, json, command);
+    if (!strcmp(cmd, "gate")) {
+        /* a gate runs its frozen config whole: a subset that passes must not start a server */
+        if (filter) return usage("gate runs the whole config; --filter is for `kparity run`");
+        return cmd_run(1, config, out, NULL, timeout, quiet, json, command);
+    }
     if (!strcmp(cmd, "verify")) return cmd_verify(positional, replay);
     if (!strcmp(cmd, "export")) return cmd_export(positional, out, impls, nimpl);
     if (!strcmp(cmd, "bench")) return kp_bench(impls, nimpl, cases, ncase, reps);

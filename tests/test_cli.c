@@ -100,6 +100,9 @@ Test(cli, missing_config_and_unknown_options_are_usage_errors) {
     cr_assert(strstr(err, "/nonexistent/x.json"), "%s", err);
     char *a2[] = {kpt_binary(), "gate", "--frobnicate", NULL};
     cr_assert_eq(kpt_run(a2, &out, &err), 2);
+    char *a6[] = {kpt_binary(), "gate", "--config", "x.json", "--filter", "topp", NULL};
+    cr_assert_eq(kpt_run(a6, &out, &err), 2, "a gate must run its whole config");
+    cr_assert(strstr(err, "--filter"), "%s", err);
     char *a3[] = {kpt_binary(), "launch", NULL};
     cr_assert_eq(kpt_run(a3, &out, &err), 2);
     char *a4[] = {kpt_binary(), "export", "topp(batch=2,profile=ordinary,seed=1,top_p=2,vocab=300)", "--out", kpt_dir, NULL};
