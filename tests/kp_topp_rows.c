@@ -71,3 +71,54 @@ const kp_impl *impl_named(const char *name) {
     cr_assert(impl, "impl %s is not registered", name);
     return impl;
 }
+
+row_verdict judge_row(const float *x, const float *y, int64_t vocab) {
+    row_verdict v = {0, 0, 0, 0.0, INFINITY, INFINITY, -INFINITY, 0};
+    float m32 = -INFINITY;
+    for (int64_t i = 0; i < vocab; i++)
+        if (isfinite(x[i]) && x[i] > m32) m32 = x[i];
+    double m = m32, z = 0.0;
+    for (int64_t i = 0; i < vocab; i++)
+        if (isfinite(x[i])) z += exp((double)x[i] - m);
+    for (int64_t i = 0; i < vocab; i++) {
+        int finite = isfinite(x[i]) != 0;
+        v.finite += finite;
+        int kept = finite && bits_of(y[i]) == bits_of(x[i]);
+        if (kept) {
+            double prob = exp((double)x[i] - m) / z;
+            v.kept++;
+            v.mass += prob;
+            if (prob < v.min_kept_prob) v.min_kept_prob = prob;
+            if (x[i] < v.min_kept) v.min_kept = x[i];
+        } else if (bits_of(y[i]) != bits_of(-INFINITY)) {
+            v.altered++;
+        } else if (finite && x[i] > v.max_dropped) {
+            v.max_dropped = x[i];
+        }
+    }
+    if (v.min_kept < v.max_dropped) {
+        /* exp(x - max) sees x only through the f32 difference: equal differences are equal probs on
+         * every device, and split_logit groups ties by that prob, not by the logit */
+        float kept_diff = v.min_kept - m32, dropped_diff = v.max_dropped - m32;
+        v.prob_tie_inversion = kept_diff == dropped_diff;
+    }
+    return v;
+}
+
+/* The rule's properties for one row; returns a reason or NULL. split_prob is held to all of them;
+ * split_logit's ties are tokens of equal f32 prob, so it may keep a lower logit and drop a higher one
+ * when both round to the same f32 x - max (seen at 154856 tokens): with `prob_ties` that inversion
+ * is allowed and flagged in out_v, any other is not. */
+const char *rule_violation(const float *x, const float *y, int64_t vocab, float top_p, int minimal,
+                                  int prob_ties, row_verdict *out_v) {
+    row_verdict v = judge_row(x, y, vocab);
+    if (out_v) *out_v = v;
+    if (v.altered) return "an output is neither -inf nor the input's bits";
+    if (v.finite && v.kept == 0) return "every token dropped although the row has finite logits";
+    if (top_p >= 1.0f && v.kept != v.finite) return "top_p >= 1 dropped a finite token";
+    if (v.mass < (double)top_p - MASS_BAND && v.kept != v.finite) return "kept mass below top_p";
+    if (v.min_kept < v.max_dropped && !(prob_ties && v.prob_tie_inversion))
+        return "not monotone: a dropped logit exceeds a kept one";
+    if (minimal && v.mass - v.min_kept_prob >= (double)top_p + MASS_BAND) return "not minimal";
+    return NULL;
+}

@@ -21,4 +21,23 @@ float *alloc_floats(int64_t n);
 struct kp_impl;
 const struct kp_impl *impl_named(const char *name);
 
+/* What a float64 look at one output row finds: the kernel tests' own judge, independent of
+ * reference/. */
+typedef struct row_verdict {
+    int64_t kept, finite, altered; /* altered: neither -inf nor the input's bits */
+    double mass;                   /* float64 mass of the kept set */
+    double min_kept_prob;
+    float min_kept, max_dropped;   /* logits */
+    int prob_tie_inversion;        /* min_kept < max_dropped, but both round to the same f32 x - max */
+} row_verdict;
+
+/* f32 kernels summing ~1e5 terms reach ~1e-6 of mass error; 1e-5 leaves room and still catches a
+ * missing boundary token of 2*N(0,1) logits at p = 0.95 only when it is larger than that. */
+#define MASS_BAND 1e-5
+
+row_verdict judge_row(const float *x, const float *y, int64_t vocab);
+/* The rule's properties for one row; returns a reason or NULL (see kp_topp_rows.c). */
+const char *rule_violation(const float *x, const float *y, int64_t vocab, float top_p, int minimal, int prob_ties,
+                           row_verdict *out_v);
+
 #endif

@@ -121,64 +121,6 @@ static int64_t differing(const float *a, const float *b, int64_t n) {
     return d;
 }
 
-/* ---- the judge: float64 mass with libm exp, from the rule ---- */
-
-typedef struct row_verdict {
-    int64_t kept, finite, altered;
-    double mass, min_kept_prob;
-    float min_kept, max_dropped;
-    int prob_tie_inversion; /* min_kept < max_dropped, but both round to the same f32 x - max */
-} row_verdict;
-
-static row_verdict judge_row(const float *x, const float *y, int64_t vocab) {
-    row_verdict v = {0, 0, 0, 0.0, INFINITY, INFINITY, -INFINITY, 0};
-    float m32 = -INFINITY;
-    for (int64_t i = 0; i < vocab; i++)
-        if (isfinite(x[i]) && x[i] > m32) m32 = x[i];
-    double m = m32, z = 0.0;
-    for (int64_t i = 0; i < vocab; i++)
-        if (isfinite(x[i])) z += exp((double)x[i] - m);
-    for (int64_t i = 0; i < vocab; i++) {
-        int finite = isfinite(x[i]) != 0;
-        v.finite += finite;
-        if (finite && bits_of(y[i]) == bits_of(x[i])) {
-            double prob = exp((double)x[i] - m) / z;
-            v.kept++;
-            v.mass += prob;
-            if (prob < v.min_kept_prob) v.min_kept_prob = prob;
-            if (x[i] < v.min_kept) v.min_kept = x[i];
-        } else if (bits_of(y[i]) != bits_of(-INFINITY)) {
-            v.altered++;
-        } else if (finite && x[i] > v.max_dropped) {
-            v.max_dropped = x[i];
-        }
-    }
-    if (v.min_kept < v.max_dropped) {
-        /* exp(x - max) sees x only through the f32 difference: equal differences are equal probs on
-         * every device, and split_logit groups ties by that prob, not by the logit */
-        float kept_diff = v.min_kept - m32, dropped_diff = v.max_dropped - m32;
-        v.prob_tie_inversion = kept_diff == dropped_diff;
-    }
-    return v;
-}
-
-#define MASS_BAND 1e-5 /* f32 sums over ~1e5 terms reach ~1e-6 of mass */
-
-/* The rule's properties for one row (see tests/test_kernels_host_topp.c for `prob_ties`). */
-static const char *rule_violation(const float *x, const float *y, int64_t vocab, float top_p, int minimal,
-                                  int prob_ties, row_verdict *out_v) {
-    row_verdict v = judge_row(x, y, vocab);
-    if (out_v) *out_v = v;
-    if (v.altered) return "an output is neither -inf nor the input's bits";
-    if (v.finite && v.kept == 0) return "every token dropped although the row has finite logits";
-    if (top_p >= 1.0f && v.kept != v.finite) return "top_p >= 1 dropped a finite token";
-    if (v.mass < (double)top_p - MASS_BAND && v.kept != v.finite) return "kept mass below top_p";
-    if (v.min_kept < v.max_dropped && !(prob_ties && v.prob_tie_inversion))
-        return "not monotone: a dropped logit exceeds a kept one";
-    if (minimal && v.mass - v.min_kept_prob >= (double)top_p + MASS_BAND) return "not minimal";
-    return NULL;
-}
-
 /* Compare a CUDA output with its host port's, row by row. With all_exact every row must match bit for
  * bit; otherwise differing tokens are counted and reported. Every row except `defect_row` (a forced
  * row, judged by the caller) must follow the rule either way. */
