@@ -46,7 +46,10 @@
  *    after 4 rounds it is at most 64 floats wide and the 5th round's pivots are every float in it:
  *    KP_TOPP_ROUNDS_PROB = 5 rounds always decide (near-uniform rows decide in round 1); a round
  *    after the decision does nothing. The decision depends only on the multiset of f32 probs and P,
- *    not on the path (host and CUDA may take other pivots where expf differs in the last bit).
+ *    not on the path: q is the one f32 prob with mass(prob > q) < P <= mass(prob >= q). So the CUDA
+ *    kernels take F = KP_TOPP_FANOUT_PROB_GPU (2048) pivots a round (< 2^30 -> 2^19 -> 2^8 -> 1
+ *    bits: KP_TOPP_ROUNDS_PROB_GPU = 3 rounds decide) and find j with a parallel scan; both devices
+ *    share kp_topp_advance_to, which applies a round's j whatever F.
  * 4. Ties. numkeep = n_level - floor((mass(lo) - P) / fix(q)), clamped to [1, n_level]. The kept
  *    members of the level are the first numkeep in the rule's order: logit descending (-0 = +0),
  *    then index ascending. Host: sort the level. CUDA: the mask kernel (many blocks per row) lists
@@ -80,6 +83,8 @@
 
 #define KP_TOPP_FANOUT_PROB 64
 #define KP_TOPP_ROUNDS_PROB 5
+#define KP_TOPP_FANOUT_PROB_GPU 2048   /* split_prob@cuda: 2048 pivots a round ... */
+#define KP_TOPP_ROUNDS_PROB_GPU 3      /* ... so 3 rounds decide (< 2^30 -> 2^19 -> 2^8 -> 1 bits) */
 #define KP_TOPP_FIX_SCALE 0x1p62f      /* fix(prob) = trunc(prob * 2^62) */
 #define KP_TOPP_BLOCKS_PER_SM 4        /* split_prob@cuda: programs per SM it aims the grid at */
 #define KP_TOPP_BAND_MARGIN 1e-3       /* nats: expf's error is ~1e-7 relative, far inside */
@@ -157,9 +162,11 @@ KP_TOPP_HD_ONCE void kp_topp_start(kp_topp_search *s, float row_max, float z, fl
     s->mode = s->hi > s->lo ? KP_TOPP_LIVE : KP_TOPP_KEEP_FINITE;
 }
 
-KP_TOPP_HD uint32_t kp_topp_pivot(const kp_topp_search *s, int f) {
-    return s->lo + (uint32_t)(((uint64_t)(uint32_t)f * (uint64_t)(s->hi - s->lo)) / KP_TOPP_FANOUT_PROB);
+/* Pivot f of a round with `fanout` pivots (the host: KP_TOPP_FANOUT_PROB; CUDA: KP_TOPP_FANOUT_PROB_GPU). */
+KP_TOPP_HD uint32_t kp_topp_pivot_of(const kp_topp_search *s, int f, int fanout) {
+    return s->lo + (uint32_t)(((uint64_t)(uint32_t)f * (uint64_t)(s->hi - s->lo)) / (uint64_t)fanout);
 }
+KP_TOPP_HD uint32_t kp_topp_pivot(const kp_topp_search *s, int f) { return kp_topp_pivot_of(s, f, KP_TOPP_FANOUT_PROB); }
 
 /* Bucket of a prob with lo < prob <= hi: #{f : pivot_f < prob}, in 1 .. F (pivots non-decreasing). */
 KP_TOPP_HD int kp_topp_bucket(const uint32_t pivots[KP_TOPP_FANOUT_PROB], uint32_t prob_bits) {
@@ -176,32 +183,16 @@ KP_TOPP_HD int kp_topp_bucket(const uint32_t pivots[KP_TOPP_FANOUT_PROB], uint32
     return lo;
 }
 
-/* One round's buckets (hist[1 .. F]; hist[0] unused) applied to the state. */
-KP_TOPP_HD_ONCE void kp_topp_advance(kp_topp_search *s, const uint64_t hist[KP_TOPP_FANOUT_PROB + 1]) {
+/* A round's outcome applied to the state: j = the largest f with mass(f) >= P (-1: none), mass_j =
+ * mass(j), mass_next = mass(j + 1) (mass(F) = mass(hi)). Shared by both devices, whatever fan-out. */
+KP_TOPP_HD_ONCE void kp_topp_advance_to(kp_topp_search *s, int j, uint64_t mass_j, uint64_t mass_next, int fanout) {
     if (s->mode != KP_TOPP_LIVE) return;
-    /* mass(f) = mass(hi) + hist[f+1] + ... + hist[F] falls as f rises: scan down from F-1 for the
-     * largest f with mass(f) >= P, keeping mass(f+1) (mass(F) = mass(hi)) */
-    uint64_t run = s->hi_mass, mass_j = 0, mass_next = 0;
-    int j = -1;
-#ifdef __CUDA_ARCH__
-#pragma unroll 1
-#endif
-    for (int f = KP_TOPP_FANOUT_PROB - 1; f >= 0; f--) {
-        uint64_t before = run;
-        run += hist[f + 1];
-        if (run >= s->target) {
-            j = f;
-            mass_j = run;
-            mass_next = before;
-            break;
-        }
-    }
     if (j < 0) { /* even every token above lo misses P: the f32 mass never reaches it */
         s->mode = KP_TOPP_KEEP_FINITE;
         return;
     }
-    uint32_t new_lo = kp_topp_pivot(s, j);
-    uint32_t new_hi = j + 1 < KP_TOPP_FANOUT_PROB ? kp_topp_pivot(s, j + 1) : s->hi;
+    uint32_t new_lo = kp_topp_pivot_of(s, j, fanout);
+    uint32_t new_hi = j + 1 < fanout ? kp_topp_pivot_of(s, j + 1, fanout) : s->hi;
     uint64_t new_hi_mass = mass_next;
     s->lo = new_lo;
     s->hi = new_hi;
@@ -220,6 +211,26 @@ KP_TOPP_HD_ONCE void kp_topp_advance(kp_topp_search *s, const uint64_t hist[KP_T
     s->mode = KP_TOPP_LEVEL;
     s->numdup = n;
     s->numkeep = keep < 1 ? 1 : keep;
+}
+
+/* One round's buckets (hist[1 .. F], F = KP_TOPP_FANOUT_PROB; hist[0] unused) applied to the state:
+ * mass(f) = mass(hi) + hist[f+1] + ... + hist[F] falls as f rises, so scan down from F-1 for the
+ * largest f with mass(f) >= P. */
+KP_TOPP_HD_ONCE void kp_topp_advance(kp_topp_search *s, const uint64_t hist[KP_TOPP_FANOUT_PROB + 1]) {
+    if (s->mode != KP_TOPP_LIVE) return;
+    uint64_t run = s->hi_mass, mass_j = 0, mass_next = 0;
+    int j = -1;
+    for (int f = KP_TOPP_FANOUT_PROB - 1; f >= 0; f--) {
+        uint64_t before = run;
+        run += hist[f + 1];
+        if (run >= s->target) {
+            j = f;
+            mass_j = run;
+            mass_next = before;
+            break;
+        }
+    }
+    kp_topp_advance_to(s, j, mass_j, mass_next, KP_TOPP_FANOUT_PROB);
 }
 
 /* After the last round: a search still LIVE keeps prob > lo (a superset reaching P). */

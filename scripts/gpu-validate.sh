@@ -19,9 +19,15 @@ run sh -c "/usr/bin/time -v $D/kparity gate --config ci/gates/glm-split-topp-cud
 run "$D/kparity" verify "$O/cuda-gate" --replay
 run "$D/kparity" gate --config ci/gates/glm-split-topp.json --out "$O/host-gate" --quiet
 run "$D/kparity" gate --config ci/gates/default.json --out "$O/default-gate"
-run "$D/kparity" bench --reps 50
+run "$D/kparity" bench --reps 100
+run "$D/kparity" bench --reps 100 --case "topp(batch=4,profile=flat,seed=58231,top_p=0.95,vocab=131072)" \
+    --case "topp(batch=64,profile=flat,seed=58231,top_p=0.95,vocab=154856)"
 run compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 "$D/test_gpu_topp_kernels"
 run compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 "$D/test_gpu_harness" \
     --filter 'gpu_harness/receipts_record_the_gpu'
+for tool in racecheck synccheck; do
+    run compute-sanitizer --tool $tool --target-processes all --error-exitcode 9 "$D/test_gpu_topp_kernels" \
+        --filter 'gpu_topp/@(level_members_kept_in_rule_order_match_host|thousand_way_tie_keeps_prefix_every_call)'
+done
 (cd "$O" && tar czf bundles.tgz cuda-gate host-gate default-gate && rm -rf cuda-gate host-gate default-gate)
 grep -E '^\$|^exit|Synthesis|verdict|stages|Elapsed|Maximum resident|ERROR SUMMARY' "$log"

@@ -13,24 +13,31 @@
  *   3. topp_mask_kernel: replays the search, then masks; the tie budget is handed out in index
  *      order (dup counts of lower pieces from the stored partials, a ballot scan inside).
  *
- * split_prob: programs per row chosen so the grid is about KP_TOPP_BLOCKS_PER_SM programs per SM
- * (the tiles and the integer sums make every bit independent of that choice); 8 launches:
- *   1. topp_stats_kernel over fixed 2048-token tiles (as above); also zeroes round 0's buckets.
- *   2. prob_round_kernel x5: the search state entering the round comes from the previous round's
- *      state and bucket sums (kp_topp_advance; slice 0 stores it); a decided row returns at once.
- *      Each program buckets the tokens of its tiles with lo < prob <= hi (expf skipped outside a
- *      1e-3-nat band) into per-warp shared histograms of 64-bit fix-masses (32-bit atomics with
- *      carry), then adds them into the row's buckets with 64-bit global atomics: integer sums,
- *      exact and order-free. It also zeroes the next round's buckets.
+ * split_prob: the search of topp_split.h with KP_TOPP_FANOUT_PROB_GPU = 2048 pivots a round, so
+ * KP_TOPP_ROUNDS_PROB_GPU = 3 rounds decide (the host port takes 64 a round, 5 rounds; the decision
+ * depends only on the multiset of f32 probs and P, not on the pivots on the way). A memset zeroes
+ * the bucket masses and counters, then 6 launches:
+ *   1. prob_stats_kernel: one warp per 2048-token tile, the tile in registers, no block barriers;
+ *      the records are topp_stats_kernel's bit for bit (see there). The warp that finishes a row's
+ *      last tile (a fence, then a counter) combines the tiles in order and stores round 0's state.
+ *   2. prob_round_kernel x3, programs per row chosen so the grid is about KP_TOPP_BLOCKS_PER_SM
+ *      programs per SM (the tiles and the integer sums make every bit independent of that choice).
+ *      A program reads the state entering its round (a decided row passes it on and returns); it
+ *      buckets the tokens of its tiles with lo < prob <= hi (expf skipped outside a 1e-3-nat band)
+ *      into a shared histogram of 64-bit fix-masses (32-bit atomics with carry; per warp, by float,
+ *      when the bracket is at most 255 floats wide), then adds them into the row's buckets with
+ *      64-bit global atomics: integer sums, exact and order-free. The row's last program (fence,
+ *      counter) decides the round with a parallel suffix scan and stores the next state.
  *   3. prob_mask_kernel: the final state; keeps prob > lo and drops the rest, leaving the members
  *      of a level to be trimmed to prob_select_kernel, and lists them (logit key, index) in the
  *      workspace, in a varying order (shared buffer per tile, one global atomic per tile and block).
  *   4. prob_select_kernel: one 1024-thread block per row that needs a trim; it selects over the list
- *      (up to 16384 members), or rescans the row past that (see there).
+ *      (up to 16384 members, cached in dynamic shared memory), or rescans the row past that.
  * Workspace: split_logit: stats [batch][32] and partials [batch][5][32][8] (16 bytes each);
- * split_prob: tile stats [batch][ceil(vocab / 2048)], buckets [batch][5][65] (8 bytes), states
- * [batch][6], level counts [batch][4] and level lists [batch][3][min(vocab, 16384) rounded up to 4]
- * (4 bytes). Nothing is read from the workspace before this call wrote it.
+ * split_prob: tile stats [batch][ceil(vocab / 2048)] (16 bytes), buckets [batch][3][2049] (8 bytes)
+ * and counters [batch][8] (4 bytes; these two zeroed by the memset), states [batch][4] and level
+ * lists [batch][3][min(vocab, 16384) rounded up to 4] (4 bytes). Nothing is read from the workspace
+ * before this call wrote it.
  * The host ports (kernels/host/topp_split.c) use the same order of f32 operations, so host and
  * CUDA differ only where CUDA's expf/logf differ from the host libm's in the last bits.
  * f32 products that feed a sum use __fmul_rn so nvcc cannot contract them into an FMA the host
@@ -78,19 +85,18 @@ struct topp_plan {
     int pieces_per_program;
     topp_stats *stats;     /* [batch][piece_cap] */
     topp_part *parts;      /* split_logit: [batch][rounds][piece_cap][F] */
-    unsigned long long *hist; /* split_prob: [batch][KP_TOPP_ROUNDS_PROB][F + 1] bucket fix-masses */
-    kp_topp_search *search;   /* split_prob: [batch][KP_TOPP_ROUNDS_PROB + 1] the state entering each round */
-    unsigned *level_count;    /* split_prob: [batch][4] members of the trimmed level appended by the mask (word 0) */
+    unsigned long long *hist; /* split_prob: [batch][PROB_R][PROB_F + 1] bucket fix-masses */
+    kp_topp_search *search;   /* split_prob: [batch][PROB_R + 1] the state entering each round */
+    unsigned *counts;         /* split_prob: [batch][CNT_WORDS]: members of the trimmed level the mask appended,
+                                 programs finished per kernel (zeroed by the launcher) */
     uint32_t *level_list;     /* split_prob: [batch][3][level_cap] their logit keys, indices, and scratch */
     int level_cap;            /* split_prob: entries per list, min(vocab, LEVEL_CAP) rounded up to 4 */
+    int sel_cap;              /* split_prob: entries prob_select_kernel caches in shared memory */
 };
 
 template <int ALGO> struct topp_traits;
 template <> struct topp_traits<ALGO_SPLIT_LOGIT> {
     static constexpr int rounds = KP_TOPP_ROUNDS_LOGIT;
-};
-template <> struct topp_traits<ALGO_SPLIT_PROB> {
-    static constexpr int rounds = KP_TOPP_ROUNDS_PROB;
 };
 
 __device__ __forceinline__ bool finite_logit(float x) { return isfinite(x); }
@@ -358,12 +364,6 @@ __global__ void __launch_bounds__(TOPP_THREADS) topp_stats_kernel(topp_plan plan
     const float *x = plan.logits + row * plan.row_stride;
     const int first = slice * plan.pieces_per_program;
     const int last = min(first + plan.pieces_per_program, plan.piece_count);
-    /* split_prob: round 0's buckets start at zero (written here, not by a memset on the stream, so
-     * nothing depends on the workspace's contents before the call) */
-    if (ALGO == ALGO_SPLIT_PROB && slice == 0 && t <= KP_TOPP_FANOUT_PROB)
-        plan.hist[row * KP_TOPP_ROUNDS_PROB * (KP_TOPP_FANOUT_PROB + 1) + t] = 0;
-    /* split_prob: the mask kernel appends the trimmed level's members after a count that starts at 0 */
-    if (ALGO == ALGO_SPLIT_PROB && slice == 0 && t == 0) plan.level_count[row * 4] = 0;
     for (int piece = first; piece < last; piece++) {
         const int begin = piece * plan.piece_len, end = min(begin + plan.piece_len, plan.vocab);
         float mx = -INFINITY, mn = INFINITY;
@@ -559,67 +559,130 @@ __global__ void __launch_bounds__(TOPP_THREADS) topp_mask_kernel(topp_plan plan)
 
 /* ---- split_prob: the exact level search of topp_split.h (kp_topp_* shared with the host port) ---- */
 
-#define PROB_F KP_TOPP_FANOUT_PROB
-#define PROB_R KP_TOPP_ROUNDS_PROB
-static_assert(PROB_F <= TOPP_THREADS, "one thread per pivot");
+#define PROB_F KP_TOPP_FANOUT_PROB_GPU
+#define PROB_R KP_TOPP_ROUNDS_PROB_GPU
+#define PROB_TILE_LANE (KP_TOPP_TILE / TOPP_THREADS) /* tokens per lane of one tile */
+static_assert(PROB_F == 8 * TOPP_THREADS, "the parallel pivot search gives each thread 8 pivots");
+static_assert(KP_TOPP_TILE % TOPP_THREADS == 0, "a tile is whole lanes");
+/* per-row counters of finished programs, one per kernel that ends in a last-program step */
+enum { CNT_LEVEL = 0, CNT_STATS = 1, CNT_ROUND = 2, CNT_WORDS = 8 };
+static_assert(CNT_ROUND + PROB_R <= CNT_WORDS, "a counter per round");
 
-/* Step 1 for `row` from the tile statistics, in tile order (the host port's order); every thread
- * calls it, thread 0 starts the search in *s. */
-__device__ __noinline__ void prob_start(const topp_plan &plan, int64_t row, kp_topp_search *s) {
-    constexpr int cap = 512;
-    __shared__ uint4 records[cap];
-    const int t = threadIdx.x;
-    const int pieces = plan.piece_count;
-    const uint4 *stats = reinterpret_cast<const uint4 *>(plan.stats + row * plan.piece_cap);
-    const topp_stats *rec = reinterpret_cast<const topp_stats *>(records);
-    float row_max = -INFINITY, row_min = INFINITY, z = 0.0f;
-    int64_t finite = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        for (int base = 0; base < pieces; base += cap) {
-            const int n = min(cap, pieces - base);
-            for (int i = t; i < n; i += TOPP_THREADS) records[i] = stats[base + i];
-            __syncthreads();
-            if (t == 0) {
-                for (int i = 0; i < n; i++) {
-                    const topp_stats st = rec[i];
-                    if (st.count == 0) continue;
-                    if (pass == 0) {
-                        if (st.max > row_max) row_max = st.max;
-                        continue;
-                    }
-                    z = z + __fmul_rn(st.sum, expf(st.max - row_max));
-                    if (st.min < row_min) row_min = st.min;
-                    finite += st.count;
-                }
-            }
-            __syncthreads();
-        }
-    }
-    if (t == 0) {
-        const float min_prob = finite ? expf(row_min - row_max) / z : 0.0f;
-        kp_topp_start(s, row_max, z, row_min, finite, plan.top_p[row], min_prob);
-    }
+/* The last program of a row to get here returns true (for the whole block), after every other
+ * program's global writes and atomics are visible to it (the fence-then-count pattern). Each counter
+ * is zeroed by the launcher's memset and used once per call. */
+__device__ __forceinline__ bool last_program_of_row(unsigned *counter, int slices) {
+    __shared__ int last;
+    __threadfence();
     __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == (unsigned)(slices - 1);
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
 }
 
-/* The search state entering `round` (round == PROB_R: the final one), and stored by slice 0. */
-__device__ void prob_state(const topp_plan &plan, int64_t row, int slice, int round, kp_topp_search *s) {
-    __shared__ unsigned long long h[PROB_F + 1];
-    const int t = threadIdx.x;
-    if (round == 0) {
-        prob_start(plan, row, s);
+/* Step 1 for `row` from its tile statistics (read from L2: other warps wrote them), by one warp:
+ * max, min and count are order-free; Z adds the tiles' terms in tile order (the host port's order),
+ * each lane computing the terms of its tiles and every lane adding them all, in order, via
+ * shuffles. Lane 0 stores the state entering round 0. */
+__device__ __noinline__ void prob_start_warp(const topp_plan &plan, int64_t row) {
+    const int lane = threadIdx.x & 31;
+    const int pieces = plan.piece_count;
+    const topp_stats *stats = plan.stats + row * plan.piece_cap;
+    float row_max = -INFINITY, row_min = INFINITY;
+    long long finite = 0;
+    for (int i = lane; i < pieces; i += 32) {
+        const uint4 raw = __ldcg(reinterpret_cast<const uint4 *>(stats + i));
+        const topp_stats st = *reinterpret_cast<const topp_stats *>(&raw);
+        if (st.count == 0) continue;
+        row_max = fmaxf(row_max, st.max);
+        row_min = fminf(row_min, st.min);
+        finite += st.count;
+    }
+    for (int off = 16; off > 0; off /= 2) {
+        row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, off));
+        row_min = fminf(row_min, __shfl_xor_sync(0xffffffffu, row_min, off));
+        finite += __shfl_xor_sync(0xffffffffu, finite, off);
+    }
+    float z = 0.0f; /* an empty tile adds +0: z (>= +0) keeps its bits, as the host's skip does */
+    for (int base = 0; base < pieces; base += 32) {
+        const int i = base + lane, n = min(32, pieces - base);
+        float term = 0.0f;
+        if (i < pieces) {
+            const uint4 raw = __ldcg(reinterpret_cast<const uint4 *>(stats + i));
+            const topp_stats st = *reinterpret_cast<const topp_stats *>(&raw);
+            if (st.count) term = __fmul_rn(st.sum, expf(st.max - row_max));
+        }
+        for (int k = 0; k < n; k++) z = z + __shfl_sync(0xffffffffu, term, k);
+    }
+    if (lane == 0) {
+        kp_topp_search s;
+        const float min_prob = finite ? expf(row_min - row_max) / z : 0.0f;
+        kp_topp_start(&s, row_max, z, row_min, finite, plan.top_p[row], min_prob);
+        plan.search[row * (PROB_R + 1)] = s;
+    }
+}
+
+/* Step 1, one warp per tile and no block barriers. Lane l stands for the lanes l + 32j (j = 0..7) of
+ * topp_stats_kernel's 256-lane reduction: it holds their 64 tokens in registers (all loads in
+ * flight at once), keeps their 8 sums in the same order, and warp_tree_sum's first levels combine
+ * them as that tree does, so every record is the same bits. The warp that finishes a row's last
+ * tile starts the row's search. */
+#define STATS_WARPS (TOPP_THREADS / 32)
+#define STATS_LANE (KP_TOPP_TILE / 32) /* tokens per lane of a tile */
+__global__ void __launch_bounds__(TOPP_THREADS) prob_stats_kernel(topp_plan plan, long long tiles) {
+    const int lane = threadIdx.x & 31;
+    const long long tile = (long long)blockIdx.x * STATS_WARPS + (threadIdx.x >> 5);
+    if (tile >= tiles) return; /* whole warps */
+    const int64_t row = tile / plan.piece_count;
+    const int piece = (int)(tile % plan.piece_count);
+    const float *x = plan.logits + row * plan.row_stride;
+    const int begin = piece * KP_TOPP_TILE, end = min(begin + KP_TOPP_TILE, plan.vocab);
+    float v[STATS_LANE]; /* v[8u + j] = token begin + lane + 32j + 256u */
+    if (end - begin == KP_TOPP_TILE) {
+#pragma unroll
+        for (int q = 0; q < STATS_LANE; q++) v[q] = x[begin + lane + 32 * q];
     } else {
-        const unsigned long long *src = plan.hist + (row * PROB_R + (round - 1)) * (PROB_F + 1);
-        for (int k = t; k <= PROB_F; k += TOPP_THREADS) h[k] = src[k];
-        if (t == 0) *s = plan.search[row * (PROB_R + 1) + (round - 1)];
-        __syncthreads();
-        if (t == 0) {
-            kp_topp_advance(s, reinterpret_cast<const uint64_t *>(h));
-            if (round == PROB_R) kp_topp_finish(s);
+#pragma unroll
+        for (int q = 0; q < STATS_LANE; q++) {
+            const int i = begin + lane + 32 * q;
+            v[q] = i < end ? x[i] : NAN; /* NaN: absent, like a token past the row */
         }
     }
-    __syncthreads();
-    if (slice == 0 && t == 0) plan.search[row * (PROB_R + 1) + round] = *s;
+    float mx = -INFINITY, mn = INFINITY;
+    int count = 0;
+#pragma unroll
+    for (int q = 0; q < STATS_LANE; q++) {
+        if (!finite_logit(v[q])) continue;
+        mx = fmaxf(mx, v[q]);
+        mn = fminf(mn, v[q]);
+        count++;
+    }
+    for (int off = 16; off > 0; off /= 2) { /* order-free */
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+        mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, off));
+        count += __shfl_xor_sync(0xffffffffu, count, off);
+    }
+    float s[8]; /* s[j]: lane l + 32j's sum, its tokens in order */
+#pragma unroll
+    for (int j = 0; j < 8; j++) s[j] = 0.0f;
+#pragma unroll
+    for (int u = 0; u < STATS_LANE / 8; u++)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (finite_logit(v[8 * u + j])) s[j] = s[j] + expf(v[8 * u + j] - mx);
+    /* warp_tree_sum from registers: buf[l + 32j] = s[j] */
+    const float v0 = s[0] + s[4], v1 = s[1] + s[5], v2 = s[2] + s[6], v3 = s[3] + s[7];
+    float sum = (v0 + v2) + (v1 + v3);
+    for (int half = 16; half > 0; half /= 2) sum = sum + __shfl_down_sync(0xffffffffu, sum, half);
+    int last = 0;
+    if (lane == 0) {
+        plan.stats[row * plan.piece_cap + piece] = topp_stats{mx, sum, mn, count};
+        __threadfence();
+        last = atomicAdd(plan.counts + row * CNT_WORDS + CNT_STATS, 1u) == (unsigned)(plan.piece_count - 1);
+        if (last) __threadfence();
+    }
+    if (__shfl_sync(0xffffffffu, last, 0)) prob_start_warp(plan, row);
 }
 
 /* Bounds on the f32 d = x - M outside which prob(x) is surely <= lo (d < *below) or surely > hi
@@ -634,8 +697,8 @@ __device__ __noinline__ void prob_band(float z, uint32_t lo, uint32_t hi, float 
     *above = fa;
 }
 
-/* Adds fix-mass v (< 2^62) to a warp's bucket exactly with native 32-bit shared atomics: the low
- * word's carry goes to the high word. Integer sums, so the order of the adds cannot change a bit. */
+/* Adds fix-mass v (< 2^63) to a bucket exactly with native 32-bit shared atomics: the low word's
+ * carry goes to the high word. Integer sums, so the order of the adds cannot change a bit. */
 __device__ __forceinline__ void bucket_add(unsigned *lo_word, unsigned *hi_word, unsigned long long v) {
     const unsigned v_lo = (unsigned)v;
     const unsigned old = atomicAdd(lo_word, v_lo);
@@ -643,39 +706,105 @@ __device__ __forceinline__ void bucket_add(unsigned *lo_word, unsigned *hi_word,
     if (v_hi) atomicAdd(hi_word, v_hi);
 }
 
+/* The row's last program of a round: the total bucket masses (read from L2) decide the round, in
+ * parallel: with S(k) = hist[k] + ... + hist[F], mass(f) = mass(hi) + S(f + 1) falls as f rises, so
+ * j = #{f : mass(f) >= P} - 1; thread t owns f = 8t .. 8t + 7 and buckets 8t + 1 .. 8t + 8. Integer
+ * sums: the same j, mass(j), mass(j + 1) as topp_split.h's top-down scan. kp_topp_advance_to does
+ * the rest on thread 0. */
+__device__ __noinline__ void prob_decide(const unsigned long long *hist, kp_topp_search *s, bool final_round) {
+    __shared__ unsigned long long warp_total[TOPP_THREADS / 32];
+    __shared__ unsigned long long mass_j, mass_next;
+    __shared__ int count_ok;
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    unsigned long long h[8], mine = 0;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        h[k] = __ldcg(hist + 8 * t + 1 + k);
+        mine += h[k];
+    }
+    /* above = S(8t + 9), the chunks after t: a suffix scan in the warp, then the later warps' totals */
+    unsigned long long suffix = mine;
+#pragma unroll
+    for (int off = 1; off < 32; off *= 2) {
+        const unsigned long long other = __shfl_down_sync(0xffffffffu, suffix, off);
+        if (lane + off < 32) suffix += other;
+    }
+    if (lane == 0) warp_total[warp] = suffix;
+    if (t == 0) count_ok = 0;
+    __syncthreads();
+    unsigned long long above = suffix - mine;
+    for (int w = warp + 1; w < TOPP_THREADS / 32; w++) above += warp_total[w];
+    const unsigned long long base = s->hi_mass, target = s->target;
+    int ok = 0;
+    unsigned long long run = base + above; /* mass(8t + 8) (for t = 255: mass(F) = mass(hi)) */
+#pragma unroll
+    for (int k = 7; k >= 0; k--) {
+        const unsigned long long before = run; /* mass(8t + k + 1) */
+        run += h[k];                          /* mass(8t + k) */
+        if (run >= target) {
+            ok++;
+            if (before < target || (k == 7 && t == TOPP_THREADS - 1)) { /* the largest such f */
+                mass_j = run;
+                mass_next = before;
+            }
+        }
+    }
+    if (ok) atomicAdd(&count_ok, ok);
+    __syncthreads();
+    if (t == 0) {
+        const int j = count_ok - 1;
+        kp_topp_advance_to(s, j, j >= 0 ? mass_j : 0, j >= 0 ? mass_next : 0, PROB_F);
+        if (final_round) kp_topp_finish(s);
+    }
+    __syncthreads();
+}
+
 #define ROUND_LOADS 8  /* loads in flight per thread */
 #define ROUND_LOADS4 4 /* float4 loads in flight per thread */
+/* A round whose bracket is at most NARROW floats wide (W = hi - lo; every pivot then stands for few
+ * floats, and a near-uniform row puts its tokens on few of them) counts per warp, by D = prob_bits -
+ * lo, so warps do not contend for one shared word; the flush maps D to its bucket. */
+#define NARROW 255
+static_assert(2 * (PROB_F + 1) >= 2 * (TOPP_THREADS / 32) * (NARROW + 1), "the narrow counts fit the buckets' space");
 __global__ void __launch_bounds__(TOPP_THREADS) prob_round_kernel(topp_plan plan, int round) {
     __shared__ kp_topp_search s;
-    __shared__ unsigned whist_lo[TOPP_THREADS / 32][PROB_F + 1], whist_hi[TOPP_THREADS / 32][PROB_F + 1];
+    __shared__ unsigned hist_words[2 * (PROB_F + 1)];
     __shared__ float below, above;
-    const int t = threadIdx.x, warp = t >> 5;
+    const int t = threadIdx.x;
     const int64_t row = blockIdx.x / plan.slices;
     const int slice = blockIdx.x % plan.slices;
-    prob_state(plan, row, slice, round, &s);
-    /* the next round's buckets start at zero (its kernel adds into them after this one ends) */
-    if (slice == 0 && round + 1 < PROB_R && t <= PROB_F)
-        plan.hist[(row * PROB_R + round + 1) * (PROB_F + 1) + t] = 0;
-    if (s.mode != KP_TOPP_LIVE) return; /* decided: this round adds nothing */
-
-    for (int i = t; i < (TOPP_THREADS / 32) * (PROB_F + 1); i += TOPP_THREADS) {
-        (&whist_lo[0][0])[i] = 0;
-        (&whist_hi[0][0])[i] = 0;
+    kp_topp_search *states = plan.search + row * (PROB_R + 1);
+    if (t == 0) s = states[round];
+    __syncthreads();
+    if (s.mode != KP_TOPP_LIVE) { /* decided: the state passes on unchanged */
+        if (slice == 0 && t == 0) states[round + 1] = s;
+        return;
     }
+    for (int k = t; k < 2 * (PROB_F + 1); k += TOPP_THREADS) hist_words[k] = 0;
     if (t == 0) prob_band(s.z, s.lo, s.hi, &below, &above);
     __syncthreads();
     const float row_max = s.row_max, z = s.z, lo_band = below, hi_band = above;
     const uint32_t lo = s.lo, hi = s.hi;
-    /* kp_topp_bucket without the search: pivot_f = lo + floor(f * W / F) < prob_bits iff f * W < F * D
-     * (W = hi - lo, D = prob_bits - lo, 1 <= D <= W), so the bucket is the smallest f with f * W >= F * D,
-     * in 1 .. F. A float quotient lands within one of it (relative error ~2^-22, F * D / W <= F), and
-     * one exact 64-bit step each way corrects it: the same bucket as the search, always. */
+    const bool narrow = hi - lo <= NARROW;
+    /* wide: bucket k at words k (low) and PROB_F + 1 + k (high); narrow: warp w's D at
+     * w * (NARROW + 1) + D and that + (TOPP_THREADS / 32) * (NARROW + 1) */
+    constexpr int narrow_high = (TOPP_THREADS / 32) * (NARROW + 1);
+    unsigned *const hist_lo = narrow ? hist_words + (t >> 5) * (NARROW + 1) : hist_words;
+    unsigned *const hist_hi = narrow ? hist_lo + narrow_high : hist_words + PROB_F + 1;
+    /* kp_topp_pivot_of's buckets without a search: pivot_f = lo + floor(f * W / F) < prob_bits iff
+     * f * W < F * D (W = hi - lo, D = prob_bits - lo, 1 <= D <= W), so the bucket is the smallest f
+     * with f * W >= F * D, in 1 .. F. A float quotient lands within one of it (relative error ~2^-22,
+     * F * D / W <= F = 2^11), and one exact 64-bit step each way corrects it. */
     const unsigned long long width = hi - lo;
     const float per_bit = (float)PROB_F / (float)(hi - lo);
     const float *x = plan.logits + row * plan.row_stride;
     const int first = slice * plan.pieces_per_program;
     const int last = min(first + plan.pieces_per_program, plan.piece_count);
     const int begin = min(first * plan.piece_len, plan.vocab), end = min(last * plan.piece_len, plan.vocab);
+    /* A thread adds runs of tokens in one bucket as one sum (a near-uniform row's tokens mostly share
+     * one): fewer atomics on the same shared word, the same integer totals. */
+    int pend_k = 0;
+    unsigned long long pend = 0;
     auto add_token = [&](float v) {
         if (!finite_logit(v)) return;
         const float d = v - row_max;
@@ -684,12 +813,20 @@ __global__ void __launch_bounds__(TOPP_THREADS) prob_round_kernel(topp_plan plan
         const uint32_t pb = kp_topp_bits(prob);
         if (pb <= lo || pb > hi) return;
         const uint32_t dist = pb - lo;
-        const unsigned long long scaled = (unsigned long long)dist * PROB_F;
-        int k = (int)ceilf(__fmul_rn((float)dist, per_bit));
-        k = min(max(k, 1), PROB_F);
-        if (k > 1 && (unsigned long long)(k - 1) * width >= scaled) k--;
-        else if ((unsigned long long)k * width < scaled) k++;
-        bucket_add(&whist_lo[warp][k], &whist_hi[warp][k], (unsigned long long)kp_topp_fix(prob));
+        int k = (int)dist; /* narrow: counted by D */
+        if (!narrow) {
+            const unsigned long long scaled = (unsigned long long)dist * PROB_F;
+            k = (int)ceilf(__fmul_rn((float)dist, per_bit));
+            k = min(max(k, 1), PROB_F);
+            if (k > 1 && (unsigned long long)(k - 1) * width >= scaled) k--;
+            else if ((unsigned long long)k * width < scaled) k++;
+        }
+        if (k != pend_k) {
+            if (pend_k) bucket_add(&hist_lo[pend_k], &hist_hi[pend_k], pend);
+            pend_k = k;
+            pend = 0;
+        }
+        pend += (unsigned long long)kp_topp_fix(prob); /* < 2^62 each, at most 2^11 of them a program-lane */
     };
     /* The buckets are integer sums, so which thread takes which token cannot change a bit: a row
      * whose slice starts 16-byte aligned is read as float4s (ROUND_LOADS4 in flight per thread). */
@@ -726,13 +863,28 @@ __global__ void __launch_bounds__(TOPP_THREADS) prob_round_kernel(topp_plan plan
             for (int u = 0; u < ROUND_LOADS; u++) add_token(v[u]);
         }
     }
+    if (pend_k) bucket_add(&hist_lo[pend_k], &hist_hi[pend_k], pend);
     __syncthreads();
-    if (t >= 1 && t <= PROB_F) { /* integer sums: the order of the adds cannot change a bit */
-        unsigned long long sum = 0;
-        for (int w = 0; w < TOPP_THREADS / 32; w++)
-            sum += ((unsigned long long)whist_hi[w][t] << 32) | whist_lo[w][t];
-        if (sum) atomicAdd(plan.hist + (row * PROB_R + round) * (PROB_F + 1) + t, sum);
+    unsigned long long *row_hist = plan.hist + (row * PROB_R + round) * (PROB_F + 1);
+    if (!narrow) {
+        for (int k = 1 + t; k <= PROB_F; k += TOPP_THREADS) { /* integer sums: order-free */
+            const unsigned long long sum = ((unsigned long long)hist_hi[k] << 32) | hist_lo[k];
+            if (sum) atomicAdd(row_hist + k, sum);
+        }
+    } else {
+        for (int d = 1 + t; d <= (int)width; d += TOPP_THREADS) {
+            unsigned long long sum = 0;
+            for (int w = 0; w < TOPP_THREADS / 32; w++)
+                sum += ((unsigned long long)hist_words[narrow_high + w * (NARROW + 1) + d] << 32) |
+                       hist_words[w * (NARROW + 1) + d];
+            /* D's bucket: the smallest k with k * W >= F * D */
+            const int k = (int)(((unsigned long long)d * PROB_F + width - 1) / width);
+            if (sum) atomicAdd(row_hist + k, sum);
+        }
     }
+    if (!last_program_of_row(plan.counts + row * CNT_WORDS + CNT_ROUND + round, plan.slices)) return;
+    prob_decide(row_hist, &s, round + 1 == PROB_R);
+    if (t == 0) states[round + 1] = s;
 }
 
 __global__ void __launch_bounds__(TOPP_THREADS) prob_mask_kernel(topp_plan plan) {
@@ -741,7 +893,8 @@ __global__ void __launch_bounds__(TOPP_THREADS) prob_mask_kernel(topp_plan plan)
     const int t = threadIdx.x;
     const int64_t row = blockIdx.x / plan.slices;
     const int slice = blockIdx.x % plan.slices;
-    prob_state(plan, row, slice, PROB_R, &s);
+    if (t == 0) s = plan.search[row * (PROB_R + 1) + PROB_R];
+    __syncthreads();
     const float *x = plan.logits + row * plan.row_stride;
     float *y = plan.out + row * plan.row_stride;
     const int first = slice * plan.pieces_per_program;
@@ -816,7 +969,7 @@ __global__ void __launch_bounds__(TOPP_THREADS) prob_mask_kernel(topp_plan plan)
         __syncthreads(); /* every thread has read nbuf before thread 0 resets it */
         if (n == 0) continue;
         if (t == 0) {
-            base_sh = (int)atomicAdd(plan.level_count + row * 4, (unsigned)n);
+            base_sh = (int)atomicAdd(plan.counts + row * CNT_WORDS + CNT_LEVEL, (unsigned)n);
             nbuf = 0;
         }
         __syncthreads();
@@ -846,7 +999,7 @@ __global__ void __launch_bounds__(TOPP_THREADS) prob_mask_kernel(topp_plan plan)
  * Past SEL_CAP values a list is not cached: step 2 rescans the row per digit, and steps 3-4 become
  * one pass in index order with a block-wide ballot scan. */
 #define SEL_THREADS 1024
-#define SEL_CAP 10240
+#define SEL_CAP_MAX 49152 /* members cached in (dynamic) shared memory: 192 KiB */
 #define SEL_LOADS 4 /* loads in flight per thread in the collecting passes */
 
 __device__ __forceinline__ void count_digit(unsigned int *digit_count, int digit) { /* 256: none */
@@ -856,7 +1009,7 @@ __device__ __forceinline__ void count_digit(unsigned int *digit_count, int digit
 
 /* Appends `val` where `take`, in a varying order; all threads of the block call it. */
 __device__ __forceinline__ void append_value(bool take, uint32_t val, uint32_t *list, int *count,
-                                             int cap = SEL_CAP) {
+                                             int cap) {
     const int lane = threadIdx.x & 31;
     const unsigned ballot = __ballot_sync(0xffffffffu, take);
     int base = 0;
@@ -894,6 +1047,7 @@ __device__ __forceinline__ void digit_pick(sel_shared &sh, int shift) {
             if (l + off < 32) suffix += other;
         }
         const long long need = sh.need;
+        __syncwarp(); /* every lane has read sh.need before one lane rewrites it (a ballot orders no memory) */
         const unsigned fits = __ballot_sync(0xffffffffu, suffix >= need || l == 0);
         if (l == 31 - __clz(fits)) { /* S falls as d rises: the answer lies in the highest such lane */
             long long above = suffix - mine; /* S(8l + 8) */
@@ -936,7 +1090,8 @@ __global__ void __launch_bounds__(SEL_THREADS) prob_select_kernel(topp_plan plan
     __shared__ kp_topp_search s;
     __shared__ float below, above;
     __shared__ sel_shared sh;
-    __shared__ uint32_t list[SEL_CAP];
+    extern __shared__ uint32_t list[]; /* SEL_CAP entries */
+    const int SEL_CAP = plan.sel_cap;
     __shared__ int nlist;
     __shared__ int warp_eq[SEL_THREADS / 32];
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
@@ -953,7 +1108,7 @@ __global__ void __launch_bounds__(SEL_THREADS) prob_select_kernel(topp_plan plan
     __syncthreads();
     const float *x = plan.logits + row * plan.row_stride;
     float *y = plan.out + row * plan.row_stride;
-    const unsigned listed = plan.level_count[row * 4];
+    const unsigned listed = plan.counts[row * CNT_WORDS + CNT_LEVEL];
     if (listed <= (unsigned)plan.level_cap) {
         /* the mask kernel listed every member: steps 1-4 over the list, not the row */
         const int n = (int)listed, cap = plan.level_cap;
@@ -1009,7 +1164,7 @@ __global__ void __launch_bounds__(SEL_THREADS) prob_select_kernel(topp_plan plan
 #pragma unroll
         for (int u = 0; u < SEL_LOADS; u++) {
             const bool m = member(v[u]);
-            append_value(m, m ? kp_topp_logit_key(v[u]) : 0u, list, &nlist);
+            append_value(m, m ? kp_topp_logit_key(v[u]) : 0u, list, &nlist, SEL_CAP);
         }
     }
     __syncthreads();
@@ -1058,7 +1213,7 @@ __global__ void __launch_bounds__(SEL_THREADS) prob_select_kernel(topp_plan plan
 #pragma unroll
         for (int u = 0; u < SEL_LOADS; u++) {
             const bool m = member(v[u]) && kp_topp_logit_key(v[u]) == pivot_key;
-            append_value(m, ~(uint32_t)(chunk + u * SEL_THREADS + t), list, &nlist);
+            append_value(m, ~(uint32_t)(chunk + u * SEL_THREADS + t), list, &nlist, SEL_CAP);
         }
     }
     __syncthreads();
@@ -1157,6 +1312,11 @@ static int64_t topp_piece_cap(int algo, int64_t vocab) {
     return algo == ALGO_SPLIT_LOGIT ? KP_TOPP_MAX_SLICES : (vocab + KP_TOPP_TILE - 1) / KP_TOPP_TILE;
 }
 
+/* split_prob: the bucket masses and counters of a row, zeroed by one memset at the start of a call */
+static int64_t topp_zeroed_per_row(void) {
+    return (int64_t)(PROB_R * (PROB_F + 1) * sizeof(unsigned long long)) + (int64_t)(CNT_WORDS * sizeof(unsigned));
+}
+
 /* Workspace bytes for valid args, 0 for args topp_check refuses.
  * split_logit: stats [batch][32] and partials [batch][5][32][8], 16 bytes each.
  * split_prob: tile stats [batch][ceil(vocab / 2048)] (16 bytes), bucket masses
@@ -1165,10 +1325,8 @@ static int64_t topp_workspace_per_row(int algo, int64_t vocab) {
     if (algo == ALGO_SPLIT_LOGIT)
         return topp_piece_cap(algo, vocab) *
                (int64_t)(sizeof(topp_stats) + KP_TOPP_ROUNDS_LOGIT * KP_TOPP_FANOUT * sizeof(topp_part));
-    return topp_piece_cap(algo, vocab) * (int64_t)sizeof(topp_stats) +
-           (int64_t)(PROB_R * (PROB_F + 1) * sizeof(unsigned long long)) +
-           (int64_t)((PROB_R + 1) * sizeof(kp_topp_search)) + (int64_t)(4 * sizeof(unsigned)) +
-           3 * topp_level_cap(vocab) * (int64_t)sizeof(uint32_t);
+    return topp_piece_cap(algo, vocab) * (int64_t)sizeof(topp_stats) + topp_zeroed_per_row() +
+           (int64_t)((PROB_R + 1) * sizeof(kp_topp_search)) + 3 * topp_level_cap(vocab) * (int64_t)sizeof(uint32_t);
 }
 
 static size_t topp_workspace(int algo, const kp_topp_args *a) {
@@ -1233,9 +1391,10 @@ static int topp_cuda_run(const char *name, const void *vargs, char *message, siz
     plan.piece_cap = (int)topp_piece_cap(ALGO, a->vocab);
     plan.hist = NULL;
     plan.search = NULL;
-    plan.level_count = NULL;
+    plan.counts = NULL;
     plan.level_list = NULL;
     plan.level_cap = 0;
+    plan.sel_cap = 0;
     plan.parts = NULL;
     plan.stats = static_cast<topp_stats *>(a->workspace);
     cudaStream_t stream = static_cast<cudaStream_t>(a->stream);
@@ -1267,20 +1426,25 @@ static int topp_cuda_run(const char *name, const void *vargs, char *message, siz
     plan.pieces_per_program = (int)((plan.piece_count + want - 1) / want);
     plan.slices = (plan.piece_count + plan.pieces_per_program - 1) / plan.pieces_per_program;
     plan.hist = reinterpret_cast<unsigned long long *>(plan.stats + a->batch * plan.piece_cap);
-    plan.search = reinterpret_cast<kp_topp_search *>(plan.hist + a->batch * PROB_R * (PROB_F + 1));
-    plan.level_count = reinterpret_cast<unsigned *>(plan.search + a->batch * (PROB_R + 1));
+    plan.counts = reinterpret_cast<unsigned *>(plan.hist + a->batch * PROB_R * (PROB_F + 1));
+    plan.search = reinterpret_cast<kp_topp_search *>(plan.counts + a->batch * CNT_WORDS);
     plan.level_cap = (int)topp_level_cap(a->vocab);
-    plan.level_list = reinterpret_cast<uint32_t *>(plan.level_count + a->batch * 4);
+    plan.level_list = reinterpret_cast<uint32_t *>(plan.search + a->batch * (PROB_R + 1));
+    TOPP_CUDA_CHECK(cudaMemsetAsync(plan.hist, 0, (size_t)(a->batch * topp_zeroed_per_row()), stream));
+    const long long tiles = (long long)a->batch * plan.piece_count;
+    prob_stats_kernel<<<(unsigned)((tiles + STATS_WARPS - 1) / STATS_WARPS), TOPP_THREADS, 0, stream>>>(plan, tiles);
+    TOPP_LAUNCH_CHECK("prob_stats_kernel");
     const unsigned programs = (unsigned)(a->batch * plan.slices);
-    topp_stats_kernel<ALGO_SPLIT_PROB><<<programs, TOPP_THREADS, 0, stream>>>(plan);
-    TOPP_LAUNCH_CHECK("topp_stats_kernel");
     for (int round = 0; round < PROB_R; round++) {
         prob_round_kernel<<<programs, TOPP_THREADS, 0, stream>>>(plan, round);
         TOPP_LAUNCH_CHECK("prob_round_kernel");
     }
     prob_mask_kernel<<<programs, TOPP_THREADS, 0, stream>>>(plan);
     TOPP_LAUNCH_CHECK("prob_mask_kernel");
-    prob_select_kernel<<<(unsigned)a->batch, SEL_THREADS, 0, stream>>>(plan);
+    plan.sel_cap = plan.level_cap < SEL_CAP_MAX ? plan.level_cap : SEL_CAP_MAX;
+    const size_t sel_bytes = (size_t)plan.sel_cap * sizeof(uint32_t);
+    TOPP_CUDA_CHECK(cudaFuncSetAttribute(prob_select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sel_bytes));
+    prob_select_kernel<<<(unsigned)a->batch, SEL_THREADS, sel_bytes, stream>>>(plan);
     TOPP_LAUNCH_CHECK("prob_select_kernel");
     return KP_RUN_OK;
 }
