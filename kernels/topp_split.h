@@ -47,9 +47,12 @@
  *    KP_TOPP_ROUNDS_PROB = 5 rounds always decide (near-uniform rows decide in round 1); a round
  *    after the decision does nothing. The decision depends only on the multiset of f32 probs and P,
  *    not on the path: q is the one f32 prob with mass(prob > q) < P <= mass(prob >= q). So the CUDA
- *    kernels take F = KP_TOPP_FANOUT_PROB_GPU (2048) pivots a round (< 2^30 -> 2^19 -> 2^8 -> 1
- *    bits: KP_TOPP_ROUNDS_PROB_GPU = 3 rounds decide) and find j with a parallel scan; both devices
- *    share kp_topp_advance_to, which applies a round's j whatever F.
+ *    kernels take F = KP_TOPP_FANOUT_PROB_GPU (2048) pivots a round spaced by a power of two,
+ *    pivot_f = lo + f * 2^sh with sh the smallest such that F * 2^sh >= hi - lo (a token's bucket is
+ *    then ((prob_bits - lo - 1) >> sh) + 1; pivots at or past hi count nothing and hi caps the next
+ *    bracket): < 2^30 -> 2^19 -> 2^8 -> 1 bits, so KP_TOPP_ROUNDS_PROB_GPU = 3 rounds decide. They
+ *    find j with a parallel scan; both devices share kp_topp_advance_to, which applies a round's j
+ *    whatever the pivots.
  * 4. Ties. numkeep = n_level - floor((mass(lo) - P) / fix(q)), clamped to [1, n_level]. The kept
  *    members of the level are the first numkeep in the rule's order: logit descending (-0 = +0),
  *    then index ascending. Host: sort the level. CUDA: the mask kernel (many blocks per row) lists
@@ -162,11 +165,9 @@ KP_TOPP_HD_ONCE void kp_topp_start(kp_topp_search *s, float row_max, float z, fl
     s->mode = s->hi > s->lo ? KP_TOPP_LIVE : KP_TOPP_KEEP_FINITE;
 }
 
-/* Pivot f of a round with `fanout` pivots (the host: KP_TOPP_FANOUT_PROB; CUDA: KP_TOPP_FANOUT_PROB_GPU). */
-KP_TOPP_HD uint32_t kp_topp_pivot_of(const kp_topp_search *s, int f, int fanout) {
-    return s->lo + (uint32_t)(((uint64_t)(uint32_t)f * (uint64_t)(s->hi - s->lo)) / (uint64_t)fanout);
+KP_TOPP_HD uint32_t kp_topp_pivot(const kp_topp_search *s, int f) {
+    return s->lo + (uint32_t)(((uint64_t)(uint32_t)f * (uint64_t)(s->hi - s->lo)) / KP_TOPP_FANOUT_PROB);
 }
-KP_TOPP_HD uint32_t kp_topp_pivot(const kp_topp_search *s, int f) { return kp_topp_pivot_of(s, f, KP_TOPP_FANOUT_PROB); }
 
 /* Bucket of a prob with lo < prob <= hi: #{f : pivot_f < prob}, in 1 .. F (pivots non-decreasing). */
 KP_TOPP_HD int kp_topp_bucket(const uint32_t pivots[KP_TOPP_FANOUT_PROB], uint32_t prob_bits) {
@@ -184,15 +185,15 @@ KP_TOPP_HD int kp_topp_bucket(const uint32_t pivots[KP_TOPP_FANOUT_PROB], uint32
 }
 
 /* A round's outcome applied to the state: j = the largest f with mass(f) >= P (-1: none), mass_j =
- * mass(j), mass_next = mass(j + 1) (mass(F) = mass(hi)). Shared by both devices, whatever fan-out. */
-KP_TOPP_HD_ONCE void kp_topp_advance_to(kp_topp_search *s, int j, uint64_t mass_j, uint64_t mass_next, int fanout) {
+ * mass(j), mass_next = mass(j + 1) (mass(F) = mass(hi)), new_lo = pivot j and new_hi = pivot j + 1
+ * (or hi). Shared by both devices, whatever their pivots. */
+KP_TOPP_HD_ONCE void kp_topp_advance_to(kp_topp_search *s, int j, uint64_t mass_j, uint64_t mass_next, uint32_t new_lo,
+                                        uint32_t new_hi) {
     if (s->mode != KP_TOPP_LIVE) return;
     if (j < 0) { /* even every token above lo misses P: the f32 mass never reaches it */
         s->mode = KP_TOPP_KEEP_FINITE;
         return;
     }
-    uint32_t new_lo = kp_topp_pivot_of(s, j, fanout);
-    uint32_t new_hi = j + 1 < fanout ? kp_topp_pivot_of(s, j + 1, fanout) : s->hi;
     uint64_t new_hi_mass = mass_next;
     s->lo = new_lo;
     s->hi = new_hi;
@@ -230,7 +231,12 @@ KP_TOPP_HD_ONCE void kp_topp_advance(kp_topp_search *s, const uint64_t hist[KP_T
             break;
         }
     }
-    kp_topp_advance_to(s, j, mass_j, mass_next, KP_TOPP_FANOUT_PROB);
+    if (j < 0) {
+        kp_topp_advance_to(s, j, 0, 0, 0, 0);
+        return;
+    }
+    kp_topp_advance_to(s, j, mass_j, mass_next, kp_topp_pivot(s, j),
+                       j + 1 < KP_TOPP_FANOUT_PROB ? kp_topp_pivot(s, j + 1) : s->hi);
 }
 
 /* After the last round: a search still LIVE keeps prob > lo (a superset reaching P). */

@@ -204,7 +204,9 @@ Test(gpu_topp, forced_rows_match_host_ports, .timeout = 300) {
 /* ---- ordinary rows ---- */
 
 Test(gpu_topp, ordinary_rows_follow_rule_and_differences_are_reported, .timeout = 300) {
-    static const int64_t vocabs[] = {1, 5, 2048, 2049, 5003, 131072, 154856};
+    /* 600,001: past the fused kernel's 524,288 (16 blocks x 16 tiles), so split_prob runs its split
+     * kernels; the others run fused */
+    static const int64_t vocabs[] = {1, 5, 2048, 2049, 5003, 131072, 154856, 600001};
     static const int64_t batches[] = {1, 4, 64};
     /* 1e-30: fix(P) = 0, so every pivot of a round reaches P and the top bucket decides */
     static const float ps[] = {0.95f, 0.5f, 0.1f, 0.999f, 1e-6f, 0.9f, 1e-30f, 0.8f};
@@ -354,11 +356,11 @@ Test(gpu_topp, padding_between_vocab_and_stride_untouched, .timeout = 120) {
 
 Test(gpu_topp, flat_rows_follow_rule_and_differences_are_reported, .timeout = 300) {
     static const double spreads[] = {1e-6, 1e-4, 0.01, 0.1};
-    static const int64_t vocabs[] = {32000, 154856};
+    static const int64_t vocabs[] = {32000, 154856, 600001}; /* 600,001: the split kernels */
     enum { B = 8 };
     gpu g = gpu_open();
     const kp_impl *cuda = impl_named("topp.split_prob@cuda");
-    for (size_t v = 0; v < 2; v++)
+    for (size_t v = 0; v < sizeof vocabs / sizeof vocabs[0]; v++)
         for (size_t s = 0; s < sizeof spreads / sizeof spreads[0]; s++) {
             int64_t V = vocabs[v];
             float *x = alloc_floats(B * V), *yc = alloc_floats(B * V), *yh = alloc_floats(B * V);
@@ -408,7 +410,7 @@ static int slice_count(int64_t batch, int sm_count) {
 }
 
 Test(gpu_topp, split_prob_row_bits_do_not_depend_on_batch, .timeout = 300) {
-    static const int64_t vocabs[] = {5003, 154856};
+    static const int64_t vocabs[] = {5003, 154856, 600001}; /* split_prob: fused, fused, split kernels */
     static const int64_t batches[] = {4, 64, 65};
     gpu g = gpu_open();
     /* the probe must move something: the programs per row differ between these batches */
@@ -418,7 +420,7 @@ Test(gpu_topp, split_prob_row_bits_do_not_depend_on_batch, .timeout = 300) {
                 slice_count(1, g.sm_count), slice_count(4, g.sm_count), slice_count(64, g.sm_count),
                 slice_count(65, g.sm_count));
     for (int n = 0; n < 2; n++)
-        for (int v = 0; v < 2; v++) {
+        for (int v = 0; v < (int)(sizeof vocabs / sizeof vocabs[0]); v++) {
             const kp_impl *cuda = impl_named(cuda_names[n]);
             int64_t V = vocabs[v];
             float *pool = alloc_floats(65 * V), *alone = alloc_floats(65 * V), *y = alloc_floats(65 * V);

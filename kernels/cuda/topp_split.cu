@@ -13,20 +13,24 @@
  *   3. topp_mask_kernel: replays the search, then masks; the tie budget is handed out in index
  *      order (dup counts of lower pieces from the stored partials, a ballot scan inside).
  *
- * split_prob: the search of topp_split.h with KP_TOPP_FANOUT_PROB_GPU = 2048 pivots a round, so
- * KP_TOPP_ROUNDS_PROB_GPU = 3 rounds decide (the host port takes 64 a round, 5 rounds; the decision
- * depends only on the multiset of f32 probs and P, not on the pivots on the way). A memset zeroes
- * the bucket masses and counters, then 6 launches:
- *   1. prob_stats_kernel: one warp per 2048-token tile, the tile in registers, no block barriers;
- *      the records are topp_stats_kernel's bit for bit (see there). The warp that finishes a row's
- *      last tile (a fence, then a counter) combines the tiles in order and stores round 0's state.
+ * split_prob: the search of topp_split.h with KP_TOPP_FANOUT_PROB_GPU = 2048 pivots a round spaced
+ * by a power of two, so KP_TOPP_ROUNDS_PROB_GPU = 3 rounds decide (the host port takes 64 a round,
+ * 5 rounds; the decision depends only on the multiset of f32 probs and P, not on the pivots on the
+ * way). Two paths, the same bits (the tests compare both with the host port, and a row across them):
+ * - fused, when a row fits in a cluster of at most 16 blocks of at most 16 tiles and the device can
+ *   hold every row's cluster at once (topp_fused_plan): prob_fused_kernel, one thread-block cluster
+ *   per row holding the row in shared memory, then prob_select_kernel (see there).
+ * - split, otherwise: a memset zeroes the bucket masses and counters, then 6 launches:
+ *   1. prob_stats_kernel: one warp per 2048-token tile, no block barriers; the records are
+ *      topp_stats_kernel's bit for bit (see there). The warp that finishes a row's last tile (a
+ *      fence, then a counter) combines the tiles in order and stores round 0's state.
  *   2. prob_round_kernel x3, programs per row chosen so the grid is about KP_TOPP_BLOCKS_PER_SM
  *      programs per SM (the tiles and the integer sums make every bit independent of that choice).
  *      A program reads the state entering its round (a decided row passes it on and returns); it
  *      buckets the tokens of its tiles with lo < prob <= hi (expf skipped outside a 1e-3-nat band)
- *      into a shared histogram of 64-bit fix-masses (32-bit atomics with carry; per warp, by float,
- *      when the bracket is at most 255 floats wide), then adds them into the row's buckets with
- *      64-bit global atomics: integer sums, exact and order-free. The row's last program (fence,
+ *      into a shared histogram of 64-bit fix-masses (32-bit atomics with carry; per warp group, by
+ *      float, when the bracket is at most 255 floats wide), then adds them into the row's buckets
+ *      with 64-bit global atomics: integer sums, exact and order-free. The row's last program (fence,
  *      counter) decides the round with a parallel suffix scan and stores the next state.
  *   3. prob_mask_kernel: the final state; keeps prob > lo and drops the rest, leaving the members
  *      of a level to be trimmed to prob_select_kernel, and lists them (logit key, index) in the
@@ -36,8 +40,9 @@
  * Workspace: split_logit: stats [batch][32] and partials [batch][5][32][8] (16 bytes each);
  * split_prob: tile stats [batch][ceil(vocab / 2048)] (16 bytes), buckets [batch][3][2049] (8 bytes)
  * and counters [batch][8] (4 bytes; these two zeroed by the memset), states [batch][4] and level
- * lists [batch][3][min(vocab, 16384) rounded up to 4] (4 bytes). Nothing is read from the workspace
- * before this call wrote it.
+ * lists [batch][3][min(vocab, 16384) rounded up to 4] (4 bytes); the fused path uses only the last
+ * state, the level count (which it zeroes) and the lists. Nothing is read from the workspace before
+ * this call wrote it.
  * The host ports (kernels/host/topp_split.c) use the same order of f32 operations, so host and
  * CUDA differ only where CUDA's expf/logf differ from the host libm's in the last bits.
  * f32 products that feed a sum use __fmul_rn so nvcc cannot contract them into an FMA the host
@@ -127,6 +132,17 @@ __device__ __forceinline__ void lane_tokens(const float *x, int begin, int end, 
         for (int u = 0; u < LANE_BATCH; u++) fn(i + u * TOPP_THREADS, v[u]);
     }
     for (; i < end; i += TOPP_THREADS) fn(i, x[i]);
+}
+
+/* v[u] = x[base + u * THREADS + threadIdx.x] where that index is below limit, else fill: N loads in
+ * flight per thread. */
+template <int N, int THREADS, typename T>
+__device__ __forceinline__ void load_strided(T (&v)[N], const T *x, int base, int limit, T fill) {
+#pragma unroll
+    for (int u = 0; u < N; u++) {
+        const int i = base + u * THREADS + (int)threadIdx.x;
+        v[u] = i < limit ? x[i] : fill;
+    }
 }
 
 /* ---- reductions over the 256 lanes of a block, in the order the host port replays ---- */
@@ -581,19 +597,17 @@ __device__ __forceinline__ bool last_program_of_row(unsigned *counter, int slice
     return last;
 }
 
-/* Step 1 for `row` from its tile statistics (read from L2: other warps wrote them), by one warp:
- * max, min and count are order-free; Z adds the tiles' terms in tile order (the host port's order),
- * each lane computing the terms of its tiles and every lane adding them all, in order, via
- * shuffles. Lane 0 stores the state entering round 0. */
-__device__ __noinline__ void prob_start_warp(const topp_plan &plan, int64_t row) {
+/* Step 1's combine for one row, by one warp, from its tiles' records (fetch(i), in tile order): max,
+ * min and count are order-free; Z adds the tiles' terms in tile order (the host port's order), each
+ * lane computing the terms of its tiles and every lane adding them all, in order, via shuffles.
+ * Lane 0 starts the search in *out. */
+template <typename Fetch>
+__device__ __forceinline__ void start_search_warp(Fetch fetch, int pieces, float top_p, kp_topp_search *out) {
     const int lane = threadIdx.x & 31;
-    const int pieces = plan.piece_count;
-    const topp_stats *stats = plan.stats + row * plan.piece_cap;
     float row_max = -INFINITY, row_min = INFINITY;
     long long finite = 0;
     for (int i = lane; i < pieces; i += 32) {
-        const uint4 raw = __ldcg(reinterpret_cast<const uint4 *>(stats + i));
-        const topp_stats st = *reinterpret_cast<const topp_stats *>(&raw);
+        const topp_stats st = fetch(i);
         if (st.count == 0) continue;
         row_max = fmaxf(row_max, st.max);
         row_min = fminf(row_min, st.min);
@@ -609,53 +623,42 @@ __device__ __noinline__ void prob_start_warp(const topp_plan &plan, int64_t row)
         const int i = base + lane, n = min(32, pieces - base);
         float term = 0.0f;
         if (i < pieces) {
-            const uint4 raw = __ldcg(reinterpret_cast<const uint4 *>(stats + i));
-            const topp_stats st = *reinterpret_cast<const topp_stats *>(&raw);
+            const topp_stats st = fetch(i);
             if (st.count) term = __fmul_rn(st.sum, expf(st.max - row_max));
         }
         for (int k = 0; k < n; k++) z = z + __shfl_sync(0xffffffffu, term, k);
     }
     if (lane == 0) {
-        kp_topp_search s;
         const float min_prob = finite ? expf(row_min - row_max) / z : 0.0f;
-        kp_topp_start(&s, row_max, z, row_min, finite, plan.top_p[row], min_prob);
-        plan.search[row * (PROB_R + 1)] = s;
+        kp_topp_start(out, row_max, z, row_min, finite, top_p, min_prob);
     }
 }
 
-/* Step 1, one warp per tile and no block barriers. Lane l stands for the lanes l + 32j (j = 0..7) of
- * topp_stats_kernel's 256-lane reduction: it holds their 64 tokens in registers (all loads in
- * flight at once), keeps their 8 sums in the same order, and warp_tree_sum's first levels combine
- * them as that tree does, so every record is the same bits. The warp that finishes a row's last
- * tile starts the row's search. */
-#define STATS_WARPS (TOPP_THREADS / 32)
+/* One tile's record by one warp (get(q) = token lane + 32q of the tile, NaN past the row). Lane l
+ * stands for the lanes l + 32j (j = 0..7) of topp_stats_kernel's 256-lane reduction: it holds their
+ * 64 tokens in registers (all loads in flight at once), keeps their 8 sums in the same order, and
+ * warp_tree_sum's first levels combine them as that tree does, so the record is the same bits.
+ * Valid in lane 0. */
 #define STATS_LANE (KP_TOPP_TILE / 32) /* tokens per lane of a tile */
-__global__ void __launch_bounds__(TOPP_THREADS) prob_stats_kernel(topp_plan plan, long long tiles) {
-    const int lane = threadIdx.x & 31;
-    const long long tile = (long long)blockIdx.x * STATS_WARPS + (threadIdx.x >> 5);
-    if (tile >= tiles) return; /* whole warps */
-    const int64_t row = tile / plan.piece_count;
-    const int piece = (int)(tile % plan.piece_count);
-    const float *x = plan.logits + row * plan.row_stride;
-    const int begin = piece * KP_TOPP_TILE, end = min(begin + KP_TOPP_TILE, plan.vocab);
-    float v[STATS_LANE]; /* v[8u + j] = token begin + lane + 32j + 256u */
-    if (end - begin == KP_TOPP_TILE) {
+/* HOLD: the 64 tokens are loaded once into registers (global memory); otherwise get() is called
+ * twice per token (shared memory), which keeps the registers for occupancy. */
+template <bool HOLD, typename Get>
+__device__ __forceinline__ topp_stats tile_stats_warp(Get get) {
+    float v[HOLD ? STATS_LANE : 1]; /* v[8u + j] = token lane + 32j + 256u */
+    if (HOLD) {
 #pragma unroll
-        for (int q = 0; q < STATS_LANE; q++) v[q] = x[begin + lane + 32 * q];
-    } else {
-#pragma unroll
-        for (int q = 0; q < STATS_LANE; q++) {
-            const int i = begin + lane + 32 * q;
-            v[q] = i < end ? x[i] : NAN; /* NaN: absent, like a token past the row */
-        }
+        for (int q = 0; q < STATS_LANE; q++) v[HOLD ? q : 0] = get(q);
     }
+    auto token = [&](int q) { return HOLD ? v[HOLD ? q : 0] : get(q); };
+    constexpr int unroll_q = HOLD ? STATS_LANE : 16, unroll_u = HOLD ? STATS_LANE / 8 : 1;
     float mx = -INFINITY, mn = INFINITY;
     int count = 0;
-#pragma unroll
+#pragma unroll unroll_q
     for (int q = 0; q < STATS_LANE; q++) {
-        if (!finite_logit(v[q])) continue;
-        mx = fmaxf(mx, v[q]);
-        mn = fminf(mn, v[q]);
+        const float x = token(q);
+        if (!finite_logit(x)) continue;
+        mx = fmaxf(mx, x);
+        mn = fminf(mn, x);
         count++;
     }
     for (int off = 16; off > 0; off /= 2) { /* order-free */
@@ -666,23 +669,53 @@ __global__ void __launch_bounds__(TOPP_THREADS) prob_stats_kernel(topp_plan plan
     float s[8]; /* s[j]: lane l + 32j's sum, its tokens in order */
 #pragma unroll
     for (int j = 0; j < 8; j++) s[j] = 0.0f;
-#pragma unroll
+#pragma unroll unroll_u
     for (int u = 0; u < STATS_LANE / 8; u++)
 #pragma unroll
-        for (int j = 0; j < 8; j++)
-            if (finite_logit(v[8 * u + j])) s[j] = s[j] + expf(v[8 * u + j] - mx);
+        for (int j = 0; j < 8; j++) {
+            const float x = token(8 * u + j);
+            if (finite_logit(x)) s[j] = s[j] + expf(x - mx);
+        }
     /* warp_tree_sum from registers: buf[l + 32j] = s[j] */
     const float v0 = s[0] + s[4], v1 = s[1] + s[5], v2 = s[2] + s[6], v3 = s[3] + s[7];
     float sum = (v0 + v2) + (v1 + v3);
     for (int half = 16; half > 0; half /= 2) sum = sum + __shfl_down_sync(0xffffffffu, sum, half);
+    return topp_stats{mx, sum, mn, count};
+}
+
+__device__ __forceinline__ topp_stats load_stats_l2(const topp_stats *p) {
+    const uint4 raw = __ldcg(reinterpret_cast<const uint4 *>(p));
+    return *reinterpret_cast<const topp_stats *>(&raw);
+}
+
+/* Step 1, one warp per tile and no block barriers (tile_stats_warp). The warp that finishes a row's
+ * last tile (a fence, then a counter) starts the row's search and stores round 0's state. */
+#define STATS_WARPS (TOPP_THREADS / 32)
+__global__ void __launch_bounds__(TOPP_THREADS) prob_stats_kernel(topp_plan plan, long long tiles) {
+    const int lane = threadIdx.x & 31;
+    const long long tile = (long long)blockIdx.x * STATS_WARPS + (threadIdx.x >> 5);
+    if (tile >= tiles) return; /* whole warps */
+    const int64_t row = tile / plan.piece_count;
+    const int piece = (int)(tile % plan.piece_count);
+    const float *x = plan.logits + row * plan.row_stride + piece * KP_TOPP_TILE;
+    const int n = min(KP_TOPP_TILE, plan.vocab - piece * KP_TOPP_TILE);
+    const topp_stats rec = n == KP_TOPP_TILE ? tile_stats_warp<false>([&](int q) { return x[lane + 32 * q]; })
+                                             : tile_stats_warp<false>([&](int q) {
+                                                   const int i = lane + 32 * q;
+                                                   return i < n ? x[i] : NAN; /* NaN: absent */
+                                               });
     int last = 0;
     if (lane == 0) {
-        plan.stats[row * plan.piece_cap + piece] = topp_stats{mx, sum, mn, count};
+        plan.stats[row * plan.piece_cap + piece] = rec;
         __threadfence();
         last = atomicAdd(plan.counts + row * CNT_WORDS + CNT_STATS, 1u) == (unsigned)(plan.piece_count - 1);
         if (last) __threadfence();
     }
-    if (__shfl_sync(0xffffffffu, last, 0)) prob_start_warp(plan, row);
+    if (!__shfl_sync(0xffffffffu, last, 0)) return;
+    const topp_stats *stats = plan.stats + row * plan.piece_cap;
+    kp_topp_search s;
+    start_search_warp([&](int i) { return load_stats_l2(stats + i); }, plan.piece_count, plan.top_p[row], &s);
+    if (lane == 0) plan.search[row * (PROB_R + 1)] = s;
 }
 
 /* Bounds on the f32 d = x - M outside which prob(x) is surely <= lo (d < *below) or surely > hi
@@ -706,23 +739,33 @@ __device__ __forceinline__ void bucket_add(unsigned *lo_word, unsigned *hi_word,
     if (v_hi) atomicAdd(hi_word, v_hi);
 }
 
-/* The row's last program of a round: the total bucket masses (read from L2) decide the round, in
+/* The GPU's pivots (topp_split.h, 3.): pivot_f = lo + f * 2^sh, sh the smallest with F * 2^sh >= hi - lo. */
+__device__ __forceinline__ int pivot_shift(uint32_t lo, uint32_t hi) {
+    static_assert(PROB_F == 1 << 11, "the shift assumes F = 2^11");
+    /* 2^sh >= ceil(W / F) = ((W - 1) >> 11) + 1: sh = the bit length of (W - 1) >> 11 */
+    return 32 - __clz((int)((hi - lo - 1) >> 11));
+}
+
+/* A round's outcome from the row's bucket masses (load(k), k = 1 .. F), by a block of THREADS, in
  * parallel: with S(k) = hist[k] + ... + hist[F], mass(f) = mass(hi) + S(f + 1) falls as f rises, so
- * j = #{f : mass(f) >= P} - 1; thread t owns f = 8t .. 8t + 7 and buckets 8t + 1 .. 8t + 8. Integer
- * sums: the same j, mass(j), mass(j + 1) as topp_split.h's top-down scan. kp_topp_advance_to does
- * the rest on thread 0. */
-__device__ __noinline__ void prob_decide(const unsigned long long *hist, kp_topp_search *s, bool final_round) {
-    __shared__ unsigned long long warp_total[TOPP_THREADS / 32];
+ * j = #{f : mass(f) >= P} - 1; thread t owns f = B t .. B t + B - 1 and buckets B t + 1 .. B t + B
+ * (B = F / THREADS). Integer sums: the same j, mass(j), mass(j + 1) as topp_split.h's top-down scan.
+ * kp_topp_advance_to does the rest on thread 0, into *s (shared). */
+template <int THREADS, typename Load>
+__device__ __forceinline__ void decide_round(Load load, kp_topp_search *s, bool final_round) {
+    constexpr int B = PROB_F / THREADS;
+    static_assert(B * THREADS == PROB_F, "whole buckets per thread");
+    __shared__ unsigned long long warp_total[THREADS / 32];
     __shared__ unsigned long long mass_j, mass_next;
     __shared__ int count_ok;
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-    unsigned long long h[8], mine = 0;
+    unsigned long long h[B], mine = 0;
 #pragma unroll
-    for (int k = 0; k < 8; k++) {
-        h[k] = __ldcg(hist + 8 * t + 1 + k);
+    for (int k = 0; k < B; k++) {
+        h[k] = load(B * t + 1 + k);
         mine += h[k];
     }
-    /* above = S(8t + 9), the chunks after t: a suffix scan in the warp, then the later warps' totals */
+    /* above = S(B t + B + 1), the chunks after t: a suffix scan in the warp, then the later warps' totals */
     unsigned long long suffix = mine;
 #pragma unroll
     for (int off = 1; off < 32; off *= 2) {
@@ -733,17 +776,21 @@ __device__ __noinline__ void prob_decide(const unsigned long long *hist, kp_topp
     if (t == 0) count_ok = 0;
     __syncthreads();
     unsigned long long above = suffix - mine;
-    for (int w = warp + 1; w < TOPP_THREADS / 32; w++) above += warp_total[w];
-    const unsigned long long base = s->hi_mass, target = s->target;
+    for (int w = warp + 1; w < THREADS / 32; w++) above += warp_total[w];
+    const unsigned long long target = s->target;
+    /* pivots at or past hi (f > last) are left out: they count nothing, and with P = 0 (top_p under
+     * 2^-62) they would all pass */
+    const int sh = pivot_shift(s->lo, s->hi), last = min((int)((s->hi - s->lo - 1) >> sh), PROB_F - 1);
     int ok = 0;
-    unsigned long long run = base + above; /* mass(8t + 8) (for t = 255: mass(F) = mass(hi)) */
+    unsigned long long run = s->hi_mass + above; /* mass(B t + B) (the last thread: mass(F) = mass(hi)) */
 #pragma unroll
-    for (int k = 7; k >= 0; k--) {
-        const unsigned long long before = run; /* mass(8t + k + 1) */
-        run += h[k];                          /* mass(8t + k) */
-        if (run >= target) {
+    for (int k = B - 1; k >= 0; k--) {
+        const unsigned long long before = run; /* mass(B t + k + 1) */
+        run += h[k];                          /* mass(B t + k) */
+        const int f = B * t + k;
+        if (f <= last && run >= target) {
             ok++;
-            if (before < target || (k == 7 && t == TOPP_THREADS - 1)) { /* the largest such f */
+            if (before < target || f == last) { /* the largest such f */
                 mass_j = run;
                 mass_next = before;
             }
@@ -753,22 +800,79 @@ __device__ __noinline__ void prob_decide(const unsigned long long *hist, kp_topp
     __syncthreads();
     if (t == 0) {
         const int j = count_ok - 1;
-        kp_topp_advance_to(s, j, j >= 0 ? mass_j : 0, j >= 0 ? mass_next : 0, PROB_F);
+        const uint32_t new_lo = j >= 0 ? s->lo + ((uint32_t)j << sh) : 0;
+        uint32_t new_hi = s->hi;
+        if (j >= 0 && j + 1 < PROB_F && s->lo + ((uint32_t)(j + 1) << sh) < new_hi) new_hi = s->lo + ((uint32_t)(j + 1) << sh);
+        kp_topp_advance_to(s, j, j >= 0 ? mass_j : 0, j >= 0 ? mass_next : 0, new_lo, new_hi);
         if (final_round) kp_topp_finish(s);
     }
     __syncthreads();
 }
 
+/* A round whose bracket is at most NARROW floats wide (W = hi - lo; every pivot then stands for few
+ * floats, and a near-uniform row puts its tokens on few of them) counts per warp group, by D =
+ * prob_bits - lo, so warps do not contend for one shared word; the flush maps D to its bucket.
+ * Wide: bucket k at words k (low) and F + 1 + k (high); narrow: group g's D at g (NARROW + 1) + D and
+ * that + NARROW_HIGH. */
+#define NARROW 255
+#define NARROW_GROUPS 8
+#define NARROW_HIGH (NARROW_GROUPS * (NARROW + 1))
+#define HIST_WORDS (2 * (PROB_F + 1))
+static_assert(HIST_WORDS >= 2 * NARROW_HIGH, "the narrow counts fit the buckets' space");
+
+/* One program's counting for one round: add(v) for each of its tokens, then flush(). */
+struct round_counter {
+    unsigned *lo_words, *hi_words;
+    float row_max, z, lo_band, hi_band;
+    uint32_t lo, hi, width;
+    int shift;
+    bool narrow;
+    int pend_k;
+    unsigned long long pend;
+
+    /* hist: HIST_WORDS zeroed shared words; below, above: prob_band(z, lo, hi) */
+    __device__ __forceinline__ round_counter(unsigned *hist, const kp_topp_search &s, float below, float above)
+        : row_max(s.row_max), z(s.z), lo_band(below), hi_band(above), lo(s.lo), hi(s.hi), width(s.hi - s.lo),
+          shift(pivot_shift(s.lo, s.hi)), narrow(s.hi - s.lo <= NARROW), pend_k(0), pend(0) {
+        lo_words = narrow ? hist + ((threadIdx.x >> 5) % NARROW_GROUPS) * (NARROW + 1) : hist;
+        hi_words = narrow ? lo_words + NARROW_HIGH : hist + PROB_F + 1;
+    }
+    /* The bucket #{f : pivot_f < prob_bits} = ((D - 1) >> sh) + 1 (D = prob_bits - lo, 1 <= D <= W);
+     * a narrow bracket has sh = 0, so its index D is its bucket. A run of tokens in one bucket is
+     * added as one sum (a near-uniform row's tokens mostly share one). */
+    __device__ __forceinline__ void add(float v) {
+        const float d = v - row_max;
+        if (!(d >= lo_band && d <= hi_band)) return; /* outside the band, or NaN / infinite */
+        const float prob = expf(d) / z;
+        const uint32_t pb = kp_topp_bits(prob);
+        if (pb <= lo || pb > hi) return;
+        const int k = (int)((pb - lo - 1) >> shift) + 1;
+        if (k != pend_k) {
+            if (pend_k) bucket_add(&lo_words[pend_k], &hi_words[pend_k], pend);
+            pend_k = k;
+            pend = 0;
+        }
+        pend += (unsigned long long)kp_topp_fix(prob); /* < 2^62 each: the row's sum stays < 2^63 */
+    }
+    __device__ __forceinline__ void flush() {
+        if (pend_k) bucket_add(&lo_words[pend_k], &hi_words[pend_k], pend);
+        pend_k = 0;
+    }
+    /* Bucket i's total in one block's words (narrow: over the warp groups). */
+    __device__ static __forceinline__ unsigned long long total(const unsigned *words, bool narrow, int i) {
+        if (!narrow) return ((unsigned long long)words[PROB_F + 1 + i] << 32) | words[i];
+        unsigned long long sum = 0;
+        for (int g = 0; g < NARROW_GROUPS; g++)
+            sum += ((unsigned long long)words[NARROW_HIGH + g * (NARROW + 1) + i] << 32) | words[g * (NARROW + 1) + i];
+        return sum;
+    }
+};
+
 #define ROUND_LOADS 8  /* loads in flight per thread */
 #define ROUND_LOADS4 4 /* float4 loads in flight per thread */
-/* A round whose bracket is at most NARROW floats wide (W = hi - lo; every pivot then stands for few
- * floats, and a near-uniform row puts its tokens on few of them) counts per warp, by D = prob_bits -
- * lo, so warps do not contend for one shared word; the flush maps D to its bucket. */
-#define NARROW 255
-static_assert(2 * (PROB_F + 1) >= 2 * (TOPP_THREADS / 32) * (NARROW + 1), "the narrow counts fit the buckets' space");
-__global__ void __launch_bounds__(TOPP_THREADS) prob_round_kernel(topp_plan plan, int round) {
+__global__ void __launch_bounds__(TOPP_THREADS, 5) prob_round_kernel(topp_plan plan, int round) {
     __shared__ kp_topp_search s;
-    __shared__ unsigned hist_words[2 * (PROB_F + 1)];
+    __shared__ unsigned hist_words[HIST_WORDS];
     __shared__ float below, above;
     const int t = threadIdx.x;
     const int64_t row = blockIdx.x / plan.slices;
@@ -780,54 +884,14 @@ __global__ void __launch_bounds__(TOPP_THREADS) prob_round_kernel(topp_plan plan
         if (slice == 0 && t == 0) states[round + 1] = s;
         return;
     }
-    for (int k = t; k < 2 * (PROB_F + 1); k += TOPP_THREADS) hist_words[k] = 0;
+    for (int k = t; k < HIST_WORDS; k += TOPP_THREADS) hist_words[k] = 0;
     if (t == 0) prob_band(s.z, s.lo, s.hi, &below, &above);
     __syncthreads();
-    const float row_max = s.row_max, z = s.z, lo_band = below, hi_band = above;
-    const uint32_t lo = s.lo, hi = s.hi;
-    const bool narrow = hi - lo <= NARROW;
-    /* wide: bucket k at words k (low) and PROB_F + 1 + k (high); narrow: warp w's D at
-     * w * (NARROW + 1) + D and that + (TOPP_THREADS / 32) * (NARROW + 1) */
-    constexpr int narrow_high = (TOPP_THREADS / 32) * (NARROW + 1);
-    unsigned *const hist_lo = narrow ? hist_words + (t >> 5) * (NARROW + 1) : hist_words;
-    unsigned *const hist_hi = narrow ? hist_lo + narrow_high : hist_words + PROB_F + 1;
-    /* kp_topp_pivot_of's buckets without a search: pivot_f = lo + floor(f * W / F) < prob_bits iff
-     * f * W < F * D (W = hi - lo, D = prob_bits - lo, 1 <= D <= W), so the bucket is the smallest f
-     * with f * W >= F * D, in 1 .. F. A float quotient lands within one of it (relative error ~2^-22,
-     * F * D / W <= F = 2^11), and one exact 64-bit step each way corrects it. */
-    const unsigned long long width = hi - lo;
-    const float per_bit = (float)PROB_F / (float)(hi - lo);
+    round_counter rc(hist_words, s, below, above);
     const float *x = plan.logits + row * plan.row_stride;
     const int first = slice * plan.pieces_per_program;
     const int last = min(first + plan.pieces_per_program, plan.piece_count);
     const int begin = min(first * plan.piece_len, plan.vocab), end = min(last * plan.piece_len, plan.vocab);
-    /* A thread adds runs of tokens in one bucket as one sum (a near-uniform row's tokens mostly share
-     * one): fewer atomics on the same shared word, the same integer totals. */
-    int pend_k = 0;
-    unsigned long long pend = 0;
-    auto add_token = [&](float v) {
-        if (!finite_logit(v)) return;
-        const float d = v - row_max;
-        if (d < lo_band || d > hi_band) return;
-        const float prob = expf(d) / z;
-        const uint32_t pb = kp_topp_bits(prob);
-        if (pb <= lo || pb > hi) return;
-        const uint32_t dist = pb - lo;
-        int k = (int)dist; /* narrow: counted by D */
-        if (!narrow) {
-            const unsigned long long scaled = (unsigned long long)dist * PROB_F;
-            k = (int)ceilf(__fmul_rn((float)dist, per_bit));
-            k = min(max(k, 1), PROB_F);
-            if (k > 1 && (unsigned long long)(k - 1) * width >= scaled) k--;
-            else if ((unsigned long long)k * width < scaled) k++;
-        }
-        if (k != pend_k) {
-            if (pend_k) bucket_add(&hist_lo[pend_k], &hist_hi[pend_k], pend);
-            pend_k = k;
-            pend = 0;
-        }
-        pend += (unsigned long long)kp_topp_fix(prob); /* < 2^62 each, at most 2^11 of them a program-lane */
-    };
     /* The buckets are integer sums, so which thread takes which token cannot change a bit: a row
      * whose slice starts 16-byte aligned is read as float4s (ROUND_LOADS4 in flight per thread). */
     const float *xs = x + begin;
@@ -837,55 +901,54 @@ __global__ void __launch_bounds__(TOPP_THREADS) prob_round_kernel(topp_plan plan
         const int count4 = count / 4;
         for (int base = 0; base < count4; base += TOPP_THREADS * ROUND_LOADS4) {
             float4 v[ROUND_LOADS4];
+            load_strided<ROUND_LOADS4, TOPP_THREADS>(v, x4, base, count4,
+                                                     make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY));
 #pragma unroll
             for (int u = 0; u < ROUND_LOADS4; u++) {
-                const int i = base + u * TOPP_THREADS + t;
-                v[u] = i < count4 ? x4[i] : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
-            }
-#pragma unroll
-            for (int u = 0; u < ROUND_LOADS4; u++) {
-                add_token(v[u].x);
-                add_token(v[u].y);
-                add_token(v[u].z);
-                add_token(v[u].w);
+                rc.add(v[u].x);
+                rc.add(v[u].y);
+                rc.add(v[u].z);
+                rc.add(v[u].w);
             }
         }
-        for (int i = count4 * 4 + t; i < count; i += TOPP_THREADS) add_token(xs[i]);
+        for (int i = count4 * 4 + t; i < count; i += TOPP_THREADS) rc.add(xs[i]);
     } else {
         for (int base = begin; base < end; base += TOPP_THREADS * ROUND_LOADS) {
             float v[ROUND_LOADS];
+            load_strided<ROUND_LOADS, TOPP_THREADS>(v, x, base, end, -INFINITY);
 #pragma unroll
-            for (int u = 0; u < ROUND_LOADS; u++) {
-                const int i = base + u * TOPP_THREADS + t;
-                v[u] = i < end ? x[i] : -INFINITY;
-            }
-#pragma unroll
-            for (int u = 0; u < ROUND_LOADS; u++) add_token(v[u]);
+            for (int u = 0; u < ROUND_LOADS; u++) rc.add(v[u]);
         }
     }
-    if (pend_k) bucket_add(&hist_lo[pend_k], &hist_hi[pend_k], pend);
+    rc.flush();
     __syncthreads();
     unsigned long long *row_hist = plan.hist + (row * PROB_R + round) * (PROB_F + 1);
-    if (!narrow) {
-        for (int k = 1 + t; k <= PROB_F; k += TOPP_THREADS) { /* integer sums: order-free */
-            const unsigned long long sum = ((unsigned long long)hist_hi[k] << 32) | hist_lo[k];
-            if (sum) atomicAdd(row_hist + k, sum);
-        }
-    } else {
-        for (int d = 1 + t; d <= (int)width; d += TOPP_THREADS) {
-            unsigned long long sum = 0;
-            for (int w = 0; w < TOPP_THREADS / 32; w++)
-                sum += ((unsigned long long)hist_words[narrow_high + w * (NARROW + 1) + d] << 32) |
-                       hist_words[w * (NARROW + 1) + d];
-            /* D's bucket: the smallest k with k * W >= F * D */
-            const int k = (int)(((unsigned long long)d * PROB_F + width - 1) / width);
-            if (sum) atomicAdd(row_hist + k, sum);
-        }
+    const int span = rc.narrow ? (int)rc.width : PROB_F;
+    for (int i = 1 + t; i <= span; i += TOPP_THREADS) { /* integer sums: order-free */
+        const unsigned long long sum = round_counter::total(hist_words, rc.narrow, i);
+        if (sum) atomicAdd(row_hist + i, sum);
     }
     if (!last_program_of_row(plan.counts + row * CNT_WORDS + CNT_ROUND + round, plan.slices)) return;
-    prob_decide(row_hist, &s, round + 1 == PROB_R);
+    decide_round<TOPP_THREADS>([&](int k) { return __ldcg(row_hist + k); }, &s, round + 1 == PROB_R);
     if (t == 0) states[round + 1] = s;
 }
+
+/* The mask's decision for one token once the search is decided (keep prob > lo): MASK_DROP,
+ * MASK_KEEP, or MASK_LEVEL (prob == the level: kept, unless the level is trimmed). expf is skipped
+ * outside the band around lo (prob_band(z, lo, lo)). */
+enum { MASK_DROP = 0, MASK_KEEP = 1, MASK_LEVEL = 2 };
+struct mask_rule {
+    float row_max, z, lo_band, hi_band;
+    uint32_t lo, level;
+    __device__ __forceinline__ int classify(float v) const {
+        if (!finite_logit(v)) return MASK_DROP;
+        const float d = v - row_max;
+        if (d > hi_band) return MASK_KEEP; /* prob surely > lo * (1 + 1e-3): above the level */
+        if (d < lo_band) return MASK_DROP;
+        const uint32_t pb = kp_topp_bits(expf(d) / z);
+        return pb <= lo ? MASK_DROP : pb == level ? MASK_LEVEL : MASK_KEEP;
+    }
+};
 
 __global__ void __launch_bounds__(TOPP_THREADS) prob_mask_kernel(topp_plan plan) {
     __shared__ kp_topp_search s;
@@ -913,22 +976,10 @@ __global__ void __launch_bounds__(TOPP_THREADS) prob_mask_kernel(topp_plan plan)
     }
     if (t == 0) prob_band(s.z, s.lo, s.lo, &below, &above);
     __syncthreads();
-    const float row_max = s.row_max, z = s.z, lo_band = below, hi_band = above;
-    const uint32_t lo = s.lo, level = s.hi;
+    const mask_rule rule = {s.row_max, s.z, below, above, s.lo, s.hi};
     const bool trim = s.mode == KP_TOPP_LEVEL && s.numkeep < s.numdup;
     if (!trim) {
-        lane_tokens(x, begin, end, [&](int i, float v) {
-            bool keep = false;
-            if (finite_logit(v)) {
-                const float d = v - row_max;
-                if (d > hi_band) {
-                    keep = true; /* prob surely > lo * (1 + 1e-3): above the level */
-                } else if (d >= lo_band) {
-                    keep = kp_topp_bits(expf(d) / z) > lo;
-                }
-            }
-            y[i] = keep ? v : -INFINITY;
-        });
+        lane_tokens(x, begin, end, [&](int i, float v) { y[i] = rule.classify(v) != MASK_DROP ? v : -INFINITY; });
         return;
     }
     /* trim: the level members are left to prob_select_kernel and appended, tile by tile, to the row's
@@ -943,26 +994,17 @@ __global__ void __launch_bounds__(TOPP_THREADS) prob_mask_kernel(topp_plan plan)
     for (int piece = first; piece < last; piece++) {
         const int tb = piece * plan.piece_len, te = min(tb + plan.piece_len, plan.vocab);
         lane_tokens(x, tb, te, [&](int i, float v) {
-            bool keep = false;
-            if (finite_logit(v)) {
-                const float d = v - row_max;
-                if (d > hi_band) {
-                    keep = true; /* prob surely > lo * (1 + 1e-3): above the level */
-                } else if (d >= lo_band) {
-                    const uint32_t pb = kp_topp_bits(expf(d) / z);
-                    keep = pb > lo;
-                    if (keep && pb == level) { /* a level member: prob_select_kernel writes it */
-                        cooperative_groups::coalesced_group g = cooperative_groups::coalesced_threads();
-                        int pos = 0;
-                        if (g.thread_rank() == 0) pos = atomicAdd(&nbuf, (int)g.size());
-                        pos = g.shfl(pos, 0) + (int)g.thread_rank();
-                        buf_key[pos] = kp_topp_logit_key(v);
-                        buf_idx[pos] = (uint32_t)i;
-                        return;
-                    }
-                }
+            const int c = rule.classify(v);
+            if (c == MASK_LEVEL) { /* a level member: prob_select_kernel writes it */
+                cooperative_groups::coalesced_group g = cooperative_groups::coalesced_threads();
+                int pos = 0;
+                if (g.thread_rank() == 0) pos = atomicAdd(&nbuf, (int)g.size());
+                pos = g.shfl(pos, 0) + (int)g.thread_rank();
+                buf_key[pos] = kp_topp_logit_key(v);
+                buf_idx[pos] = (uint32_t)i;
+                return;
             }
-            y[i] = keep ? v : -INFINITY;
+            y[i] = c == MASK_KEEP ? v : -INFINITY;
         });
         __syncthreads();
         const int n = nbuf;
@@ -980,6 +1022,146 @@ __global__ void __launch_bounds__(TOPP_THREADS) prob_mask_kernel(topp_plan plan)
                 list_idx[base + j] = buf_idx[j];
             }
         __syncthreads(); /* the buffer is refilled by the next tile */
+    }
+}
+
+/* ---- split_prob fused: one thread-block cluster per row, the row held in shared memory ----
+ * The same steps and the same bits as the kernels above, in one launch (then prob_select_kernel for
+ * rows whose level needs a trim): block r of a row's cluster of C holds tiles [r T, r T + T) of it,
+ * read from global memory once. The cluster's blocks meet at cluster barriers and read each other's
+ * shared memory (tile records, bucket counts); every block computes the same search state from the
+ * same integer sums, so all take the same branches and barriers. Used while a row fits: at most
+ * FUSED_MAX_CLUSTER blocks of FUSED_MAX_TILES tiles (see topp_fused_plan). */
+#define FUSED_THREADS 512
+#define FUSED_WARPS (FUSED_THREADS / 32)
+#define FUSED_MAX_CLUSTER 16
+#define FUSED_MAX_TILES 16
+#define FUSED_LOADS 8 /* loads in flight per thread while filling */
+
+struct fused_shared {
+    unsigned hist_words[HIST_WORDS];          /* the round's counts; then, as 64-bit words, the row's buckets */
+    unsigned long long part[PROB_F + 1];      /* this block's share of the row's counts, summed over the cluster */
+    topp_stats tiles[FUSED_MAX_TILES];
+    kp_topp_search s;
+    float below, above;
+};
+#define FUSED_FIXED_BYTES ((sizeof(fused_shared) + 15) / 16 * 16)
+static_assert(HIST_WORDS * sizeof(unsigned) >= (PROB_F + 1) * sizeof(unsigned long long), "the buckets fit the counts");
+
+namespace cg = cooperative_groups;
+
+__global__ void __launch_bounds__(FUSED_THREADS, 2) prob_fused_kernel(topp_plan plan, int tiles_per_block) {
+    extern __shared__ __align__(16) unsigned char fused_smem[];
+    fused_shared &sh = *reinterpret_cast<fused_shared *>(fused_smem);
+    float *xs = reinterpret_cast<float *>(fused_smem + FUSED_FIXED_BYTES);
+    cg::cluster_group cluster = cg::this_cluster();
+    const int C = (int)cluster.num_blocks(), rank = (int)cluster.block_rank();
+    const int t = threadIdx.x, warp = t >> 5, lane = t & 31;
+    const int64_t row = blockIdx.x / C;
+    const float *x = plan.logits + row * plan.row_stride;
+    float *y = plan.out + row * plan.row_stride;
+    const int first_tile = min(rank * tiles_per_block, plan.piece_count);
+    const int my_tiles = min(first_tile + tiles_per_block, plan.piece_count) - first_tile;
+    const int begin = min(first_tile * KP_TOPP_TILE, plan.vocab);
+    const int n = min(begin + my_tiles * KP_TOPP_TILE, plan.vocab) - begin;
+    const int padded = my_tiles * KP_TOPP_TILE;
+
+    /* 1. the block's tokens, NaN (absent) past the row */
+    if (rank == 0 && t == 0) {
+        atomicExch(plan.counts + row * CNT_WORDS + CNT_LEVEL, 0u); /* appended to after a cluster barrier */
+        __threadfence();
+    }
+    for (int base = 0; base < padded; base += FUSED_THREADS * FUSED_LOADS) {
+        float v[FUSED_LOADS];
+        load_strided<FUSED_LOADS, FUSED_THREADS>(v, x + begin, base, n, NAN);
+#pragma unroll
+        for (int u = 0; u < FUSED_LOADS; u++) {
+            const int i = base + u * FUSED_THREADS + t;
+            if (i < padded) xs[i] = v[u];
+        }
+    }
+    __syncthreads();
+    /* 2. tile records, a warp per tile */
+    for (int tl = warp; tl < my_tiles; tl += FUSED_WARPS) {
+        const float *tile = xs + tl * KP_TOPP_TILE;
+        const topp_stats rec = tile_stats_warp<false>([&](int q) { return tile[lane + 32 * q]; });
+        if (lane == 0) sh.tiles[tl] = rec;
+    }
+    cluster.sync();
+    /* 3. the row's start, from every block's records in tile order */
+    if (warp == 0) {
+        kp_topp_search s0;
+        start_search_warp(
+            [&](int i) {
+                const topp_stats *remote = cluster.map_shared_rank(sh.tiles, i / tiles_per_block);
+                return remote[i % tiles_per_block];
+            },
+            plan.piece_count, plan.top_p[row], &s0);
+        if (lane == 0) sh.s = s0;
+    }
+    __syncthreads();
+    /* 4. the rounds */
+    unsigned long long *const buckets = reinterpret_cast<unsigned long long *>(sh.hist_words);
+    for (int round = 0; round < PROB_R; round++) {
+        if (sh.s.mode != KP_TOPP_LIVE) break; /* the same state in every block: all leave together */
+        for (int k = t; k < HIST_WORDS; k += FUSED_THREADS) sh.hist_words[k] = 0;
+        if (t == 0) prob_band(sh.s.z, sh.s.lo, sh.s.hi, &sh.below, &sh.above);
+        __syncthreads();
+        round_counter rc(sh.hist_words, sh.s, sh.below, sh.above);
+        for (int i = t; i < n; i += FUSED_THREADS) rc.add(xs[i]);
+        rc.flush();
+        cluster.sync(); /* every block's counts are complete */
+        /* this block's share of the indices, summed over the cluster (integer sums: order-free) */
+        const int span = rc.narrow ? (int)rc.width : PROB_F, per = (span + C - 1) / C;
+        const int share_lo = 1 + rank * per, share_hi = min(span, share_lo - 1 + per);
+        for (int i = share_lo + t; i <= share_hi; i += FUSED_THREADS) {
+            unsigned long long sum = 0;
+            for (int r = 0; r < C; r++) sum += round_counter::total(cluster.map_shared_rank(sh.hist_words, r), rc.narrow, i);
+            sh.part[i] = sum;
+        }
+        cluster.sync(); /* every share is complete, and no block reads counts any more */
+        for (int k = t; k <= PROB_F; k += FUSED_THREADS) buckets[k] = 0;
+        __syncthreads();
+        for (int i = 1 + t; i <= span; i += FUSED_THREADS) buckets[i] = cluster.map_shared_rank(sh.part, (i - 1) / per)[i];
+        __syncthreads();
+        decide_round<FUSED_THREADS>([&](int k) { return buckets[k]; }, &sh.s, round + 1 == PROB_R);
+    }
+    cluster.sync(); /* no block leaves while another may still read its shared memory */
+    const kp_topp_search s = sh.s;
+    if (rank == 0 && t == 0) plan.search[row * (PROB_R + 1) + PROB_R] = s; /* for prob_select_kernel */
+
+    /* 5. the mask, as prob_mask_kernel */
+    if (s.mode == KP_TOPP_COPY) { /* bits, NaN payloads included */
+        const uint32_t *xb = reinterpret_cast<const uint32_t *>(xs);
+        uint32_t *yb = reinterpret_cast<uint32_t *>(y + begin);
+        for (int i = t; i < n; i += FUSED_THREADS) yb[i] = xb[i];
+        return;
+    }
+    if (s.mode == KP_TOPP_KEEP_FINITE) {
+        for (int i = t; i < n; i += FUSED_THREADS) y[begin + i] = finite_logit(xs[i]) ? xs[i] : -INFINITY;
+        return;
+    }
+    if (t == 0) prob_band(s.z, s.lo, s.lo, &sh.below, &sh.above);
+    __syncthreads();
+    const mask_rule rule = {s.row_max, s.z, sh.below, sh.above, s.lo, s.hi};
+    const bool trim = s.mode == KP_TOPP_LEVEL && s.numkeep < s.numdup;
+    const int cap = plan.level_cap;
+    uint32_t *list_key = plan.level_list + row * 3 * (int64_t)cap, *list_idx = list_key + cap;
+    for (int i = t; i < n; i += FUSED_THREADS) {
+        const float v = xs[i];
+        const int c = rule.classify(v);
+        if (trim && c == MASK_LEVEL) { /* a level member: prob_select_kernel writes it */
+            cg::coalesced_group g = cg::coalesced_threads();
+            unsigned pos = 0;
+            if (g.thread_rank() == 0) pos = atomicAdd(plan.counts + row * CNT_WORDS + CNT_LEVEL, g.size());
+            pos = g.shfl(pos, 0) + g.thread_rank();
+            if (pos < (unsigned)cap) {
+                list_key[pos] = kp_topp_logit_key(v);
+                list_idx[pos] = (uint32_t)(begin + i);
+            }
+            continue;
+        }
+        y[begin + i] = c != MASK_DROP ? v : -INFINITY;
     }
 }
 
@@ -1156,11 +1338,7 @@ __global__ void __launch_bounds__(SEL_THREADS) prob_select_kernel(topp_plan plan
     /* 1. the members' keys (all threads run the same number of chunks: full warps) */
     for (int chunk = 0; chunk < vocab; chunk += SEL_THREADS * SEL_LOADS) {
         float v[SEL_LOADS];
-#pragma unroll
-        for (int u = 0; u < SEL_LOADS; u++) {
-            const int i = chunk + u * SEL_THREADS + t;
-            v[u] = i < vocab ? x[i] : -INFINITY;
-        }
+        load_strided<SEL_LOADS, SEL_THREADS>(v, x, chunk, vocab, -INFINITY);
 #pragma unroll
         for (int u = 0; u < SEL_LOADS; u++) {
             const bool m = member(v[u]);
@@ -1205,11 +1383,7 @@ __global__ void __launch_bounds__(SEL_THREADS) prob_select_kernel(topp_plan plan
     __syncthreads();
     for (int chunk = 0; chunk < vocab; chunk += SEL_THREADS * SEL_LOADS) {
         float v[SEL_LOADS];
-#pragma unroll
-        for (int u = 0; u < SEL_LOADS; u++) {
-            const int i = chunk + u * SEL_THREADS + t;
-            v[u] = i < vocab ? x[i] : -INFINITY;
-        }
+        load_strided<SEL_LOADS, SEL_THREADS>(v, x, chunk, vocab, -INFINITY);
 #pragma unroll
         for (int u = 0; u < SEL_LOADS; u++) {
             const bool m = member(v[u]) && kp_topp_logit_key(v[u]) == pivot_key;
@@ -1361,6 +1535,52 @@ static int topp_check(const char *name, const kp_topp_args *a, char *message, si
     return KP_RUN_OK;
 }
 
+/* The fused kernel's launch: batch clusters of c blocks; *attr must outlive *cfg's use. */
+static void fused_launch_config(cudaLaunchConfig_t *cfg, cudaLaunchAttribute *attr, int c, int64_t batch, size_t smem,
+                                cudaStream_t stream) {
+    *cfg = cudaLaunchConfig_t{};
+    attr->id = cudaLaunchAttributeClusterDimension;
+    attr->val.clusterDim.x = (unsigned)c;
+    attr->val.clusterDim.y = 1;
+    attr->val.clusterDim.z = 1;
+    cfg->gridDim = dim3((unsigned)(batch * c));
+    cfg->blockDim = dim3(FUSED_THREADS);
+    cfg->dynamicSmemBytes = smem;
+    cfg->stream = stream;
+    cfg->attrs = attr;
+    cfg->numAttrs = 1;
+}
+
+/* split_prob: the fused path's shape for rows of `tiles` tiles: a cluster of C blocks per row, each
+ * holding T tiles (T = ceil(tiles / C), C = ceil(tiles / T) so no block is empty), and its shared
+ * memory bytes. *cluster = 0, and the split kernels run instead, when a row does not fit (more than
+ * FUSED_MAX_CLUSTER x FUSED_MAX_TILES tiles) or when the device cannot hold every row's cluster at
+ * once: a fused row is one long chain of cluster barriers (about 40 us on an H200 at 131,072 tokens),
+ * fast while all rows run side by side, slower than the split kernels once rows queue in waves
+ * (measured: 64 x 154,856 took 237 us fused, 166 us split). Both paths give the same bits. */
+static int topp_fused_plan(int tiles, int64_t batch, int *cluster, int *tiles_per_block, size_t *bytes, char *message,
+                           size_t message_len) {
+    *cluster = 0;
+    int c = tiles < FUSED_MAX_CLUSTER ? tiles : FUSED_MAX_CLUSTER;
+    const int t = (tiles + c - 1) / c;
+    if (t > FUSED_MAX_TILES) return KP_RUN_OK;
+    c = (tiles + t - 1) / t;
+    if (batch > INT32_MAX / c) return KP_RUN_OK;
+    const size_t smem = FUSED_FIXED_BYTES + (size_t)t * KP_TOPP_TILE * sizeof(float);
+    TOPP_CUDA_CHECK(cudaFuncSetAttribute(prob_fused_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (c > 8) TOPP_CUDA_CHECK(cudaFuncSetAttribute(prob_fused_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    cudaLaunchConfig_t cfg;
+    cudaLaunchAttribute attr;
+    fused_launch_config(&cfg, &attr, c, batch, smem, 0);
+    int active = 0;
+    TOPP_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&active, prob_fused_kernel, &cfg));
+    if (active < batch) return KP_RUN_OK;
+    *cluster = c;
+    *tiles_per_block = t;
+    *bytes = smem;
+    return KP_RUN_OK;
+}
+
 template <int ALGO>
 static int topp_cuda_run(const char *name, const void *vargs, char *message, size_t message_len) {
     const kp_topp_args *a = static_cast<const kp_topp_args *>(vargs);
@@ -1430,6 +1650,23 @@ static int topp_cuda_run(const char *name, const void *vargs, char *message, siz
     plan.search = reinterpret_cast<kp_topp_search *>(plan.counts + a->batch * CNT_WORDS);
     plan.level_cap = (int)topp_level_cap(a->vocab);
     plan.level_list = reinterpret_cast<uint32_t *>(plan.search + a->batch * (PROB_R + 1));
+    plan.sel_cap = plan.level_cap < SEL_CAP_MAX ? plan.level_cap : SEL_CAP_MAX;
+    const size_t sel_bytes = (size_t)plan.sel_cap * sizeof(uint32_t);
+    TOPP_CUDA_CHECK(cudaFuncSetAttribute(prob_select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sel_bytes));
+    int cluster = 0, tiles_per_block = 0;
+    size_t fused_bytes = 0;
+    rc = topp_fused_plan(plan.piece_count, a->batch, &cluster, &tiles_per_block, &fused_bytes, message, message_len);
+    if (rc != KP_RUN_OK) return rc;
+    if (cluster) { /* one cluster per row, the row in shared memory */
+        cudaLaunchConfig_t cfg;
+        cudaLaunchAttribute attr;
+        fused_launch_config(&cfg, &attr, cluster, a->batch, fused_bytes, stream);
+        TOPP_CUDA_CHECK(cudaLaunchKernelEx(&cfg, prob_fused_kernel, plan, tiles_per_block));
+        TOPP_LAUNCH_CHECK("prob_fused_kernel");
+        prob_select_kernel<<<(unsigned)a->batch, SEL_THREADS, sel_bytes, stream>>>(plan);
+        TOPP_LAUNCH_CHECK("prob_select_kernel");
+        return KP_RUN_OK;
+    }
     TOPP_CUDA_CHECK(cudaMemsetAsync(plan.hist, 0, (size_t)(a->batch * topp_zeroed_per_row()), stream));
     const long long tiles = (long long)a->batch * plan.piece_count;
     prob_stats_kernel<<<(unsigned)((tiles + STATS_WARPS - 1) / STATS_WARPS), TOPP_THREADS, 0, stream>>>(plan, tiles);
@@ -1441,9 +1678,6 @@ static int topp_cuda_run(const char *name, const void *vargs, char *message, siz
     }
     prob_mask_kernel<<<programs, TOPP_THREADS, 0, stream>>>(plan);
     TOPP_LAUNCH_CHECK("prob_mask_kernel");
-    plan.sel_cap = plan.level_cap < SEL_CAP_MAX ? plan.level_cap : SEL_CAP_MAX;
-    const size_t sel_bytes = (size_t)plan.sel_cap * sizeof(uint32_t);
-    TOPP_CUDA_CHECK(cudaFuncSetAttribute(prob_select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sel_bytes));
     prob_select_kernel<<<(unsigned)a->batch, SEL_THREADS, sel_bytes, stream>>>(plan);
     TOPP_LAUNCH_CHECK("prob_select_kernel");
     return KP_RUN_OK;
