@@ -27,7 +27,7 @@ run compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 
     --filter 'gpu_harness/receipts_record_the_gpu'
 for tool in racecheck synccheck; do
     run compute-sanitizer --tool $tool --target-processes all --error-exitcode 9 "$D/test_gpu_topp_kernels" \
-        --filter 'gpu_topp/@(level_members_kept_in_rule_order_match_host|thousand_way_tie_keeps_prefix_every_call|tie_rows_match_host_ports_and_keep_lowest_index_copies|rows_without_finite_logits_are_copied_and_p_one_keeps_all)'
+        --filter 'gpu_topp/@(level_members_kept_in_rule_order_match_host|large_ties_keep_prefix_every_call|tie_rows_match_host_ports_and_keep_lowest_index_copies|rows_without_finite_logits_are_copied_and_p_one_keeps_all)'
 done
 (cd "$O" && tar czf bundles.tgz cuda-gate host-gate default-gate && rm -rf cuda-gate host-gate default-gate)
 grep -E '^\$|^exit|Synthesis|verdict|stages|Elapsed|Maximum resident|ERROR SUMMARY' "$log"

@@ -269,27 +269,34 @@ Test(gpu_topp, tie_rows_match_host_ports_and_keep_lowest_index_copies, .timeout 
 }
 
 /* vLLM's test_topp_tie_break_deterministic: 1000 logits of 1.0, 1000 of 0.0, p = 0.5, five calls. */
-Test(gpu_topp, thousand_way_tie_keeps_prefix_every_call, .timeout = 120) {
+/* n tokens at 1.0, n at 0.0, the rest -inf, top_p 0.5: the level at 1.0 is trimmed to its first
+ * ceil(0.5 n (1 + 1/e)) members. n = 1000 takes prob_select_kernel's small-level ranking, 6000 its
+ * radix select over the listed members, 20000 (past the 16384-entry lists) its rescan of the row. */
+Test(gpu_topp, large_ties_keep_prefix_every_call, .timeout = 300) {
     enum { V = 128256, B = 4 };
+    static const int64_t sizes[] = {1000, 6000, 20000};
     gpu g = gpu_open();
     float *x = alloc_floats(B * V), *y = alloc_floats(B * V), p[B];
-    for (int64_t r = 0; r < B; r++) {
-        for (int64_t i = 0; i < V; i++) x[r * V + i] = i < 1000 ? 1.0f : i < 2000 ? 0.0f : -INFINITY;
-        p[r] = 0.5f;
-    }
-    int64_t want = (int64_t)ceil(0.5 * (1000.0 * exp(1.0) + 1000.0) / exp(1.0)); /* 684 */
     const kp_impl *cuda = impl_named("topp.split_prob@cuda");
-    gpu_call c = gpu_prepare(&g, cuda, x, y, p, B, V, V);
-    for (int rep = 0; rep < 5; rep++) {
-        gpu_launch(&g, cuda, &c);
-        gpu_fetch(&c, y);
-        for (int64_t r = 0; r < B; r++)
-            for (int64_t i = 0; i < V; i++)
-                cr_assert_eq(bits_of(y[r * V + i]), i < want ? bits_of(1.0f) : bits_of(-INFINITY),
-                             "call %d row %lld token %lld: want the first %lld kept", rep, (long long)r, (long long)i,
-                             (long long)want);
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        const int64_t n = sizes[k];
+        for (int64_t r = 0; r < B; r++) {
+            for (int64_t i = 0; i < V; i++) x[r * V + i] = i < n ? 1.0f : i < 2 * n ? 0.0f : -INFINITY;
+            p[r] = 0.5f;
+        }
+        const int64_t want = (int64_t)ceil(0.5 * ((double)n * exp(1.0) + (double)n) / exp(1.0)); /* 684 for 1000 */
+        gpu_call c = gpu_prepare(&g, cuda, x, y, p, B, V, V);
+        for (int rep = 0; rep < 3; rep++) {
+            gpu_launch(&g, cuda, &c);
+            gpu_fetch(&c, y);
+            for (int64_t r = 0; r < B; r++)
+                for (int64_t i = 0; i < V; i++)
+                    cr_assert_eq(bits_of(y[r * V + i]), i < want ? bits_of(1.0f) : bits_of(-INFINITY),
+                                 "%lld-way tie, call %d row %lld token %lld: want the first %lld kept", (long long)n,
+                                 rep, (long long)r, (long long)i, (long long)want);
+        }
+        gpu_release(&c);
     }
-    gpu_release(&c);
     free(x), free(y);
 }
 

@@ -581,8 +581,18 @@ __global__ void __launch_bounds__(TOPP_THREADS) topp_mask_kernel(topp_plan plan)
 static_assert(PROB_F == 8 * TOPP_THREADS, "the parallel pivot search gives each thread 8 pivots");
 static_assert(KP_TOPP_TILE % TOPP_THREADS == 0, "a tile is whole lanes");
 /* per-row counters of finished programs, one per kernel that ends in a last-program step */
-enum { CNT_LEVEL = 0, CNT_STATS = 1, CNT_ROUND = 2, CNT_WORDS = 8 };
-static_assert(CNT_ROUND + PROB_R <= CNT_WORDS, "a counter per round");
+enum { CNT_LEVEL = 0, CNT_STATS = 1, CNT_ROUND = 2, CNT_CAND = CNT_ROUND + PROB_R, CNT_WORDS = 8 };
+static_assert(CNT_CAND < CNT_WORDS, "a counter per round, and the candidates'");
+
+/* Appends i to list (cap entries) after *count, one global atomic per warp; all threads that get
+ * here together take consecutive places, in a varying order. */
+__device__ __forceinline__ void append_index(uint32_t *list, unsigned *count, unsigned cap, uint32_t i) {
+    cooperative_groups::coalesced_group g = cooperative_groups::coalesced_threads();
+    unsigned pos = 0;
+    if (g.thread_rank() == 0) pos = atomicAdd(count, g.size());
+    pos = g.shfl(pos, 0) + g.thread_rank();
+    if (pos < cap) list[pos] = i;
+}
 
 /* The last program of a row to get here returns true (for the whole block), after every other
  * program's global writes and atomics are visible to it (the fence-then-count pattern). Each counter
@@ -840,12 +850,13 @@ struct round_counter {
     /* The bucket #{f : pivot_f < prob_bits} = ((D - 1) >> sh) + 1 (D = prob_bits - lo, 1 <= D <= W);
      * a narrow bracket has sh = 0, so its index D is its bucket. A run of tokens in one bucket is
      * added as one sum (a near-uniform row's tokens mostly share one). */
-    __device__ __forceinline__ void add(float v) {
+    /* true: the token lies in the bracket (and was counted) */
+    __device__ __forceinline__ bool add(float v) {
         const float d = v - row_max;
-        if (!(d >= lo_band && d <= hi_band)) return; /* outside the band, or NaN / infinite */
+        if (!(d >= lo_band && d <= hi_band)) return false; /* outside the band, or NaN / infinite */
         const float prob = expf(d) / z;
         const uint32_t pb = kp_topp_bits(prob);
-        if (pb <= lo || pb > hi) return;
+        if (pb <= lo || pb > hi) return false;
         const int k = (int)((pb - lo - 1) >> shift) + 1;
         if (k != pend_k) {
             if (pend_k) bucket_add(&lo_words[pend_k], &hi_words[pend_k], pend);
@@ -853,6 +864,7 @@ struct round_counter {
             pend = 0;
         }
         pend += (unsigned long long)kp_topp_fix(prob); /* < 2^62 each: the row's sum stays < 2^63 */
+        return true;
     }
     __device__ __forceinline__ void flush() {
         if (pend_k) bucket_add(&lo_words[pend_k], &hi_words[pend_k], pend);
@@ -867,6 +879,24 @@ struct round_counter {
         return sum;
     }
 };
+
+/* A program's end of a round: its counts into the row's buckets (64-bit global atomics: integer
+ * sums, order-free); the row's last program decides the round and stores the next state. */
+__device__ __forceinline__ void finish_round(const topp_plan &plan, round_counter &rc, const unsigned *hist_words,
+                                             kp_topp_search *s, int64_t row, int round) {
+    const int t = threadIdx.x;
+    rc.flush();
+    __syncthreads();
+    unsigned long long *row_hist = plan.hist + (row * PROB_R + round) * (PROB_F + 1);
+    const int span = rc.narrow ? (int)rc.width : PROB_F;
+    for (int i = 1 + t; i <= span; i += TOPP_THREADS) {
+        const unsigned long long sum = round_counter::total(hist_words, rc.narrow, i);
+        if (sum) atomicAdd(row_hist + i, sum);
+    }
+    if (!last_program_of_row(plan.counts + row * CNT_WORDS + CNT_ROUND + round, plan.slices)) return;
+    decide_round<TOPP_THREADS>([&](int k) { return __ldcg(row_hist + k); }, s, round + 1 == PROB_R);
+    if (t == 0) plan.search[row * (PROB_R + 1) + round + 1] = *s;
+}
 
 #define ROUND_LOADS 8  /* loads in flight per thread */
 #define ROUND_LOADS4 4 /* float4 loads in flight per thread */
@@ -892,6 +922,22 @@ __global__ void __launch_bounds__(TOPP_THREADS, 5) prob_round_kernel(topp_plan p
     const int first = slice * plan.pieces_per_program;
     const int last = min(first + plan.pieces_per_program, plan.piece_count);
     const int begin = min(first * plan.piece_len, plan.vocab), end = min(last * plan.piece_len, plan.vocab);
+    /* The round before the last lists the tokens in its bracket (their indices, in the row's level
+     * lists, which the mask fills only later); the last round's bracket lies inside it, so when the
+     * list did not overflow, the last round counts the listed tokens instead of reading the row. */
+    uint32_t *const cand = plan.level_list + row * 3 * (int64_t)plan.level_cap;
+    unsigned *const cand_count = plan.counts + row * CNT_WORDS + CNT_CAND;
+    const unsigned cand_cap = 3u * (unsigned)plan.level_cap;
+    const bool collect = round == PROB_R - 2;
+    if (round == PROB_R - 1 && *cand_count <= cand_cap) {
+        const int listed = (int)*cand_count, per = (listed + plan.slices - 1) / plan.slices;
+        const int j_end = min(listed, (slice + 1) * per);
+        for (int j = slice * per + t; j < j_end; j += TOPP_THREADS) rc.add(x[cand[j]]);
+        return finish_round(plan, rc, hist_words, &s, row, round);
+    }
+    auto take = [&](float v, int i) {
+        if (rc.add(v) && collect) append_index(cand, cand_count, cand_cap, (uint32_t)i);
+    };
     /* The buckets are integer sums, so which thread takes which token cannot change a bit: a row
      * whose slice starts 16-byte aligned is read as float4s (ROUND_LOADS4 in flight per thread). */
     const float *xs = x + begin;
@@ -905,32 +951,23 @@ __global__ void __launch_bounds__(TOPP_THREADS, 5) prob_round_kernel(topp_plan p
                                                      make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY));
 #pragma unroll
             for (int u = 0; u < ROUND_LOADS4; u++) {
-                rc.add(v[u].x);
-                rc.add(v[u].y);
-                rc.add(v[u].z);
-                rc.add(v[u].w);
+                const int i = begin + 4 * (base + u * TOPP_THREADS + t);
+                take(v[u].x, i);
+                take(v[u].y, i + 1);
+                take(v[u].z, i + 2);
+                take(v[u].w, i + 3);
             }
         }
-        for (int i = count4 * 4 + t; i < count; i += TOPP_THREADS) rc.add(xs[i]);
+        for (int i = count4 * 4 + t; i < count; i += TOPP_THREADS) take(xs[i], begin + i);
     } else {
         for (int base = begin; base < end; base += TOPP_THREADS * ROUND_LOADS) {
             float v[ROUND_LOADS];
             load_strided<ROUND_LOADS, TOPP_THREADS>(v, x, base, end, -INFINITY);
 #pragma unroll
-            for (int u = 0; u < ROUND_LOADS; u++) rc.add(v[u]);
+            for (int u = 0; u < ROUND_LOADS; u++) take(v[u], base + u * TOPP_THREADS + t);
         }
     }
-    rc.flush();
-    __syncthreads();
-    unsigned long long *row_hist = plan.hist + (row * PROB_R + round) * (PROB_F + 1);
-    const int span = rc.narrow ? (int)rc.width : PROB_F;
-    for (int i = 1 + t; i <= span; i += TOPP_THREADS) { /* integer sums: order-free */
-        const unsigned long long sum = round_counter::total(hist_words, rc.narrow, i);
-        if (sum) atomicAdd(row_hist + i, sum);
-    }
-    if (!last_program_of_row(plan.counts + row * CNT_WORDS + CNT_ROUND + round, plan.slices)) return;
-    decide_round<TOPP_THREADS>([&](int k) { return __ldcg(row_hist + k); }, &s, round + 1 == PROB_R);
-    if (t == 0) states[round + 1] = s;
+    finish_round(plan, rc, hist_words, &s, row, round);
 }
 
 /* The mask's decision for one token once the search is decided (keep prob > lo): MASK_DROP,
@@ -1296,6 +1333,22 @@ __global__ void __launch_bounds__(SEL_THREADS) prob_select_kernel(topp_plan plan
         const int n = (int)listed, cap = plan.level_cap;
         const uint32_t *gkey = plan.level_list + row * 3 * (int64_t)cap, *gidx = gkey + cap;
         uint32_t *scratch = const_cast<uint32_t *>(gidx) + cap;
+        if (n <= SEL_THREADS) { /* a small level: each member counts those before it in the rule's order */
+            __shared__ uint32_t small_key[SEL_THREADS], small_idx[SEL_THREADS];
+            if (t < n) {
+                small_key[t] = gkey[t];
+                small_idx[t] = gidx[t];
+            }
+            __syncthreads();
+            if (t < n) {
+                const uint32_t key = small_key[t], i = small_idx[t];
+                int before = 0; /* larger logit, or the same logit and a lower index (indices are unique) */
+                for (int j = 0; j < n; j++)
+                    before += (small_key[j] > key) | ((small_key[j] == key) & (small_idx[j] < i));
+                y[i] = before < s.numkeep ? x[i] : -INFINITY;
+            }
+            return;
+        }
         const bool cached = n <= SEL_CAP;
         if (cached) {
             for (int j = t; j < n; j += SEL_THREADS) list[j] = gkey[j];
