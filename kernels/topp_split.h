@@ -55,10 +55,11 @@
  *    whatever the pivots.
  * 4. Ties. numkeep = n_level - floor((mass(lo) - P) / fix(q)), clamped to [1, n_level]. The kept
  *    members of the level are the first numkeep in the rule's order: logit descending (-0 = +0),
- *    then index ascending. Host: sort the level. CUDA: the mask kernel (many blocks per row) lists
- *    the members (order-preserving logit key, index) in the workspace, up to 16384 per row; then one
- *    1024-thread block per row that needs a trim runs a radix select over that list (4 passes of 8
- *    bits, integer histograms, the digit picked by a warp's integer suffix scan) for the numkeep-th
+ *    then index ascending. Host: sort the level. CUDA: the mask (many blocks per row) lists the
+ *    members (order-preserving logit key, index) in the workspace, up to 16384 per row; then one
+ *    1024-thread block per row that needs a trim either ranks them directly (at most 1024: each
+ *    counts the members before it) or runs a radix select over the list (4 passes of 8 bits,
+ *    integer histograms, the digit picked by a warp's integer suffix scan) for the numkeep-th
  *    largest key T, and the same select over ~index for the `need` members at T with the lowest
  *    indices. A larger level is rescanned from the row instead. No order-dependent atomics (appends
  *    vary in order, the selected values do not).

@@ -31,12 +31,15 @@
  *      into a shared histogram of 64-bit fix-masses (32-bit atomics with carry; per warp group, by
  *      float, when the bracket is at most 255 floats wide), then adds them into the row's buckets
  *      with 64-bit global atomics: integer sums, exact and order-free. The row's last program (fence,
- *      counter) decides the round with a parallel suffix scan and stores the next state.
+ *      counter) decides the round with a parallel suffix scan and stores the next state. Round 1
+ *      lists the tokens in its bracket; round 2 (its bracket inside) counts only those, unless the
+ *      list overflowed.
  *   3. prob_mask_kernel: the final state; keeps prob > lo and drops the rest, leaving the members
  *      of a level to be trimmed to prob_select_kernel, and lists them (logit key, index) in the
  *      workspace, in a varying order (shared buffer per tile, one global atomic per tile and block).
- *   4. prob_select_kernel: one 1024-thread block per row that needs a trim; it selects over the list
- *      (up to 16384 members, cached in dynamic shared memory), or rescans the row past that.
+ *   4. prob_select_kernel: one 1024-thread block per row that needs a trim; it ranks a level of up to
+ *      1024 members directly, selects over the list up to 16384 (cached in dynamic shared memory),
+ *      or rescans the row past that.
  * Workspace: split_logit: stats [batch][32] and partials [batch][5][32][8] (16 bytes each);
  * split_prob: tile stats [batch][ceil(vocab / 2048)] (16 bytes), buckets [batch][3][2049] (8 bytes)
  * and counters [batch][8] (4 bytes; these two zeroed by the memset), states [batch][4] and level
@@ -1203,6 +1206,8 @@ __global__ void __launch_bounds__(FUSED_THREADS, 2) prob_fused_kernel(topp_plan 
 }
 
 /* Step 4 on the GPU: one block of SEL_THREADS per row whose boundary level must be trimmed.
+ * At most SEL_THREADS listed members: each counts the members before it in the rule's order (larger
+ * logit key, or the same key and a lower index) and is kept when fewer than numkeep are.
  * When the mask kernel listed every member (at most level_cap of them), steps 1-4 below run over
  * that list instead of the row: the keys (copied to shared memory up to SEL_CAP, else read from the
  * list), the ~indices of the members at T (shared memory or the list's scratch third), and the
