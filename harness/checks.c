@@ -78,7 +78,9 @@ static int full_output(kp_case_ctx *ctx, const kp_impl *impl, const char *role) 
     cJSON_AddStringToObject(entry, "status", kp_result_name(ctx->outs[i].status));
     if (ctx->outs[i].status == KP_PASSED) {
         char hex[KP_SHA256_HEX_LEN];
+        double t0 = kp_now();
         output_digest(ctx, ctx->outs[i].out, ctx->batch, hex);
+        kp_stage_add(KP_STAGE_DIGESTS, kp_now() - t0);
         cJSON_AddStringToObject(entry, "output_sha256", hex);
     } else {
         snprintf(ctx->outs[i].message, sizeof ctx->outs[i].message, "%s", err.msg);
@@ -411,7 +413,8 @@ static kp_result check_expect(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON
 }
 
 static double g_stage[KP_STAGE_COUNT];
-static const char *const stage_names[KP_STAGE_COUNT] = {"generation", "reference", "kernels", "judging", "receipts"};
+static const char *const stage_names[KP_STAGE_COUNT] = {"generation", "reference", "kernels", "judging", "receipts",
+                                                        "digests"};
 
 void kp_stage_add(kp_stage stage, double seconds) { g_stage[stage] += seconds; }
 double kp_stage_seconds(kp_stage stage) { return g_stage[stage]; }

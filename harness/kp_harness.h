@@ -91,6 +91,7 @@ typedef enum kp_stage {
     KP_STAGE_KERNELS,        /* impl runs: copies, launch, sync, guard checks */
     KP_STAGE_JUDGING,        /* comparisons, rule judging, evidence */
     KP_STAGE_RECEIPTS,       /* receipts, artifacts, reports, manifest */
+    KP_STAGE_DIGESTS,        /* SHA-256 of inputs, reference and outputs recorded in receipts */
     KP_STAGE_COUNT
 } kp_stage;
 void kp_stage_add(kp_stage stage, double seconds);

@@ -156,7 +156,9 @@ static size_t topp_estimate_device(const kp_case *c, const kp_impl *impl, kp_err
 static void add_tensor(cJSON *inputs, const char *name, kp_dtype dtype, int ndim, const int64_t *shape, int64_t stride,
                        const void *data) {
     char hex[KP_SHA256_HEX_LEN];
+    double t0 = kp_now();
     kp_buffer_digest(dtype, ndim, shape, stride, data, hex);
+    kp_stage_add(KP_STAGE_DIGESTS, kp_now() - t0);
     cJSON *t = cJSON_AddObjectToObject(inputs, name);
     cJSON_AddStringToObject(t, "dtype", kp_dtype_name(dtype));
     cJSON *s = cJSON_AddArrayToObject(t, "shape");
@@ -426,6 +428,7 @@ static int topp_reference(void *data, const kp_check_spec *spec, cJSON *desc, kp
         kp_stage_add(KP_STAGE_REFERENCE, d->ref_seconds);
         d->have_ref = 1;
         /* digest of what the rule decided: keep mask, probabilities and C_t, all machine-independent */
+        t0 = kp_now();
         kp_sha256 h;
         if (kp_sha256_init(&h, err)) return err->code;
         size_t n = (size_t)(d->tc.batch * d->tc.vocab);
@@ -434,6 +437,7 @@ static int topp_reference(void *data, const kp_check_spec *spec, cJSON *desc, kp
         kp_sha256_update(&h, d->ref.prob, n * sizeof(double));
         kp_sha256_update(&h, d->ref.mass_before, n * sizeof(double));
         kp_sha256_final_hex(&h, d->ref_digest);
+        kp_stage_add(KP_STAGE_DIGESTS, kp_now() - t0);
     }
     if (desc && !cJSON_GetObjectItemCaseSensitive(desc, "sha256")) {
         cJSON_AddStringToObject(desc, "provider", "reference.topp@host-f64");
