@@ -648,22 +648,17 @@ __device__ __forceinline__ void start_search_warp(Fetch fetch, int pieces, float
 }
 
 /* One tile's record by one warp (get(q) = token lane + 32q of the tile, NaN past the row). Lane l
- * stands for the lanes l + 32j (j = 0..7) of topp_stats_kernel's 256-lane reduction: it holds their
- * 64 tokens in registers (all loads in flight at once), keeps their 8 sums in the same order, and
- * warp_tree_sum's first levels combine them as that tree does, so the record is the same bits.
- * Valid in lane 0. */
+ * stands for the lanes l + 32j (j = 0..7) of topp_stats_kernel's 256-lane reduction: it reads their
+ * 64 tokens, keeps their 8 sums in the same order, and warp_tree_sum's first levels combine them as
+ * that tree does, so the record is the same bits. Valid in lane 0. */
 #define STATS_LANE (KP_TOPP_TILE / 32) /* tokens per lane of a tile */
-/* HOLD: the 64 tokens are loaded once into registers (global memory); otherwise get() is called
- * twice per token (shared memory), which keeps the registers for occupancy. */
-template <bool HOLD, typename Get>
+/* get(q) is called twice per token, once for max/min/count and once for the sums. Holding the 64
+ * tokens in registers took 88-128 registers and measured slower on an H200 (ncu, 64 x 154,856:
+ * 31.9 us against 28.9 us). */
+template <typename Get>
 __device__ __forceinline__ topp_stats tile_stats_warp(Get get) {
-    float v[HOLD ? STATS_LANE : 1]; /* v[8u + j] = token lane + 32j + 256u */
-    if (HOLD) {
-#pragma unroll
-        for (int q = 0; q < STATS_LANE; q++) v[HOLD ? q : 0] = get(q);
-    }
-    auto token = [&](int q) { return HOLD ? v[HOLD ? q : 0] : get(q); };
-    constexpr int unroll_q = HOLD ? STATS_LANE : 16, unroll_u = HOLD ? STATS_LANE / 8 : 1;
+    auto token = [&](int q) { return get(q); }; /* token 8u + j = lane + 32j + 256u */
+    constexpr int unroll_q = 16, unroll_u = 1;
     float mx = -INFINITY, mn = INFINITY;
     int count = 0;
 #pragma unroll unroll_q
@@ -712,8 +707,8 @@ __global__ void __launch_bounds__(TOPP_THREADS) prob_stats_kernel(topp_plan plan
     const int piece = (int)(tile % plan.piece_count);
     const float *x = plan.logits + row * plan.row_stride + piece * KP_TOPP_TILE;
     const int n = min(KP_TOPP_TILE, plan.vocab - piece * KP_TOPP_TILE);
-    const topp_stats rec = n == KP_TOPP_TILE ? tile_stats_warp<false>([&](int q) { return x[lane + 32 * q]; })
-                                             : tile_stats_warp<false>([&](int q) {
+    const topp_stats rec = n == KP_TOPP_TILE ? tile_stats_warp([&](int q) { return x[lane + 32 * q]; })
+                                             : tile_stats_warp([&](int q) {
                                                    const int i = lane + 32 * q;
                                                    return i < n ? x[i] : NAN; /* NaN: absent */
                                                });
@@ -1124,7 +1119,7 @@ __global__ void __launch_bounds__(FUSED_THREADS, 2) prob_fused_kernel(topp_plan 
     /* 2. tile records, a warp per tile */
     for (int tl = warp; tl < my_tiles; tl += FUSED_WARPS) {
         const float *tile = xs + tl * KP_TOPP_TILE;
-        const topp_stats rec = tile_stats_warp<false>([&](int q) { return tile[lane + 32 * q]; });
+        const topp_stats rec = tile_stats_warp([&](int q) { return tile[lane + 32 * q]; });
         if (lane == 0) sh.tiles[tl] = rec;
     }
     cluster.sync();
