@@ -450,6 +450,124 @@ Test(topp_host, repeat_calls_and_thread_counts_agree, .timeout = 120) {
     free(x), free(first), free(y);
 }
 
+/* ---- the CUDA kernels' pivot schedule, modelled on the host ----
+ * kernels/cuda/topp_split.cu takes 2048 pivots a round spaced by 2^sh (pivot_shift,
+ * round_counter::add, decide_round) and 3 rounds; the host port takes 64 evenly spread pivots and
+ * 5 rounds. The level is the one f32 prob q with mass(> q) < P <= mass(>= q), so from the same start
+ * both must end in the same state. The model below mirrors the kernels' integer steps; the test
+ * holds it to the host ladder on many multisets of probs, and plants the defect the H200 run found
+ * (pivots past hi left in the decision) to show it would be caught. */
+static int gpu_model_shift(uint32_t lo, uint32_t hi) {
+    uint32_t c = (hi - lo - 1) >> 11; /* 2^sh >= ceil(W / 2048) */
+    int sh = 0;
+    while (c) sh++, c >>= 1;
+    return sh;
+}
+
+static void gpu_model_search(kp_topp_search *s, const float *prob, int64_t n, int leave_out_past_hi) {
+    enum { F = KP_TOPP_FANOUT_PROB_GPU };
+    static uint64_t hist[F + 1];
+    for (int round = 0; round < KP_TOPP_ROUNDS_PROB_GPU && s->mode == KP_TOPP_LIVE; round++) {
+        const int sh = gpu_model_shift(s->lo, s->hi);
+        memset(hist, 0, sizeof hist);
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t pb = kp_topp_bits(prob[i]);
+            if (pb <= s->lo || pb > s->hi) continue;
+            hist[((pb - s->lo - 1) >> sh) + 1] += kp_topp_fix(prob[i]);
+        }
+        int last = F - 1;
+        if (leave_out_past_hi && (int)((s->hi - s->lo - 1) >> sh) < last) last = (int)((s->hi - s->lo - 1) >> sh);
+        uint64_t run = s->hi_mass, mass_j = 0, mass_next = 0;
+        int j = -1;
+        for (int f = F - 1; f >= 0; f--) {
+            uint64_t before = run;
+            run += hist[f + 1];
+            if (f <= last && run >= s->target) {
+                j = f, mass_j = run, mass_next = before;
+                break;
+            }
+        }
+        uint32_t new_lo = j >= 0 ? s->lo + ((uint32_t)j << sh) : 0, new_hi = s->hi;
+        if (j >= 0 && j + 1 < F && s->lo + ((uint32_t)(j + 1) << sh) < new_hi) new_hi = s->lo + ((uint32_t)(j + 1) << sh);
+        kp_topp_advance_to(s, j, mass_j, mass_next, new_lo, new_hi);
+    }
+    kp_topp_finish(s);
+}
+
+static void host_ladder_search(kp_topp_search *s, const float *prob, int64_t n) {
+    for (int round = 0; round < KP_TOPP_ROUNDS_PROB && s->mode == KP_TOPP_LIVE; round++) {
+        uint32_t pivots[KP_TOPP_FANOUT_PROB];
+        uint64_t hist[KP_TOPP_FANOUT_PROB + 1] = {0};
+        for (int f = 0; f < KP_TOPP_FANOUT_PROB; f++) pivots[f] = kp_topp_pivot(s, f);
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t pb = kp_topp_bits(prob[i]);
+            if (pb <= s->lo || pb > s->hi) continue;
+            hist[kp_topp_bucket(pivots, pb)] += kp_topp_fix(prob[i]);
+        }
+        kp_topp_advance(s, hist);
+    }
+    kp_topp_finish(s);
+}
+
+/* The start state and f32 probs of a row of logits (any consistent f32 arithmetic will do). */
+static int64_t row_probs(const float *x, int64_t V, float p, float *prob, kp_topp_search *s) {
+    float m = -INFINITY, mn = INFINITY, z = 0.0f;
+    int64_t n = 0;
+    for (int64_t i = 0; i < V; i++)
+        if (isfinite(x[i])) m = fmaxf(m, x[i]), mn = fminf(mn, x[i]);
+    for (int64_t i = 0; i < V; i++)
+        if (isfinite(x[i])) z += expf(x[i] - m);
+    for (int64_t i = 0; i < V; i++)
+        if (isfinite(x[i])) prob[n++] = expf(x[i] - m) / z;
+    kp_topp_start(s, m, z, mn, n, p, n ? expf(mn - m) / z : 0.0f);
+    return n;
+}
+
+static int same_state(const kp_topp_search *a, const kp_topp_search *b) {
+    return a->mode == b->mode && a->lo == b->lo && a->hi == b->hi && a->hi_mass == b->hi_mass &&
+           a->numdup == b->numdup && a->numkeep == b->numkeep;
+}
+
+Test(topp_search, gpu_pivot_schedule_ends_where_the_host_ladder_does, .timeout = 120) {
+    static const int64_t vocabs[] = {1, 2, 5, 2048, 5003, 40000};
+    static const float ps[] = {1e-30f, 1e-6f, 0.1f, 0.5f, 0.9f, 0.95f, 0.999f, 0.9999999f};
+    float *x = alloc_floats(40000), *prob = alloc_floats(40000);
+    int64_t compared = 0, levels = 0, planted_caught = 0;
+    for (size_t v = 0; v < sizeof vocabs / sizeof vocabs[0]; v++)
+        for (int profile = 0; profile < 6; profile++)
+            for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++) {
+                const int64_t V = vocabs[v];
+                const uint64_t seed = 1000 * v + 10 * (uint64_t)profile + k;
+                switch (profile) {
+                case 0: fill_ordinary(x, V, seed); break;
+                case 1: fill_flat(x, V, seed, 1e-6); break;
+                case 2: fill_flat(x, V, seed, 1e-2); break;
+                case 3: make_level_row(x, V, seed, V / 3 + 1); break;
+                case 4: fill_ordinary(x, V, seed), x[V / 2] = 1e9f; break;        /* the seed's forced logit */
+                default: fill_ordinary(x, V, seed), x[0] = -INFINITY, x[V - 1] = NAN; break;
+                }
+                kp_topp_search host, gpu, planted;
+                const int64_t n = row_probs(x, V, ps[k], prob, &host);
+                gpu = planted = host;
+                host_ladder_search(&host, prob, n);
+                gpu_model_search(&gpu, prob, n, 1);
+                gpu_model_search(&planted, prob, n, 0);
+                cr_assert(same_state(&gpu, &host),
+                          "vocab %lld profile %d top_p %g: GPU schedule mode %d level %08x numdup %lld numkeep %lld, "
+                          "host ladder mode %d level %08x numdup %lld numkeep %lld", (long long)V, profile,
+                          (double)ps[k], gpu.mode, gpu.hi, (long long)gpu.numdup, (long long)gpu.numkeep, host.mode,
+                          host.hi, (long long)host.numdup, (long long)host.numkeep);
+                compared++;
+                levels += host.mode == KP_TOPP_LEVEL;
+                planted_caught += !same_state(&planted, &host);
+            }
+    cr_log_info("%lld rows, %lld decided by a level; the planted defect changed %lld", (long long)compared,
+                (long long)levels, (long long)planted_caught);
+    cr_assert_gt(levels, compared / 2, "most rows must reach the level search, or the comparison is vacuous");
+    cr_assert_gt(planted_caught, 0, "positive control: leaving the pivots past hi in the decision must change a row");
+    free(x), free(prob);
+}
+
 Test(topp_host, padding_between_vocab_and_stride_untouched) {
     enum { V = 4099, STRIDE = V + 37, B = 3 };
     static const char *names[] = {"topp.split_logit@host", "topp.split_prob@host"};
