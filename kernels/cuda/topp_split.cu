@@ -1086,6 +1086,7 @@ static_assert(HIST_WORDS * sizeof(unsigned) >= (PROB_F + 1) * sizeof(unsigned lo
 namespace cg = cooperative_groups;
 
 __global__ void __launch_bounds__(FUSED_THREADS, 2) prob_fused_kernel(topp_plan plan, int tiles_per_block) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900 /* thread-block clusters: sm_90 and later */
     extern __shared__ __align__(16) unsigned char fused_smem[];
     fused_shared &sh = *reinterpret_cast<fused_shared *>(fused_smem);
     float *xs = reinterpret_cast<float *>(fused_smem + FUSED_FIXED_BYTES);
@@ -1198,6 +1199,9 @@ __global__ void __launch_bounds__(FUSED_THREADS, 2) prob_fused_kernel(topp_plan 
         }
         y[begin + i] = c != MASK_DROP ? v : -INFINITY;
     }
+#else
+    __trap(); /* no cluster code for this architecture: topp_fused_plan never launches it here */
+#endif
 }
 
 /* Step 4 on the GPU: one block of SEL_THREADS per row whose boundary level must be trimmed.
@@ -1606,7 +1610,8 @@ static void fused_launch_config(cudaLaunchConfig_t *cfg, cudaLaunchAttribute *at
 
 /* split_prob: the fused path's shape for rows of `tiles` tiles: a cluster of C blocks per row, each
  * holding T tiles (T = ceil(tiles / C), C = ceil(tiles / T) so no block is empty), and its shared
- * memory bytes. *cluster = 0, and the split kernels run instead, when a row does not fit (more than
+ * memory bytes. *cluster = 0, and the split kernels run instead, when the code the device runs was
+ * built for an architecture without clusters (before sm_90), when a row does not fit (more than
  * FUSED_MAX_CLUSTER x FUSED_MAX_TILES tiles) or when the device cannot hold every row's cluster at
  * once: a fused row is one long chain of cluster barriers (about 40 us on an H200 at 131,072 tokens),
  * fast while all rows run side by side, slower than the split kernels once rows queue in waves
@@ -1614,6 +1619,9 @@ static void fused_launch_config(cudaLaunchConfig_t *cfg, cudaLaunchAttribute *at
 static int topp_fused_plan(int tiles, int64_t batch, int *cluster, int *tiles_per_block, size_t *bytes, char *message,
                            size_t message_len) {
     *cluster = 0;
+    cudaFuncAttributes fa;
+    TOPP_CUDA_CHECK(cudaFuncGetAttributes(&fa, prob_fused_kernel));
+    if (fa.binaryVersion < 90) return KP_RUN_OK; /* the code this device runs has no clusters (a pre-sm_90 build) */
     int c = tiles < FUSED_MAX_CLUSTER ? tiles : FUSED_MAX_CLUSTER;
     const int t = (tiles + c - 1) / c;
     if (t > FUSED_MAX_TILES) return KP_RUN_OK;
