@@ -73,7 +73,7 @@ struct topp_stats {
     int count;
 };
 
-/* One pivot over one piece: [batch][ROUNDS][P][F]. key: f32 prob (split_logit) or logit (split_prob). */
+/* split_logit: one pivot over one piece, [batch][ROUNDS][P][F]; key: the smallest f32 prob above it. */
 struct topp_part {
     float mass, key;
     int count, unused;
@@ -100,11 +100,6 @@ struct topp_plan {
     uint32_t *level_list;     /* split_prob: [batch][3][level_cap] their logit keys, indices, and scratch */
     int level_cap;            /* split_prob: entries per list, min(vocab, LEVEL_CAP) rounded up to 4 */
     int sel_cap;              /* split_prob: entries prob_select_kernel caches in shared memory */
-};
-
-template <int ALGO> struct topp_traits;
-template <> struct topp_traits<ALGO_SPLIT_LOGIT> {
-    static constexpr int rounds = KP_TOPP_ROUNDS_LOGIT;
 };
 
 __device__ __forceinline__ bool finite_logit(float x) { return isfinite(x); }
@@ -198,9 +193,8 @@ struct topp_state {
 /* Replays steps 1 to 3 for `row`. With stop_round < rounds it stops where round `stop_round` would be
  * evaluated (MODE_LIVE) or reports that the search is decided; with stop_round == rounds it returns
  * the final decision. Every thread of the block calls it; the result is in the shared `st`. */
-template <int ALGO>
 __device__ void topp_replay(const topp_plan &plan, int64_t row, int stop_round, topp_state *st) {
-    constexpr int rounds = topp_traits<ALGO>::rounds;
+    constexpr int rounds = KP_TOPP_ROUNDS_LOGIT;
     constexpr int records_cap = REPLAY_CHUNK * KP_TOPP_FANOUT;
     __shared__ uint4 records[records_cap];
     __shared__ float round_mass[KP_TOPP_FANOUT], round_key[KP_TOPP_FANOUT];
@@ -303,8 +297,7 @@ __device__ void topp_replay(const topp_plan &plan, int64_t row, int stop_round, 
             const float p = st->p;
             int found = -1;
             for (int f = KP_TOPP_FANOUT - 1; f >= 0 && found < 0; f--) {
-                const float min_prob =
-                    ALGO == ALGO_SPLIT_LOGIT ? round_key[f] : expf(round_key[f] - st->row_max) / st->z;
+                const float min_prob = round_key[f];
                 if (round_count[f] > 0 && round_mass[f] >= p &&
                     round_mass[f] - __fmul_rn(min_prob, (float)round_count[f]) < p)
                     found = f;
@@ -355,7 +348,7 @@ __device__ void topp_replay(const topp_plan &plan, int64_t row, int stop_round, 
             chosen_count = best_count;
         }
         if (st->mode == MODE_PIVOT) { /* step 3: the boundary tie group */
-            const float dup_prob = ALGO == ALGO_SPLIT_LOGIT ? chosen_key : expf(chosen_key - st->row_max) / st->z;
+            const float dup_prob = chosen_key;
             st->dup_key = chosen_key;
             st->dup_prob = dup_prob;
             st->numdup = chosen_count;
@@ -372,7 +365,6 @@ __device__ void topp_replay(const topp_plan &plan, int64_t row, int stop_round, 
 
 /* ---- kernels ---- */
 
-template <int ALGO>
 __global__ void __launch_bounds__(TOPP_THREADS) topp_stats_kernel(topp_plan plan) {
     __shared__ float sum_buf[TOPP_THREADS], max_buf[TOPP_THREADS], min_buf[TOPP_THREADS];
     __shared__ int count_buf[TOPP_THREADS];
@@ -426,16 +418,15 @@ __global__ void __launch_bounds__(TOPP_THREADS) topp_stats_kernel(topp_plan plan
     }
 }
 
-template <int ALGO>
 __global__ void __launch_bounds__(TOPP_THREADS) topp_round_kernel(topp_plan plan, int round) {
-    constexpr int rounds = topp_traits<ALGO>::rounds;
+    constexpr int rounds = KP_TOPP_ROUNDS_LOGIT;
     __shared__ topp_state st;
     __shared__ float mass_buf[KP_TOPP_FANOUT][TOPP_THREADS], key_buf[KP_TOPP_FANOUT][TOPP_THREADS];
     __shared__ int count_buf[KP_TOPP_FANOUT][TOPP_THREADS];
     const int t = threadIdx.x, warp = t >> 5, lane = t & 31;
     const int64_t row = blockIdx.x / plan.slices;
     const int slice = blockIdx.x % plan.slices;
-    topp_replay<ALGO>(plan, row, round, &st);
+    topp_replay(plan, row, round, &st);
     if (st.mode != MODE_LIVE) return; /* the search is decided: nobody reads this round */
 
     const float *x = plan.logits + row * plan.row_stride;
@@ -458,7 +449,7 @@ __global__ void __launch_bounds__(TOPP_THREADS) topp_round_kernel(topp_plan plan
         lane_tokens(x, begin, end, [&](int, float v) {
             if (!finite_logit(v)) return;
             const float prob = expf(v - row_max) / z;
-            const float k = ALGO == ALGO_SPLIT_LOGIT ? prob : v;
+            const float k = prob;
 #pragma unroll
             for (int f = 0; f < KP_TOPP_FANOUT; f++) {
                 if (!(prob > pivots[f])) continue;
@@ -484,16 +475,15 @@ __global__ void __launch_bounds__(TOPP_THREADS) topp_round_kernel(topp_plan plan
     }
 }
 
-template <int ALGO>
 __global__ void __launch_bounds__(TOPP_THREADS) topp_mask_kernel(topp_plan plan) {
-    constexpr int rounds = topp_traits<ALGO>::rounds;
+    constexpr int rounds = KP_TOPP_ROUNDS_LOGIT;
     __shared__ topp_state st;
     __shared__ int warp_dups[TOPP_THREADS / 32];
     __shared__ long long before_buf[TOPP_THREADS];
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
     const int64_t row = blockIdx.x / plan.slices;
     const int slice = blockIdx.x % plan.slices;
-    topp_replay<ALGO>(plan, row, rounds, &st);
+    topp_replay(plan, row, rounds, &st);
 
     const float *x = plan.logits + row * plan.row_stride;
     float *y = plan.out + row * plan.row_stride;
@@ -535,7 +525,7 @@ __global__ void __launch_bounds__(TOPP_THREADS) topp_mask_kernel(topp_plan plan)
     if (!trim) {
         lane_tokens(x, begin, end, [&](int i, float v) {
             bool keep = false;
-            if (finite_logit(v)) keep = ALGO == ALGO_SPLIT_LOGIT ? v > threshold : expf(v - row_max) / z > pivot;
+            if (finite_logit(v)) keep = v > threshold;
             y[i] = keep ? v : -INFINITY;
         });
         return;
@@ -548,14 +538,8 @@ __global__ void __launch_bounds__(TOPP_THREADS) topp_mask_kernel(topp_plan plan)
         if (i < end) {
             v = x[i];
             if (finite_logit(v)) {
-                const float prob = expf(v - row_max) / z;
-                if (ALGO == ALGO_SPLIT_LOGIT) {
-                    keep = v > threshold;
-                    dup = prob == st.dup_prob;
-                } else {
-                    keep = prob > pivot;
-                    dup = v == st.dup_key;
-                }
+                keep = v > threshold;
+                dup = expf(v - row_max) / z == st.dup_prob;
             }
         }
         {
@@ -580,9 +564,7 @@ __global__ void __launch_bounds__(TOPP_THREADS) topp_mask_kernel(topp_plan plan)
 
 #define PROB_F KP_TOPP_FANOUT_PROB_GPU
 #define PROB_R KP_TOPP_ROUNDS_PROB_GPU
-#define PROB_TILE_LANE (KP_TOPP_TILE / TOPP_THREADS) /* tokens per lane of one tile */
-static_assert(PROB_F == 8 * TOPP_THREADS, "the parallel pivot search gives each thread 8 pivots");
-static_assert(KP_TOPP_TILE % TOPP_THREADS == 0, "a tile is whole lanes");
+static_assert(KP_TOPP_TILE == 8 * TOPP_THREADS, "tile_stats_warp: a lane stands for 8 lanes of 8 tokens");
 /* per-row counters of finished programs, one per kernel that ends in a last-program step */
 enum { CNT_LEVEL = 0, CNT_STATS = 1, CNT_ROUND = 2, CNT_CAND = CNT_ROUND + PROB_R, CNT_WORDS = 8 };
 static_assert(CNT_CAND < CNT_WORDS, "a counter per round, and the candidates'");
@@ -1680,20 +1662,20 @@ static int topp_cuda_run(const char *name, const void *vargs, char *message, siz
     plan.stats = static_cast<topp_stats *>(a->workspace);
     cudaStream_t stream = static_cast<cudaStream_t>(a->stream);
     if (ALGO == ALGO_SPLIT_LOGIT) {
-        constexpr int rounds = topp_traits<ALGO_SPLIT_LOGIT>::rounds;
+        constexpr int rounds = KP_TOPP_ROUNDS_LOGIT;
         plan.slices = topp_slice_count(a->batch, sm_count);
         plan.piece_count = plan.slices;
         plan.piece_len = (int)((a->vocab + plan.slices - 1) / plan.slices);
         plan.pieces_per_program = 1;
         plan.parts = reinterpret_cast<topp_part *>(plan.stats + a->batch * plan.piece_cap);
         const unsigned programs = (unsigned)(a->batch * plan.slices);
-        topp_stats_kernel<ALGO_SPLIT_LOGIT><<<programs, TOPP_THREADS, 0, stream>>>(plan);
+        topp_stats_kernel<<<programs, TOPP_THREADS, 0, stream>>>(plan);
         TOPP_LAUNCH_CHECK("topp_stats_kernel");
         for (int round = 0; round < rounds; round++) {
-            topp_round_kernel<ALGO_SPLIT_LOGIT><<<programs, TOPP_THREADS, 0, stream>>>(plan, round);
+            topp_round_kernel<<<programs, TOPP_THREADS, 0, stream>>>(plan, round);
             TOPP_LAUNCH_CHECK("topp_round_kernel");
         }
-        topp_mask_kernel<ALGO_SPLIT_LOGIT><<<programs, TOPP_THREADS, 0, stream>>>(plan);
+        topp_mask_kernel<<<programs, TOPP_THREADS, 0, stream>>>(plan);
         TOPP_LAUNCH_CHECK("topp_mask_kernel");
         return KP_RUN_OK;
     }
