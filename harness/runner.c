@@ -174,6 +174,16 @@ static cJSON *meta_json(run_state *st) {
 }
 
 /* A receipt for a case that did not get to run its checks. */
+/* A check that did not run, with the reason, in the shape kp_check_run writes. */
+static kp_result not_run_check(cJSON *chk, const kp_check_spec *spec, const char *why) {
+    cJSON_AddStringToObject(chk, "check", kp_check_name(spec->kind));
+    cJSON_AddStringToObject(chk, "label", spec->label);
+    cJSON_AddStringToObject(chk, "impl", spec->impl[0]->name);
+    cJSON_AddStringToObject(chk, "result", "NOT_RUN");
+    cJSON_AddStringToObject(chk, "summary", why);
+    return KP_NOT_RUN;
+}
+
 static cJSON *stub_receipt(run_state *st, const kp_case_spec *cs, kp_result result, const char *reason) {
     cJSON *receipt = cJSON_CreateObject();
     cJSON_AddStringToObject(receipt, "schema", "kparity.receipt/v1");
@@ -287,19 +297,9 @@ int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err
                     kp_result r;
                     if (st.timeout > 0 && kp_now() - st.t_start > st.timeout) {
                         timed_out = 1;
-                        cJSON_AddStringToObject(chk, "check", kp_check_name(cs->checks[k].kind));
-                        cJSON_AddStringToObject(chk, "label", cs->checks[k].label);
-                        cJSON_AddStringToObject(chk, "impl", cs->checks[k].impl[0]->name);
-                        cJSON_AddStringToObject(chk, "result", "NOT_RUN");
-                        cJSON_AddStringToObject(chk, "summary", "the gate's timeout passed");
-                        r = KP_NOT_RUN;
+                        r = not_run_check(chk, &cs->checks[k], "the gate's timeout passed");
                     } else if (kp_device_lost()) {
-                        cJSON_AddStringToObject(chk, "check", kp_check_name(cs->checks[k].kind));
-                        cJSON_AddStringToObject(chk, "label", cs->checks[k].label);
-                        cJSON_AddStringToObject(chk, "impl", cs->checks[k].impl[0]->name);
-                        cJSON_AddStringToObject(chk, "result", "NOT_RUN");
-                        cJSON_AddStringToObject(chk, "summary", "the device was lost to a sticky CUDA error");
-                        r = KP_NOT_RUN;
+                        r = not_run_check(chk, &cs->checks[k], "the device was lost to a sticky CUDA error");
                     } else {
                         r = kp_check_run(&ctx, &cs->checks[k], chk);
                         any_ran |= r != KP_NOT_RUN;
