@@ -700,6 +700,14 @@ static void expect_load_error(const char *path, const char *needle) {
     cr_assert_eq(kp_impl_count(), before, "a refused plugin registered something");
 }
 
+/* Builds the copy fixture with the given defines into dir/name and expects loading it to fail naming needle. */
+static void expect_fixture_error(const char *dir, const char *name, const char *define1, const char *define2,
+                                 const char *needle) {
+    char *so = build_fixture(dir, name, define1, define2);
+    expect_load_error(so, needle);
+    free(so);
+}
+
 Test(registry, plugin_load_errors_name_path_and_field, .timeout = 60) {
     char *dir = kpt_tempdir();
     cr_assert_not_null(dir);
@@ -712,40 +720,23 @@ Test(registry, plugin_load_errors_name_path_and_field, .timeout = 60) {
     cr_assert_eq(kpt_write(not_a_lib, "hello\n", 6), 0);
     expect_load_error(not_a_lib, "cannot load");
 
-    char *so = build_fixture(dir, "no_entry.so", "-DKPT_FIXTURE_NO_ENTRY", NULL);
-    expect_load_error(so, KP_PLUGIN_ENTRY_NAME);
-    free(so);
-    so = build_fixture(dir, "abi.so", "-DKPT_FIXTURE_ABI=2u", NULL);
-    expect_load_error(so, "abi");
-    free(so);
-    so = build_fixture(dir, "family.so", "-DKPT_FIXTURE_FAMILY=\"toppp\"", "-DKPT_FIXTURE_NAME=\"toppp.copy@host\"");
-    expect_load_error(so, "family");
-    free(so);
+    expect_fixture_error(dir, "no_entry.so", "-DKPT_FIXTURE_NO_ENTRY", NULL, KP_PLUGIN_ENTRY_NAME);
+    expect_fixture_error(dir, "abi.so", "-DKPT_FIXTURE_ABI=2u", NULL, "abi");
+    expect_fixture_error(dir, "family.so", "-DKPT_FIXTURE_FAMILY=\"toppp\"", "-DKPT_FIXTURE_NAME=\"toppp.copy@host\"",
+                         "family");
     static const char *bad_names[] = {"-DKPT_FIXTURE_NAME=\"moe.copy@host\"", "-DKPT_FIXTURE_NAME=\"topp.copy\"",
                                       "-DKPT_FIXTURE_NAME=\"topp.@host\"", "-DKPT_FIXTURE_NAME=\"topp.copy@\"",
                                       "-DKPT_FIXTURE_NAME=\"topp.co py@host\"", "-DKPT_FIXTURE_NAME=\"toppcopy@host\""};
     for (size_t i = 0; i < sizeof bad_names / sizeof bad_names[0]; i++) {
         char file[32];
         snprintf(file, sizeof file, "name%zu.so", i);
-        so = build_fixture(dir, file, bad_names[i], NULL);
-        expect_load_error(so, "name");
-        free(so);
+        expect_fixture_error(dir, file, bad_names[i], NULL, "name");
     }
-    so = build_fixture(dir, "memory.so", "-DKPT_FIXTURE_MEMORY=7", NULL);
-    expect_load_error(so, "memory");
-    free(so);
-    so = build_fixture(dir, "run.so", "-DKPT_FIXTURE_NULL_RUN", NULL);
-    expect_load_error(so, "run");
-    free(so);
-    so = build_fixture(dir, "clash.so", "-DKPT_FIXTURE_NAME=\"topp.split_prob@host\"", NULL);
-    expect_load_error(so, "already registered");
-    free(so);
-    so = build_fixture(dir, "twice.so", "-DKPT_FIXTURE_COUNT=2", NULL);
-    expect_load_error(so, "repeats");
-    free(so);
-    so = build_fixture(dir, "empty.so", "-DKPT_FIXTURE_COUNT=0", NULL);
-    expect_load_error(so, "at least one");
-    free(so);
+    expect_fixture_error(dir, "memory.so", "-DKPT_FIXTURE_MEMORY=7", NULL, "memory");
+    expect_fixture_error(dir, "run.so", "-DKPT_FIXTURE_NULL_RUN", NULL, "run");
+    expect_fixture_error(dir, "clash.so", "-DKPT_FIXTURE_NAME=\"topp.split_prob@host\"", NULL, "already registered");
+    expect_fixture_error(dir, "twice.so", "-DKPT_FIXTURE_COUNT=2", NULL, "repeats");
+    expect_fixture_error(dir, "empty.so", "-DKPT_FIXTURE_COUNT=0", NULL, "at least one");
 
     kp_error err = {0};
     cr_assert_eq(kp_plugin_load("libm.so.6", &err), KP_EXIT_USAGE, "a bare name must be refused");
