@@ -87,9 +87,9 @@ static size_t utf8_seq(const unsigned char *s) {
     return n;
 }
 
-/* XML and HTML text and attributes. Receipt strings come from kernels' findings and plugin names,
- * so anything XML 1.0 cannot carry (control bytes, broken UTF-8) is replaced rather than trusted. */
-static void put_xml(text_buf *b, const char *s) {
+/* Writes s as UTF-8, broken sequences replaced by U+FFFD; each single-byte character goes through
+ * one_byte (which writes it, escaped as its format needs), longer sequences are copied. */
+static void put_text(text_buf *b, const char *s, void (*one_byte)(text_buf *, unsigned char)) {
     const unsigned char *p = (const unsigned char *)(s ? s : "");
     while (*p) {
         size_t n = utf8_seq(p);
@@ -99,41 +99,39 @@ static void put_xml(text_buf *b, const char *s) {
             continue;
         }
         if (n > 1) put(b, (const char *)p, n);
-        else if (*p == '&') puts_(b, "&amp;");
-        else if (*p == '<') puts_(b, "&lt;");
-        else if (*p == '>') puts_(b, "&gt;");
-        else if (*p == '"') puts_(b, "&quot;");
-        else if (*p == '\'') puts_(b, "&apos;");
-        else if (*p == '\n') puts_(b, "&#10;"); /* kept inside attributes, where a raw newline becomes a space */
-        else if (*p == '\t') puts_(b, "&#9;");
-        else if (*p < 0x20) puts_(b, "?");
-        else put(b, (const char *)p, 1);
+        else one_byte(b, *p);
         p += n;
     }
 }
 
+/* XML and HTML text and attributes. Receipt strings come from kernels' findings and plugin names,
+ * so anything XML 1.0 cannot carry (control bytes, broken UTF-8) is replaced rather than trusted. */
+static void xml_byte(text_buf *b, unsigned char c) {
+    if (c == '&') puts_(b, "&amp;");
+    else if (c == '<') puts_(b, "&lt;");
+    else if (c == '>') puts_(b, "&gt;");
+    else if (c == '"') puts_(b, "&quot;");
+    else if (c == '\'') puts_(b, "&apos;");
+    else if (c == '\n') puts_(b, "&#10;"); /* kept inside attributes, where a raw newline becomes a space */
+    else if (c == '\t') puts_(b, "&#9;");
+    else if (c < 0x20) puts_(b, "?");
+    else put(b, (const char *)&c, 1);
+}
+static void put_xml(text_buf *b, const char *s) { put_text(b, s, xml_byte); }
+
 /* A Markdown table cell: '|' would end the cell and a newline the row; emphasis and HTML
  * characters are escaped so a case name shows as written. */
-static void put_md(text_buf *b, const char *s) {
-    const unsigned char *p = (const unsigned char *)(s ? s : "");
-    while (*p) {
-        size_t n = utf8_seq(p);
-        if (n == 0) {
-            puts_(b, "\xEF\xBF\xBD");
-            p++;
-            continue;
-        }
-        if (n == 1 && strchr("\\|`*<>[]", *p)) {
-            put(b, "\\", 1);
-            put(b, (const char *)p, 1);
-        } else if (n == 1 && *p < 0x20) {
-            put(b, " ", 1);
-        } else {
-            put(b, (const char *)p, n);
-        }
-        p += n;
+static void md_byte(text_buf *b, unsigned char c) {
+    if (strchr("\\|`*<>[]", c)) {
+        put(b, "\\", 1);
+        put(b, (const char *)&c, 1);
+    } else if (c < 0x20) {
+        put(b, " ", 1);
+    } else {
+        put(b, (const char *)&c, 1);
     }
 }
+static void put_md(text_buf *b, const char *s) { put_text(b, s, md_byte); }
 
 /* --- one item per check (or per receipt without checks) --- */
 
