@@ -31,9 +31,12 @@
  *      into a shared histogram of 64-bit fix-masses (32-bit atomics with carry; per warp group, by
  *      float, when the bracket is at most 255 floats wide), then adds them into the row's buckets
  *      with 64-bit global atomics: integer sums, exact and order-free. The row's last program (fence,
- *      counter) decides the round with a parallel suffix scan and stores the next state. Round 1
- *      lists the tokens in its bracket; round 2 (its bracket inside) counts only those, unless the
- *      list overflowed.
+ *      counter) decides the round with a parallel suffix scan and stores the next state. Round 0
+ *      computes each batch of 16 probs with no branch between them (its bracket holds nearly every
+ *      token). Round 1 lists the tokens in its bracket (through a per-block shared buffer); unless
+ *      the list overflowed, its last program then runs round 2 (whose bracket lies inside) over that
+ *      list itself, and the round-2 launch only passes the state on. A row whose list overflowed is
+ *      read again by round 2's programs.
  *   3. prob_mask_kernel: the final state; keeps prob > lo and drops the rest, leaving the members
  *      of a level to be trimmed to prob_select_kernel, and lists them (logit key, index) in the
  *      workspace, in a varying order (shared buffer per tile, one global atomic per tile and block).
@@ -834,7 +837,16 @@ struct round_counter {
     __device__ __forceinline__ bool add(float v) {
         const float d = v - row_max;
         if (!(d >= lo_band && d <= hi_band)) return false; /* outside the band, or NaN / infinite */
-        const float prob = expf(d) / z;
+        return add_prob(expf(d) / z);
+    }
+    /* add(v) in two steps, for a batch of tokens whose probs are computed together (no branch between
+     * them): in_band(v) is add's first test, prob(v) its prob (any bits outside the band: unused) */
+    __device__ __forceinline__ bool in_band(float v) const {
+        const float d = v - row_max;
+        return d >= lo_band && d <= hi_band;
+    }
+    __device__ __forceinline__ float prob(float v) const { return expf(v - row_max) / z; }
+    __device__ __forceinline__ bool add_prob(float prob) {
         const uint32_t pb = kp_topp_bits(prob);
         if (pb <= lo || pb > hi) return false;
         const int k = (int)((pb - lo - 1) >> shift) + 1;
@@ -862,8 +874,9 @@ struct round_counter {
 
 /* A program's end of a round: its counts into the row's buckets (64-bit global atomics: integer
  * sums, order-free); the row's last program decides the round and stores the next state. */
-__device__ __forceinline__ void finish_round(const topp_plan &plan, round_counter &rc, const unsigned *hist_words,
-                                             kp_topp_search *s, int64_t row, int round) {
+#define FOLD_LOADS 8 /* list gathers in flight per thread in finish_round's last round */
+__device__ __forceinline__ void finish_round(const topp_plan &plan, round_counter &rc, unsigned *hist_words,
+                                             kp_topp_search *s, int64_t row, int round, float *below, float *above) {
     const int t = threadIdx.x;
     rc.flush();
     __syncthreads();
@@ -875,12 +888,49 @@ __device__ __forceinline__ void finish_round(const topp_plan &plan, round_counte
     }
     if (!last_program_of_row(plan.counts + row * CNT_WORDS + CNT_ROUND + round, plan.slices)) return;
     decide_round<TOPP_THREADS>([&](int k) { return __ldcg(row_hist + k); }, s, round + 1 == PROB_R);
+    /* The collecting round's last program runs the last round itself over the list of the tokens in
+     * this round's bracket (the last bracket lies inside it), when the list did not overflow: one
+     * block, a few thousand tokens, and no launch. It stores the decided state in the last round's
+     * place, so prob_round_kernel<PROB_R - 1> passes it on. */
+    const unsigned listed = __ldcg(plan.counts + row * CNT_WORDS + CNT_CAND);
+    if (round != PROB_R - 2 || s->mode != KP_TOPP_LIVE || listed > 3u * (unsigned)plan.level_cap) {
+        if (t == 0) plan.search[row * (PROB_R + 1) + round + 1] = *s;
+        return;
+    }
+    for (int k = t; k < HIST_WORDS; k += TOPP_THREADS) hist_words[k] = 0;
+    if (t == 0) prob_band(s->z, s->lo, s->hi, below, above);
+    __syncthreads();
+    round_counter last(hist_words, *s, *below, *above);
+    const float *x = plan.logits + row * plan.row_stride;
+    const uint32_t *cand = plan.level_list + row * 3 * (int64_t)plan.level_cap;
+    for (unsigned base = 0; base < listed; base += TOPP_THREADS * FOLD_LOADS) { /* FOLD_LOADS gathers in flight */
+        uint32_t idx[FOLD_LOADS];
+        float v[FOLD_LOADS];
+#pragma unroll
+        for (int u = 0; u < FOLD_LOADS; u++) {
+            const unsigned j = base + u * TOPP_THREADS + t;
+            idx[u] = j < listed ? __ldcg(cand + j) : 0u;
+        }
+#pragma unroll
+        for (int u = 0; u < FOLD_LOADS; u++) v[u] = base + u * TOPP_THREADS + t < listed ? x[idx[u]] : -INFINITY;
+#pragma unroll
+        for (int u = 0; u < FOLD_LOADS; u++) last.add(v[u]);
+    }
+    last.flush();
+    __syncthreads();
+    const int last_span = last.narrow ? (int)last.width : PROB_F;
+    decide_round<TOPP_THREADS>(
+        [&](int k) { return k <= last_span ? round_counter::total(hist_words, last.narrow, k) : 0ull; }, s, true);
     if (t == 0) plan.search[row * (PROB_R + 1) + round + 1] = *s;
 }
 
+#define CAND_BUF 2048  /* the collecting round's per-block shared list */
+__host__ __device__ constexpr bool collect_round(int round) { return round == PROB_R - 2; }
 #define ROUND_LOADS 8  /* loads in flight per thread */
 #define ROUND_LOADS4 4 /* float4 loads in flight per thread */
-__global__ void __launch_bounds__(TOPP_THREADS, 5) prob_round_kernel(topp_plan plan, int round) {
+template <int ROUND>
+__global__ void __launch_bounds__(TOPP_THREADS, 5) prob_round_kernel(topp_plan plan) {
+    constexpr int round = ROUND;
     __shared__ kp_topp_search s;
     __shared__ unsigned hist_words[HIST_WORDS];
     __shared__ float below, above;
@@ -904,19 +954,38 @@ __global__ void __launch_bounds__(TOPP_THREADS, 5) prob_round_kernel(topp_plan p
     const int begin = min(first * plan.piece_len, plan.vocab), end = min(last * plan.piece_len, plan.vocab);
     /* The round before the last lists the tokens in its bracket (their indices, in the row's level
      * lists, which the mask fills only later); the last round's bracket lies inside it, so when the
-     * list did not overflow, the last round counts the listed tokens instead of reading the row. */
+     * list did not overflow, that round's last program runs the last round over the list
+     * (finish_round), and this kernel reads the row only for a row whose list overflowed. */
     uint32_t *const cand = plan.level_list + row * 3 * (int64_t)plan.level_cap;
     unsigned *const cand_count = plan.counts + row * CNT_WORDS + CNT_CAND;
     const unsigned cand_cap = 3u * (unsigned)plan.level_cap;
-    const bool collect = round == PROB_R - 2;
-    if (round == PROB_R - 1 && *cand_count <= cand_cap) {
-        const int listed = (int)*cand_count, per = (listed + plan.slices - 1) / plan.slices;
-        const int j_end = min(listed, (slice + 1) * per);
-        for (int j = slice * per + t; j < j_end; j += TOPP_THREADS) rc.add(x[cand[j]]);
-        return finish_round(plan, rc, hist_words, &s, row, round);
-    }
+    /* The collecting round lists into shared memory first (the global list takes one atomic per block,
+     * at the end: a global atomic per token group stalled its warp); past CAND_BUF a block appends to
+     * the global list directly. */
+    __shared__ uint32_t cand_buf[collect_round(ROUND) ? CAND_BUF : 1];
+    __shared__ unsigned cand_n, cand_base;
+    if (collect_round(ROUND) && t == 0) cand_n = 0;
+    __syncthreads();
     auto take = [&](float v, int i) {
-        if (rc.add(v) && collect) append_index(cand, cand_count, cand_cap, (uint32_t)i);
+        if (!rc.add(v) || !collect_round(ROUND)) return;
+        cooperative_groups::coalesced_group g = cooperative_groups::coalesced_threads();
+        unsigned pos = 0;
+        if (g.thread_rank() == 0) pos = atomicAdd(&cand_n, g.size());
+        pos = g.shfl(pos, 0) + g.thread_rank();
+        if (pos < CAND_BUF)
+            cand_buf[pos] = (uint32_t)i;
+        else
+            append_index(cand, cand_count, cand_cap, (uint32_t)i);
+    };
+    auto flush_cands = [&] {
+        if (!collect_round(ROUND)) return;
+        __syncthreads();
+        const unsigned n = min(cand_n, (unsigned)CAND_BUF);
+        if (t == 0 && n) cand_base = atomicAdd(cand_count, n);
+        __syncthreads();
+        if (n == 0) return;
+        for (unsigned j = t; j < n; j += TOPP_THREADS)
+            if (cand_base + j < cand_cap) cand[cand_base + j] = cand_buf[j];
     };
     /* The buckets are integer sums, so which thread takes which token cannot change a bit: a row
      * whose slice starts 16-byte aligned is read as float4s (ROUND_LOADS4 in flight per thread). */
@@ -929,13 +998,28 @@ __global__ void __launch_bounds__(TOPP_THREADS, 5) prob_round_kernel(topp_plan p
             float4 v[ROUND_LOADS4];
             load_strided<ROUND_LOADS4, TOPP_THREADS>(v, x4, base, count4,
                                                      make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY));
+            if constexpr (ROUND == 0) { /* the first bracket holds nearly every token: their probs first, with no
+                                 branch between them, then the counts (add_prob's own test is exact, the
+                                 band only saves work) */
+                float p[4 * ROUND_LOADS4];
 #pragma unroll
-            for (int u = 0; u < ROUND_LOADS4; u++) {
-                const int i = begin + 4 * (base + u * TOPP_THREADS + t);
-                take(v[u].x, i);
-                take(v[u].y, i + 1);
-                take(v[u].z, i + 2);
-                take(v[u].w, i + 3);
+                for (int u = 0; u < ROUND_LOADS4; u++) {
+                    p[4 * u] = rc.prob(v[u].x);
+                    p[4 * u + 1] = rc.prob(v[u].y);
+                    p[4 * u + 2] = rc.prob(v[u].z);
+                    p[4 * u + 3] = rc.prob(v[u].w);
+                }
+#pragma unroll
+                for (int u = 0; u < 4 * ROUND_LOADS4; u++) rc.add_prob(p[u]);
+            } else {
+#pragma unroll
+                for (int u = 0; u < ROUND_LOADS4; u++) {
+                    const int i = begin + 4 * (base + u * TOPP_THREADS + t);
+                    take(v[u].x, i);
+                    take(v[u].y, i + 1);
+                    take(v[u].z, i + 2);
+                    take(v[u].w, i + 3);
+                }
             }
         }
         for (int i = count4 * 4 + t; i < count; i += TOPP_THREADS) take(xs[i], begin + i);
@@ -947,7 +1031,8 @@ __global__ void __launch_bounds__(TOPP_THREADS, 5) prob_round_kernel(topp_plan p
             for (int u = 0; u < ROUND_LOADS; u++) take(v[u], base + u * TOPP_THREADS + t);
         }
     }
-    finish_round(plan, rc, hist_words, &s, row, round);
+    flush_cands();
+    finish_round(plan, rc, hist_words, &s, row, round, &below, &above);
 }
 
 /* The mask's decision for one token once the search is decided (keep prob > lo): MASK_DROP,
@@ -1715,10 +1800,13 @@ static int topp_cuda_run(const char *name, const void *vargs, char *message, siz
     prob_stats_kernel<<<(unsigned)((tiles + STATS_WARPS - 1) / STATS_WARPS), TOPP_THREADS, 0, stream>>>(plan, tiles);
     TOPP_LAUNCH_CHECK("prob_stats_kernel");
     const unsigned programs = (unsigned)(a->batch * plan.slices);
-    for (int round = 0; round < PROB_R; round++) {
-        prob_round_kernel<<<programs, TOPP_THREADS, 0, stream>>>(plan, round);
-        TOPP_LAUNCH_CHECK("prob_round_kernel");
-    }
+    static_assert(PROB_R == 3, "one prob_round_kernel instance per round");
+    prob_round_kernel<0><<<programs, TOPP_THREADS, 0, stream>>>(plan);
+    TOPP_LAUNCH_CHECK("prob_round_kernel<0>");
+    prob_round_kernel<1><<<programs, TOPP_THREADS, 0, stream>>>(plan);
+    TOPP_LAUNCH_CHECK("prob_round_kernel<1>");
+    prob_round_kernel<2><<<programs, TOPP_THREADS, 0, stream>>>(plan);
+    TOPP_LAUNCH_CHECK("prob_round_kernel<2>");
     prob_mask_kernel<<<programs, TOPP_THREADS, 0, stream>>>(plan);
     TOPP_LAUNCH_CHECK("prob_mask_kernel");
     prob_select_kernel<<<(unsigned)a->batch, SEL_THREADS, sel_bytes, stream>>>(plan);
