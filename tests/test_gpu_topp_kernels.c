@@ -575,6 +575,47 @@ Test(gpu_topp, bad_args_are_refused_naming_the_field, .timeout = 60) {
     CUDA_OK(cudaFree(d));
 }
 
+/* split_prob@cuda's division (kernels/cuda/topp_div.cuh) is `/` wherever the kernels look at it: every
+ * f32 e from 2^-100 to 1 for 173 values of z in the range a row's sum can take (1 <= z < 2^31): the
+ * ends and near-ends of every binade, odd mantissas, and pseudo-random ones. Positive control: the
+ * quotient without its correction step (e times the reciprocal, rounded) must differ. */
+#ifdef KP_HAVE_CUDA
+int kpt_div_check(float z, int variant, unsigned long long *counted, unsigned long long *differ);
+
+Test(gpu_topp, division_matches_ieee_wherever_it_counts, .timeout = 300) {
+    float zs[173];
+    int n = 0;
+    for (int k = 0; k <= 30; k++) { /* 31 binades: 2^k, its successor, the float below 2^(k+1), a middle */
+        const float b = ldexpf(1.0f, k);
+        zs[n++] = b;
+        zs[n++] = nextafterf(b, INFINITY);
+        zs[n++] = nextafterf(2.0f * b, 0.0f);
+        zs[n++] = b * 1.3333333f;
+    }
+    uint64_t state = 0x9e3779b97f4a7c15ull;
+    while (n < 173) { /* pseudo-random mantissas and binades */
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        zs[n++] = ldexpf(1.0f + (float)(state >> 41) / (float)(1u << 23), (int)((state >> 20) % 31));
+    }
+    unsigned long long counted = 0, differ = 0, planted = 0;
+    for (int i = 0; i < n; i++) {
+        unsigned long long c = 0, d = 0;
+        cr_assert_eq(kpt_div_check(zs[i], 0, &c, &d), 0, "division check failed to run");
+        cr_assert_eq(d, 0ull, "z = %a: %llu of %llu quotients differ from IEEE division", (double)zs[i], d, c);
+        counted += c;
+        differ += d;
+        if (i % 29 == 0) {
+            cr_assert_eq(kpt_div_check(zs[i], 1, &c, &d), 0, "division check failed to run");
+            planted += d;
+        }
+    }
+    cr_log_info("%llu quotients over %d values of z: %llu differ; the planted division differs in %llu", counted, n,
+                differ, planted);
+    cr_assert_gt(counted, 1000000000ull, "the check must cover the range");
+    cr_assert_gt(planted, 0ull, "positive control: e * (1 / z) without the correction must give different quotients");
+}
+#endif
+
 /* ---- entry: skip (77) without CUDA impls or a device, without touching CUDA in this process ---- */
 
 int main(int argc, char *argv[]) {

@@ -68,6 +68,7 @@
  * two kp_impl objects at the end are the ones it declares, with C linkage. */
 #include "../kparity_kernel.h"
 #include "../topp_split.h"
+#include "topp_div.cuh"
 
 #define TOPP_THREADS 256 /* the lane count of every in-piece reduction; the host port mirrors it */
 
@@ -837,7 +838,7 @@ static_assert(HIST_WORDS >= 2 * NARROW_HIGH, "the narrow counts fit the buckets'
 /* One program's counting for one round: add(v) for each of its tokens, then flush(). */
 struct round_counter {
     unsigned *lo_words, *hi_words;
-    float row_max, z, lo_band, hi_band;
+    float row_max, z, recip, lo_band, hi_band;
     uint32_t lo, hi, width;
     int shift;
     bool narrow;
@@ -846,7 +847,7 @@ struct round_counter {
 
     /* hist: HIST_WORDS zeroed shared words; below, above: prob_band(z, lo, hi) */
     __device__ __forceinline__ round_counter(unsigned *hist, const kp_topp_search &s, float below, float above)
-        : row_max(s.row_max), z(s.z), lo_band(below), hi_band(above), lo(s.lo), hi(s.hi), width(s.hi - s.lo),
+        : row_max(s.row_max), z(s.z), recip(topp_recip(s.z)), lo_band(below), hi_band(above), lo(s.lo), hi(s.hi), width(s.hi - s.lo),
           shift(pivot_shift(s.lo, s.hi)), narrow(s.hi - s.lo <= NARROW), pend_k(0), pend(0) {
         lo_words = narrow ? hist + ((threadIdx.x >> 5) % NARROW_GROUPS) * (NARROW + 1) : hist;
         hi_words = narrow ? lo_words + NARROW_HIGH : hist + PROB_F + 1;
@@ -858,7 +859,7 @@ struct round_counter {
     __device__ __forceinline__ bool add(float v) {
         const float d = v - row_max;
         if (!(d >= lo_band && d <= hi_band)) return false; /* outside the band, or NaN / infinite */
-        return add_prob(expf(d) / z);
+        return add_prob(topp_div(expf(d), z, recip));
     }
     /* add(v) in two steps, for a batch of tokens whose probs are computed together (no branch between
      * them): in_band(v) is add's first test, prob(v) its prob (any bits outside the band: unused) */
@@ -866,7 +867,7 @@ struct round_counter {
         const float d = v - row_max;
         return d >= lo_band && d <= hi_band;
     }
-    __device__ __forceinline__ float prob(float v) const { return expf(v - row_max) / z; }
+    __device__ __forceinline__ float prob(float v) const { return topp_div(expf(v - row_max), z, recip); }
     __device__ __forceinline__ bool add_prob(float prob) {
         const uint32_t pb = kp_topp_bits(prob);
         if (pb <= lo || pb > hi) return false;
@@ -1063,12 +1064,13 @@ enum { MASK_DROP = 0, MASK_KEEP = 1, MASK_LEVEL = 2 };
 struct mask_rule {
     float row_max, z, lo_band, hi_band;
     uint32_t lo, level;
+    float recip; /* topp_recip(z) */
     __device__ __forceinline__ int classify(float v) const {
         if (!finite_logit(v)) return MASK_DROP;
         const float d = v - row_max;
         if (d > hi_band) return MASK_KEEP; /* prob surely > lo * (1 + 1e-3): above the level */
         if (d < lo_band) return MASK_DROP;
-        const uint32_t pb = kp_topp_bits(expf(d) / z);
+        const uint32_t pb = kp_topp_bits(topp_div(expf(d), z, recip));
         return pb <= lo ? MASK_DROP : pb == level ? MASK_LEVEL : MASK_KEEP;
     }
 };
@@ -1099,7 +1101,7 @@ __global__ void __launch_bounds__(TOPP_THREADS) prob_mask_kernel(topp_plan plan)
     }
     if (t == 0) prob_band(s.z, s.lo, s.lo, &below, &above);
     __syncthreads();
-    const mask_rule rule = {s.row_max, s.z, below, above, s.lo, s.hi};
+    const mask_rule rule = {s.row_max, s.z, below, above, s.lo, s.hi, topp_recip(s.z)};
     const bool trim = s.mode == KP_TOPP_LEVEL && s.numkeep < s.numdup;
     if (!trim) {
         lane_tokens(x, begin, end, [&](int i, float v) { y[i] = rule.classify(v) != MASK_DROP ? v : -INFINITY; });
@@ -1267,7 +1269,7 @@ __global__ void __launch_bounds__(FUSED_THREADS, 2) prob_fused_kernel(topp_plan 
     }
     if (t == 0) prob_band(s.z, s.lo, s.lo, &sh.below, &sh.above);
     __syncthreads();
-    const mask_rule rule = {s.row_max, s.z, sh.below, sh.above, s.lo, s.hi};
+    const mask_rule rule = {s.row_max, s.z, sh.below, sh.above, s.lo, s.hi, topp_recip(s.z)};
     const bool trim = s.mode == KP_TOPP_LEVEL && s.numkeep < s.numdup;
     const int cap = plan.level_cap;
     uint32_t *list_key = plan.level_list + row * 3 * (int64_t)cap, *list_idx = list_key + cap;
@@ -1471,14 +1473,14 @@ __global__ void __launch_bounds__(SEL_THREADS) prob_select_kernel(topp_plan plan
         }
         return;
     }
-    const float row_max = s.row_max, z = s.z, lo_band = below, hi_band = above;
+    const float row_max = s.row_max, z = s.z, recip = topp_recip(s.z), lo_band = below, hi_band = above;
     const uint32_t level = s.hi;
     const int vocab = plan.vocab;
     auto member = [&](float v) -> bool {
         if (!finite_logit(v)) return false;
         const float d = v - row_max;
         if (d < lo_band || d > hi_band) return false;
-        return kp_topp_bits(expf(d) / z) == level;
+        return kp_topp_bits(topp_div(expf(d), z, recip)) == level;
     };
     /* 1. the members' keys (all threads run the same number of chunks: full warps) */
     for (int chunk = 0; chunk < vocab; chunk += SEL_THREADS * SEL_LOADS) {
