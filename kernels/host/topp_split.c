@@ -17,7 +17,8 @@
 #include "../kp_registry.h"
 #include "../topp_split.h"
 
-/* Threads per block in kernels/cuda/topp_split.cu: the lane count of every in-piece reduction. */
+/* Threads per block in the CUDA kernels (TOPP_THREADS, kernels/cuda/topp_cuda.cuh): the lane count of
+ * every in-piece reduction. */
 #define TOPP_LANES 256
 
 typedef enum topp_algo { ALGO_SPLIT_LOGIT = 0, ALGO_SPLIT_PROB = 1 } topp_algo;

@@ -1,0 +1,195 @@
+/* topp_prob_fused.cu: topp.split_prob@cuda's fused path, one thread-block cluster per row holding
+ * the row in shared memory (sm_90 and later), and the host calls the launcher makes for it.
+ * Overview: topp_split.cu. */
+#include "topp_prob.cuh"
+
+/* ---- split_prob fused: one thread-block cluster per row, the row held in shared memory ----
+ * The same steps and the same bits as the kernels above, in one launch (then prob_select_kernel for
+ * rows whose level needs a trim): block r of a row's cluster of C holds tiles [r T, r T + T) of it,
+ * read from global memory once. The cluster's blocks meet at cluster barriers and read each other's
+ * shared memory (tile records, bucket counts); every block computes the same search state from the
+ * same integer sums, so all take the same branches and barriers. Used while a row fits: at most
+ * FUSED_MAX_CLUSTER blocks of FUSED_MAX_TILES tiles (see topp_fused_plan). */
+#define FUSED_THREADS 512
+#define FUSED_WARPS (FUSED_THREADS / 32)
+#define FUSED_LOADS 8 /* loads in flight per thread while filling */
+
+struct fused_shared {
+    unsigned hist_words[HIST_WORDS];          /* the round's counts; then, as 64-bit words, the row's buckets */
+    unsigned long long part[PROB_F + 1];      /* this block's share of the row's counts, summed over the cluster */
+    topp_stats tiles[FUSED_MAX_TILES];
+    kp_topp_search s;
+    float below, above;
+};
+#define FUSED_FIXED_BYTES ((sizeof(fused_shared) + 15) / 16 * 16)
+static_assert(HIST_WORDS * sizeof(unsigned) >= (PROB_F + 1) * sizeof(unsigned long long), "the buckets fit the counts");
+
+namespace cg = cooperative_groups;
+
+__global__ void __launch_bounds__(FUSED_THREADS, 2) prob_fused_kernel(topp_plan plan, int tiles_per_block) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900 /* thread-block clusters: sm_90 and later */
+    extern __shared__ __align__(16) unsigned char fused_smem[];
+    fused_shared &sh = *reinterpret_cast<fused_shared *>(fused_smem);
+    float *xs = reinterpret_cast<float *>(fused_smem + FUSED_FIXED_BYTES);
+    cg::cluster_group cluster = cg::this_cluster();
+    const int C = (int)cluster.num_blocks(), rank = (int)cluster.block_rank();
+    const int t = threadIdx.x, warp = t >> 5, lane = t & 31;
+    const int64_t row = blockIdx.x / C;
+    const float *x = plan.logits + row * plan.row_stride;
+    float *y = plan.out + row * plan.row_stride;
+    const int first_tile = min(rank * tiles_per_block, plan.piece_count);
+    const int my_tiles = min(first_tile + tiles_per_block, plan.piece_count) - first_tile;
+    const int begin = min(first_tile * KP_TOPP_TILE, plan.vocab);
+    const int n = min(begin + my_tiles * KP_TOPP_TILE, plan.vocab) - begin;
+    const int padded = my_tiles * KP_TOPP_TILE;
+
+    /* 1. the block's tokens, NaN (absent) past the row */
+    if (rank == 0 && t == 0) {
+        atomicExch(plan.counts + row * CNT_WORDS + CNT_LEVEL, 0u); /* appended to after a cluster barrier */
+        __threadfence();
+    }
+    for (int base = 0; base < padded; base += FUSED_THREADS * FUSED_LOADS) {
+        float v[FUSED_LOADS];
+        load_strided<FUSED_LOADS, FUSED_THREADS>(v, x + begin, base, n, NAN);
+#pragma unroll
+        for (int u = 0; u < FUSED_LOADS; u++) {
+            const int i = base + u * FUSED_THREADS + t;
+            if (i < padded) xs[i] = v[u];
+        }
+    }
+    __syncthreads();
+    /* 2. tile records, a warp per tile */
+    for (int tl = warp; tl < my_tiles; tl += FUSED_WARPS) {
+        const float *tile = xs + tl * KP_TOPP_TILE;
+        const topp_stats rec = tile_stats_warp([&](int q) { return tile[lane + 32 * q]; });
+        if (lane == 0) sh.tiles[tl] = rec;
+    }
+    cluster.sync();
+    /* 3. the row's start, from every block's records in tile order */
+    if (warp == 0) {
+        kp_topp_search s0;
+        start_search_warp(
+            [&](int i) {
+                const topp_stats *remote = cluster.map_shared_rank(sh.tiles, i / tiles_per_block);
+                return remote[i % tiles_per_block];
+            },
+            plan.piece_count, plan.top_p[row], &s0);
+        if (lane == 0) sh.s = s0;
+    }
+    __syncthreads();
+    /* 4. the rounds */
+    unsigned long long *const buckets = reinterpret_cast<unsigned long long *>(sh.hist_words);
+    for (int round = 0; round < PROB_R; round++) {
+        if (sh.s.mode != KP_TOPP_LIVE) break; /* the same state in every block: all leave together */
+        for (int k = t; k < HIST_WORDS; k += FUSED_THREADS) sh.hist_words[k] = 0;
+        if (t == 0) prob_band(sh.s.z, sh.s.lo, sh.s.hi, &sh.below, &sh.above);
+        __syncthreads();
+        round_counter rc(sh.hist_words, sh.s, sh.below, sh.above);
+        for (int i = t; i < n; i += FUSED_THREADS) rc.add(xs[i]);
+        rc.flush();
+        cluster.sync(); /* every block's counts are complete */
+        /* this block's share of the indices, summed over the cluster (integer sums: order-free) */
+        const int span = rc.narrow ? (int)rc.width : PROB_F, per = (span + C - 1) / C;
+        const int share_lo = 1 + rank * per, share_hi = min(span, share_lo - 1 + per);
+        for (int i = share_lo + t; i <= share_hi; i += FUSED_THREADS) {
+            unsigned long long sum = 0;
+            for (int r = 0; r < C; r++) sum += round_counter::total(cluster.map_shared_rank(sh.hist_words, r), rc.narrow, i);
+            sh.part[i] = sum;
+        }
+        cluster.sync(); /* every share is complete, and no block reads counts any more */
+        for (int k = t; k <= PROB_F; k += FUSED_THREADS) buckets[k] = 0;
+        __syncthreads();
+        for (int i = 1 + t; i <= span; i += FUSED_THREADS) buckets[i] = cluster.map_shared_rank(sh.part, (i - 1) / per)[i];
+        __syncthreads();
+        decide_round<FUSED_THREADS>([&](int k) { return buckets[k]; }, &sh.s, round + 1 == PROB_R);
+    }
+    cluster.sync(); /* no block leaves while another may still read its shared memory */
+    const kp_topp_search s = sh.s;
+    if (rank == 0 && t == 0) plan.search[row * (PROB_R + 1) + PROB_R] = s; /* for prob_select_kernel */
+
+    /* 5. the mask, as prob_mask_kernel */
+    if (s.mode == KP_TOPP_COPY) { /* bits, NaN payloads included */
+        const uint32_t *xb = reinterpret_cast<const uint32_t *>(xs);
+        uint32_t *yb = reinterpret_cast<uint32_t *>(y + begin);
+        for (int i = t; i < n; i += FUSED_THREADS) yb[i] = xb[i];
+        return;
+    }
+    if (s.mode == KP_TOPP_KEEP_FINITE) {
+        for (int i = t; i < n; i += FUSED_THREADS) y[begin + i] = finite_logit(xs[i]) ? xs[i] : -INFINITY;
+        return;
+    }
+    if (t == 0) prob_band(s.z, s.lo, s.lo, &sh.below, &sh.above);
+    __syncthreads();
+    const mask_rule rule = {s.row_max, s.z, sh.below, sh.above, s.lo, s.hi, topp_recip(s.z)};
+    const bool trim = s.mode == KP_TOPP_LEVEL && s.numkeep < s.numdup;
+    const int cap = plan.level_cap;
+    uint32_t *list_key = plan.level_list + row * 3 * (int64_t)cap, *list_idx = list_key + cap;
+    for (int i = t; i < n; i += FUSED_THREADS) {
+        const float v = xs[i];
+        const int c = rule.classify(v);
+        if (trim && c == MASK_LEVEL) { /* a level member: prob_select_kernel writes it */
+            cg::coalesced_group g = cg::coalesced_threads();
+            unsigned pos = 0;
+            if (g.thread_rank() == 0) pos = atomicAdd(plan.counts + row * CNT_WORDS + CNT_LEVEL, g.size());
+            pos = g.shfl(pos, 0) + g.thread_rank();
+            if (pos < (unsigned)cap) {
+                list_key[pos] = kp_topp_logit_key(v);
+                list_idx[pos] = (uint32_t)(begin + i);
+            }
+            continue;
+        }
+        y[begin + i] = c != MASK_DROP ? v : -INFINITY;
+    }
+#else
+    __trap(); /* no cluster code for this architecture: topp_fused_plan never launches it here */
+#endif
+}
+
+/* The fused kernel's launch: batch clusters of c blocks; *attr must outlive *cfg's use. */
+static void fused_launch_config(cudaLaunchConfig_t *cfg, cudaLaunchAttribute *attr, int c, int64_t batch, size_t smem,
+                                cudaStream_t stream) {
+    *cfg = cudaLaunchConfig_t{};
+    attr->id = cudaLaunchAttributeClusterDimension;
+    attr->val.clusterDim.x = (unsigned)c;
+    attr->val.clusterDim.y = 1;
+    attr->val.clusterDim.z = 1;
+    cfg->gridDim = dim3((unsigned)(batch * c));
+    cfg->blockDim = dim3(FUSED_THREADS);
+    cfg->dynamicSmemBytes = smem;
+    cfg->stream = stream;
+    cfg->attrs = attr;
+    cfg->numAttrs = 1;
+}
+
+bool prob_fused_has_clusters(cudaError_t *e) {
+    cudaFuncAttributes fa;
+    *e = cudaFuncGetAttributes(&fa, prob_fused_kernel);
+    return *e == cudaSuccess && fa.binaryVersion >= 90;
+}
+
+/* once per device: the most shared memory any fused shape takes, and clusters past 8 blocks */
+cudaError_t prob_fused_set_limits(void) {
+    const int bytes = (int)prob_fused_smem(FUSED_MAX_TILES);
+    cudaError_t e = cudaFuncSetAttribute(prob_fused_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e != cudaSuccess) return e;
+    return cudaFuncSetAttribute(prob_fused_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+}
+
+size_t prob_fused_smem(int tiles_per_block) {
+    return FUSED_FIXED_BYTES + (size_t)tiles_per_block * KP_TOPP_TILE * sizeof(float);
+}
+
+cudaError_t prob_fused_max_active(int *active, int cluster, size_t smem) {
+    cudaLaunchConfig_t cfg;
+    cudaLaunchAttribute attr;
+    fused_launch_config(&cfg, &attr, cluster, 1, smem, 0);
+    return cudaOccupancyMaxActiveClusters(active, prob_fused_kernel, &cfg);
+}
+
+cudaError_t prob_fused_launch(const topp_plan &plan, int cluster, int tiles_per_block, int64_t batch, size_t smem,
+                              cudaStream_t stream) {
+    cudaLaunchConfig_t cfg;
+    cudaLaunchAttribute attr;
+    fused_launch_config(&cfg, &attr, cluster, batch, smem, stream);
+    return cudaLaunchKernelEx(&cfg, prob_fused_kernel, plan, tiles_per_block);
+}

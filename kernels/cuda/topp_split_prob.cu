@@ -1,0 +1,374 @@
+/* topp_split_prob.cu: topp.split_prob@cuda's split path (the statistics, the three rounds, the mask)
+ * and the launches of one call, which pick the fused path (topp_prob_fused.cu) when it fits and end
+ * with the select (topp_prob_select.cu). Overview: topp_split.cu; the algorithm: kernels/topp_split.h. */
+#include <cuda_pipeline.h>
+
+#include "topp_prob.cuh"
+
+/* Step 1, one warp per tile and no block barriers (tile_stats_warp). A whole, 16-byte aligned tile
+ * is first copied into the warp's part of shared memory with async copies (16 of 16 bytes per lane
+ * in flight: one round trip to DRAM), and tile_stats_warp's two passes read it there (the same
+ * tokens, the same bits); reading both passes from global memory took 37.4 us against 32.9 us
+ * staged (ncu, H200, 64 x 154,856, same run). The warp that finishes a row's last tile (a fence,
+ * then a counter) starts the row's search and stores round 0's state. */
+#define STATS_WARPS 4
+#define STATS_THREADS (STATS_WARPS * 32)
+#define STATS_SMEM (STATS_WARPS * KP_TOPP_TILE * sizeof(float))
+__global__ void __launch_bounds__(STATS_THREADS) prob_stats_kernel(topp_plan plan, long long tiles) {
+    extern __shared__ __align__(16) float stage[];
+    const int lane = threadIdx.x & 31;
+    const long long tile = (long long)blockIdx.x * STATS_WARPS + (threadIdx.x >> 5);
+    if (tile >= tiles) return; /* whole warps */
+    const int64_t row = tile / plan.piece_count;
+    const int piece = (int)(tile % plan.piece_count);
+    const float *x = plan.logits + row * plan.row_stride + piece * KP_TOPP_TILE;
+    const int n = min(KP_TOPP_TILE, plan.vocab - piece * KP_TOPP_TILE);
+    float *mine = stage + (threadIdx.x >> 5) * KP_TOPP_TILE;
+    const bool staged = n == KP_TOPP_TILE && (reinterpret_cast<uintptr_t>(x) & 15u) == 0;
+    if (staged) {
+#pragma unroll
+        for (int k = 0; k < KP_TOPP_TILE / 128; k++)
+            __pipeline_memcpy_async(mine + 4 * (lane + 32 * k), x + 4 * (lane + 32 * k), 16);
+        __pipeline_commit();
+        __pipeline_wait_prior(0);
+        __syncwarp();
+    }
+    const topp_stats rec = staged ? tile_stats_warp([&](int q) { return mine[lane + 32 * q]; })
+                         : n == KP_TOPP_TILE ? tile_stats_warp([&](int q) { return x[lane + 32 * q]; })
+                                             : tile_stats_warp([&](int q) {
+                                                   const int i = lane + 32 * q;
+                                                   return i < n ? x[i] : NAN; /* NaN: absent */
+                                               });
+    int last = 0;
+    if (lane == 0) {
+        plan.stats[row * plan.piece_cap + piece] = rec;
+        __threadfence();
+        last = atomicAdd(plan.counts + row * CNT_WORDS + CNT_STATS, 1u) == (unsigned)(plan.piece_count - 1);
+        if (last) __threadfence();
+    }
+    if (!__shfl_sync(0xffffffffu, last, 0)) return;
+    const topp_stats *stats = plan.stats + row * plan.piece_cap;
+    kp_topp_search s;
+    start_search_warp([&](int i) { return load_stats_l2(stats + i); }, plan.piece_count, plan.top_p[row], &s);
+    if (lane == 0) plan.search[row * (PROB_R + 1)] = s;
+}
+
+/* A program's end of a round: its counts into the row's buckets (64-bit global atomics: integer
+ * sums, order-free); the row's last program decides the round and stores the next state. */
+#define FOLD_LOADS 8 /* list gathers in flight per thread in finish_round's last round */
+__device__ __forceinline__ void finish_round(const topp_plan &plan, round_counter &rc, unsigned *hist_words,
+                                             kp_topp_search *s, int64_t row, int round, float *below, float *above) {
+    const int t = threadIdx.x;
+    rc.flush();
+    __syncthreads();
+    unsigned long long *row_hist = plan.hist + (row * PROB_R + round) * (PROB_F + 1);
+    const int span = rc.narrow ? (int)rc.width : PROB_F;
+    for (int i = 1 + t; i <= span; i += TOPP_THREADS) {
+        const unsigned long long sum = round_counter::total(hist_words, rc.narrow, i);
+        if (sum) atomicAdd(row_hist + i, sum);
+    }
+    if (!last_program_of_row(plan.counts + row * CNT_WORDS + CNT_ROUND + round, plan.slices)) return;
+    decide_round<TOPP_THREADS>([&](int k) { return __ldcg(row_hist + k); }, s, round + 1 == PROB_R);
+    /* The collecting round's last program runs the last round itself over the list of the tokens in
+     * this round's bracket (the last bracket lies inside it), when the list did not overflow: one
+     * block, a few thousand tokens, and no launch. It stores the decided state in the last round's
+     * place, so prob_round_kernel<PROB_R - 1> passes it on. */
+    const unsigned listed = __ldcg(plan.counts + row * CNT_WORDS + CNT_CAND);
+    if (round != PROB_R - 2 || s->mode != KP_TOPP_LIVE || listed > 3u * (unsigned)plan.level_cap) {
+        if (t == 0) plan.search[row * (PROB_R + 1) + round + 1] = *s;
+        return;
+    }
+    for (int k = t; k < HIST_WORDS; k += TOPP_THREADS) hist_words[k] = 0;
+    if (t == 0) prob_band(s->z, s->lo, s->hi, below, above);
+    __syncthreads();
+    round_counter last(hist_words, *s, *below, *above);
+    const float *x = plan.logits + row * plan.row_stride;
+    const uint32_t *cand = plan.level_list + row * 3 * (int64_t)plan.level_cap;
+    for (unsigned base = 0; base < listed; base += TOPP_THREADS * FOLD_LOADS) { /* FOLD_LOADS gathers in flight */
+        uint32_t idx[FOLD_LOADS];
+        float v[FOLD_LOADS];
+#pragma unroll
+        for (int u = 0; u < FOLD_LOADS; u++) {
+            const unsigned j = base + u * TOPP_THREADS + t;
+            idx[u] = j < listed ? __ldcg(cand + j) : 0u;
+        }
+#pragma unroll
+        for (int u = 0; u < FOLD_LOADS; u++) v[u] = base + u * TOPP_THREADS + t < listed ? x[idx[u]] : -INFINITY;
+#pragma unroll
+        for (int u = 0; u < FOLD_LOADS; u++) last.add(v[u]);
+    }
+    last.flush();
+    __syncthreads();
+    const int last_span = last.narrow ? (int)last.width : PROB_F;
+    decide_round<TOPP_THREADS>(
+        [&](int k) { return k <= last_span ? round_counter::total(hist_words, last.narrow, k) : 0ull; }, s, true);
+    if (t == 0) plan.search[row * (PROB_R + 1) + round + 1] = *s;
+}
+
+#define CAND_BUF 2048  /* the collecting round's per-block shared list */
+__host__ __device__ constexpr bool collect_round(int round) { return round == PROB_R - 2; }
+#define ROUND_LOADS 8  /* loads in flight per thread */
+#define ROUND_LOADS4 4 /* float4 loads in flight per thread */
+template <int ROUND>
+__global__ void __launch_bounds__(TOPP_THREADS, 5) prob_round_kernel(topp_plan plan) {
+    constexpr int round = ROUND;
+    __shared__ kp_topp_search s;
+    __shared__ unsigned hist_words[HIST_WORDS];
+    __shared__ float below, above;
+    const int t = threadIdx.x;
+    const int64_t row = blockIdx.x / plan.slices;
+    const int slice = blockIdx.x % plan.slices;
+    kp_topp_search *states = plan.search + row * (PROB_R + 1);
+    if (t == 0) s = states[round];
+    __syncthreads();
+    if (s.mode != KP_TOPP_LIVE) { /* decided: the state passes on unchanged */
+        if (slice == 0 && t == 0) states[round + 1] = s;
+        return;
+    }
+    for (int k = t; k < HIST_WORDS; k += TOPP_THREADS) hist_words[k] = 0;
+    if (t == 0) prob_band(s.z, s.lo, s.hi, &below, &above);
+    __syncthreads();
+    round_counter rc(hist_words, s, below, above);
+    const float *x = plan.logits + row * plan.row_stride;
+    const int first = slice * plan.pieces_per_program;
+    const int last = min(first + plan.pieces_per_program, plan.piece_count);
+    const int begin = min(first * plan.piece_len, plan.vocab), end = min(last * plan.piece_len, plan.vocab);
+    /* The round before the last lists the tokens in its bracket (their indices, in the row's level
+     * lists, which the mask fills only later); the last round's bracket lies inside it, so when the
+     * list did not overflow, that round's last program runs the last round over the list
+     * (finish_round), and this kernel reads the row only for a row whose list overflowed. */
+    uint32_t *const cand = plan.level_list + row * 3 * (int64_t)plan.level_cap;
+    unsigned *const cand_count = plan.counts + row * CNT_WORDS + CNT_CAND;
+    const unsigned cand_cap = 3u * (unsigned)plan.level_cap;
+    /* The collecting round lists into shared memory first (the global list takes one atomic per block,
+     * at the end: a global atomic per token group stalled its warp); past CAND_BUF a block appends to
+     * the global list directly. */
+    __shared__ uint32_t cand_buf[collect_round(ROUND) ? CAND_BUF : 1];
+    __shared__ unsigned cand_n, cand_base;
+    if (collect_round(ROUND) && t == 0) cand_n = 0;
+    __syncthreads();
+    auto take = [&](float v, int i) {
+        if (!rc.add(v) || !collect_round(ROUND)) return;
+        cooperative_groups::coalesced_group g = cooperative_groups::coalesced_threads();
+        unsigned pos = 0;
+        if (g.thread_rank() == 0) pos = atomicAdd(&cand_n, g.size());
+        pos = g.shfl(pos, 0) + g.thread_rank();
+        if (pos < CAND_BUF)
+            cand_buf[pos] = (uint32_t)i;
+        else
+            append_index(cand, cand_count, cand_cap, (uint32_t)i);
+    };
+    auto flush_cands = [&] {
+        if (!collect_round(ROUND)) return;
+        __syncthreads();
+        const unsigned n = min(cand_n, (unsigned)CAND_BUF);
+        if (t == 0 && n) cand_base = atomicAdd(cand_count, n);
+        __syncthreads();
+        if (n == 0) return;
+        for (unsigned j = t; j < n; j += TOPP_THREADS)
+            if (cand_base + j < cand_cap) cand[cand_base + j] = cand_buf[j];
+    };
+    /* The buckets are integer sums, so which thread takes which token cannot change a bit: a row
+     * whose slice starts 16-byte aligned is read as float4s (ROUND_LOADS4 in flight per thread). */
+    const float *xs = x + begin;
+    const int count = end - begin;
+    if ((reinterpret_cast<uintptr_t>(xs) & 15u) == 0) {
+        const float4 *x4 = reinterpret_cast<const float4 *>(xs);
+        const int count4 = count / 4;
+        for (int base = 0; base < count4; base += TOPP_THREADS * ROUND_LOADS4) {
+            float4 v[ROUND_LOADS4];
+            load_strided<ROUND_LOADS4, TOPP_THREADS>(v, x4, base, count4,
+                                                     make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY));
+            if constexpr (ROUND == 0) { /* the first bracket holds nearly every token: their probs first, with no
+                                 branch between them, then the counts (add_prob's own test is exact, the
+                                 band only saves work) */
+                float p[4 * ROUND_LOADS4];
+#pragma unroll
+                for (int u = 0; u < ROUND_LOADS4; u++) {
+                    p[4 * u] = rc.prob(v[u].x);
+                    p[4 * u + 1] = rc.prob(v[u].y);
+                    p[4 * u + 2] = rc.prob(v[u].z);
+                    p[4 * u + 3] = rc.prob(v[u].w);
+                }
+#pragma unroll
+                for (int u = 0; u < 4 * ROUND_LOADS4; u++) rc.add_prob(p[u]);
+            } else {
+#pragma unroll
+                for (int u = 0; u < ROUND_LOADS4; u++) {
+                    const int i = begin + 4 * (base + u * TOPP_THREADS + t);
+                    take(v[u].x, i);
+                    take(v[u].y, i + 1);
+                    take(v[u].z, i + 2);
+                    take(v[u].w, i + 3);
+                }
+            }
+        }
+        for (int i = count4 * 4 + t; i < count; i += TOPP_THREADS) take(xs[i], begin + i);
+    } else {
+        for (int base = begin; base < end; base += TOPP_THREADS * ROUND_LOADS) {
+            float v[ROUND_LOADS];
+            load_strided<ROUND_LOADS, TOPP_THREADS>(v, x, base, end, -INFINITY);
+#pragma unroll
+            for (int u = 0; u < ROUND_LOADS; u++) take(v[u], base + u * TOPP_THREADS + t);
+        }
+    }
+    flush_cands();
+    finish_round(plan, rc, hist_words, &s, row, round, &below, &above);
+}
+
+__global__ void __launch_bounds__(TOPP_THREADS) prob_mask_kernel(topp_plan plan) {
+    __shared__ kp_topp_search s;
+    __shared__ float below, above;
+    const int t = threadIdx.x;
+    const int64_t row = blockIdx.x / plan.slices;
+    const int slice = blockIdx.x % plan.slices;
+    if (t == 0) s = plan.search[row * (PROB_R + 1) + PROB_R];
+    __syncthreads();
+    const float *x = plan.logits + row * plan.row_stride;
+    float *y = plan.out + row * plan.row_stride;
+    const int first = slice * plan.pieces_per_program;
+    const int last = min(first + plan.pieces_per_program, plan.piece_count);
+    const int begin = min(first * plan.piece_len, plan.vocab), end = min(last * plan.piece_len, plan.vocab);
+    if (begin >= end) return;
+    if (s.mode == KP_TOPP_COPY) { /* bits, NaN payloads included */
+        const uint32_t *xb = reinterpret_cast<const uint32_t *>(x);
+        uint32_t *yb = reinterpret_cast<uint32_t *>(y);
+        for (int i = begin + t; i < end; i += TOPP_THREADS) yb[i] = xb[i];
+        return;
+    }
+    if (s.mode == KP_TOPP_KEEP_FINITE) {
+        lane_tokens(x, begin, end, [&](int i, float v) { y[i] = finite_logit(v) ? v : -INFINITY; });
+        return;
+    }
+    if (t == 0) prob_band(s.z, s.lo, s.lo, &below, &above);
+    __syncthreads();
+    const mask_rule rule = {s.row_max, s.z, below, above, s.lo, s.hi, topp_recip(s.z)};
+    const bool trim = s.mode == KP_TOPP_LEVEL && s.numkeep < s.numdup;
+    if (!trim) {
+        lane_tokens(x, begin, end, [&](int i, float v) { y[i] = rule.classify(v) != MASK_DROP ? v : -INFINITY; });
+        return;
+    }
+    /* trim: the level members are left to prob_select_kernel and appended, tile by tile, to the row's
+     * list (logit key, index): through a shared buffer, one global atomic per tile and block. The
+     * positions vary from run to run; the set, all the select reads, does not. */
+    __shared__ uint32_t buf_key[KP_TOPP_TILE], buf_idx[KP_TOPP_TILE];
+    __shared__ int nbuf, base_sh;
+    const int cap = plan.level_cap;
+    uint32_t *list_key = plan.level_list + row * 3 * (int64_t)cap, *list_idx = list_key + cap;
+    if (t == 0) nbuf = 0;
+    __syncthreads();
+    for (int piece = first; piece < last; piece++) {
+        const int tb = piece * plan.piece_len, te = min(tb + plan.piece_len, plan.vocab);
+        lane_tokens(x, tb, te, [&](int i, float v) {
+            const int c = rule.classify(v);
+            if (c == MASK_LEVEL) { /* a level member: prob_select_kernel writes it */
+                cooperative_groups::coalesced_group g = cooperative_groups::coalesced_threads();
+                int pos = 0;
+                if (g.thread_rank() == 0) pos = atomicAdd(&nbuf, (int)g.size());
+                pos = g.shfl(pos, 0) + (int)g.thread_rank();
+                buf_key[pos] = kp_topp_logit_key(v);
+                buf_idx[pos] = (uint32_t)i;
+                return;
+            }
+            y[i] = c == MASK_KEEP ? v : -INFINITY;
+        });
+        __syncthreads();
+        const int n = nbuf;
+        __syncthreads(); /* every thread has read nbuf before thread 0 resets it */
+        if (n == 0) continue;
+        if (t == 0) {
+            base_sh = (int)atomicAdd(plan.counts + row * CNT_WORDS + CNT_LEVEL, (unsigned)n);
+            nbuf = 0;
+        }
+        __syncthreads();
+        const int64_t base = base_sh;
+        for (int j = t; j < n; j += TOPP_THREADS)
+            if (base + j < cap) {
+                list_key[base + j] = buf_key[j];
+                list_idx[base + j] = buf_idx[j];
+            }
+        __syncthreads(); /* the buffer is refilled by the next tile */
+    }
+}
+
+/* split_prob: the fused path's shape for rows of `tiles` tiles: a cluster of C blocks per row, each
+ * holding T tiles (T = ceil(tiles / C), C = ceil(tiles / T) so no block is empty), and its shared
+ * memory bytes. *cluster = 0, and the split kernels run instead, when the code the device runs was
+ * built for an architecture without clusters (before sm_90), when a row does not fit (more than
+ * FUSED_MAX_CLUSTER x FUSED_MAX_TILES tiles) or when the device cannot hold every row's cluster at
+ * once: a fused row is one long chain of cluster barriers (about 40 us on an H200 at 131,072 tokens),
+ * fast while all rows run side by side, slower than the split kernels once rows queue in waves
+ * (measured: 64 x 154,856 took 237 us fused, 166 us split). Both paths give the same bits. */
+static int topp_fused_plan(topp_device_info *d, int tiles, int64_t batch, int *cluster, int *tiles_per_block,
+                           size_t *bytes, char *message, size_t message_len) {
+    *cluster = 0;
+    if (!d->sm90) return KP_RUN_OK; /* the code this device runs has no clusters (a pre-sm_90 build) */
+    int c = tiles < FUSED_MAX_CLUSTER ? tiles : FUSED_MAX_CLUSTER;
+    const int t = (tiles + c - 1) / c;
+    if (t > FUSED_MAX_TILES) return KP_RUN_OK;
+    c = (tiles + t - 1) / t;
+    if (batch > INT32_MAX / c) return KP_RUN_OK;
+    const size_t smem = prob_fused_smem(t);
+    if (!d->active_plus_one[c][t]) {
+        int active = 0;
+        TOPP_CUDA_CHECK(prob_fused_max_active(&active, c, smem));
+        d->active_plus_one[c][t] = active + 1;
+    }
+    if (d->active_plus_one[c][t] - 1 < batch) return KP_RUN_OK;
+    *cluster = c;
+    *tiles_per_block = t;
+    *bytes = smem;
+    return KP_RUN_OK;
+}
+
+/* The launches of one call: plan has the run's pointers and the workspace's start (topp_cuda_run);
+ * dev is the device's cached answers (held under topp_split.cu's lock). */
+int topp_prob_launch(topp_plan plan, const kp_topp_args *a, topp_device_info *dev, int sm_count, cudaStream_t stream,
+                     char *message, size_t message_len) {
+    /* split_prob: enough programs per row to give every SM KP_TOPP_BLOCKS_PER_SM of them; the tiles
+     * and the integer sums make every bit independent of this choice */
+    plan.piece_len = KP_TOPP_TILE;
+    plan.piece_count = plan.piece_cap;
+    int64_t want = ((int64_t)KP_TOPP_BLOCKS_PER_SM * sm_count + a->batch - 1) / a->batch;
+    if (want < 1) want = 1;
+    if (want > plan.piece_count) want = plan.piece_count;
+    plan.pieces_per_program = (int)((plan.piece_count + want - 1) / want);
+    plan.slices = (plan.piece_count + plan.pieces_per_program - 1) / plan.pieces_per_program;
+    plan.hist = reinterpret_cast<unsigned long long *>(plan.stats + a->batch * plan.piece_cap);
+    plan.counts = reinterpret_cast<unsigned *>(plan.hist + a->batch * PROB_R * (PROB_F + 1));
+    plan.search = reinterpret_cast<kp_topp_search *>(plan.counts + a->batch * CNT_WORDS);
+    plan.level_cap = (int)topp_level_cap(a->vocab);
+    plan.level_list = reinterpret_cast<uint32_t *>(plan.search + a->batch * (PROB_R + 1));
+    plan.sel_cap = plan.level_cap < SEL_CAP_MAX ? plan.level_cap : SEL_CAP_MAX;
+    const size_t sel_bytes = (size_t)plan.sel_cap * sizeof(uint32_t);
+    int cluster = 0, tiles_per_block = 0;
+    size_t fused_bytes = 0;
+    int rc = topp_fused_plan(dev, plan.piece_count, a->batch, &cluster, &tiles_per_block, &fused_bytes, message,
+                             message_len);
+    if (rc != KP_RUN_OK) return rc;
+    if (cluster) { /* one cluster per row, the row in shared memory */
+        TOPP_CUDA_CHECK(prob_fused_launch(plan, cluster, tiles_per_block, a->batch, fused_bytes, stream));
+        TOPP_LAUNCH_CHECK("prob_fused_kernel");
+        TOPP_CUDA_CHECK(prob_select_launch(plan, a->batch, sel_bytes, stream));
+        TOPP_LAUNCH_CHECK("prob_select_kernel");
+        return KP_RUN_OK;
+    }
+    TOPP_CUDA_CHECK(cudaMemsetAsync(plan.hist, 0, (size_t)(a->batch * topp_zeroed_per_row()), stream));
+    const long long tiles = (long long)a->batch * plan.piece_count;
+    const unsigned stats_blocks = (unsigned)((tiles + STATS_WARPS - 1) / STATS_WARPS);
+    prob_stats_kernel<<<stats_blocks, STATS_THREADS, STATS_SMEM, stream>>>(plan, tiles);
+    TOPP_LAUNCH_CHECK("prob_stats_kernel");
+    const unsigned programs = (unsigned)(a->batch * plan.slices);
+    static_assert(PROB_R == 3, "one prob_round_kernel instance per round");
+    prob_round_kernel<0><<<programs, TOPP_THREADS, 0, stream>>>(plan);
+    TOPP_LAUNCH_CHECK("prob_round_kernel<0>");
+    prob_round_kernel<1><<<programs, TOPP_THREADS, 0, stream>>>(plan);
+    TOPP_LAUNCH_CHECK("prob_round_kernel<1>");
+    prob_round_kernel<2><<<programs, TOPP_THREADS, 0, stream>>>(plan);
+    TOPP_LAUNCH_CHECK("prob_round_kernel<2>");
+    prob_mask_kernel<<<programs, TOPP_THREADS, 0, stream>>>(plan);
+    TOPP_LAUNCH_CHECK("prob_mask_kernel");
+    TOPP_CUDA_CHECK(prob_select_launch(plan, a->batch, sel_bytes, stream));
+    TOPP_LAUNCH_CHECK("prob_select_kernel");
+    return KP_RUN_OK;
+}
