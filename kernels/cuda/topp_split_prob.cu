@@ -15,7 +15,7 @@
 #define STATS_THREADS (STATS_WARPS * 32)
 #define STATS_SMEM (STATS_WARPS * KP_TOPP_TILE * sizeof(float))
 __global__ void __launch_bounds__(STATS_THREADS) prob_stats_kernel(topp_plan plan, long long tiles) {
-    extern __shared__ __align__(16) float stage[];
+    extern __shared__ __align__(16) float stage[]; /* [STATS_WARPS][KP_TOPP_TILE] f32: each warp's tile */
     const int lane = threadIdx.x & 31;
     const long long tile = (long long)blockIdx.x * STATS_WARPS + (threadIdx.x >> 5);
     if (tile >= tiles) return; /* whole warps */
