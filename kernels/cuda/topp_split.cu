@@ -119,7 +119,9 @@ static int topp_check(const char *name, const kp_topp_args *a, char *message, si
  * changes between calls; asking on every call cost several driver calls per call): the SM count,
  * whether the code the device runs was built for sm_90 or later (thread-block clusters, for the fused
  * path), the kernels' shared-memory limits (set once to the most any call needs), and, per fused
- * shape, how many clusters can run at once. */
+ * shape, how many clusters can run at once. The limits belong to the device's primary context, so
+ * this assumes nothing in the process calls cudaDeviceReset between calls (nothing in kparity does;
+ * after one, the first launch needing more than 48 KiB of shared memory would fail, reported). */
 #define TOPP_MAX_DEVICES 64
 static std::mutex topp_devices_lock; /* held for the whole split_prob launch sequence */
 static topp_device_info topp_devices[TOPP_MAX_DEVICES];
