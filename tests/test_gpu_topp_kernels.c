@@ -381,6 +381,30 @@ Test(gpu_topp, flat_rows_follow_rule_and_differences_are_reported, .timeout = 30
         }
 }
 
+/* Rows built to reach split_prob@cuda's overflow paths (split kernels: 600,001 tokens is past the
+ * fused limit). 1,000 logits at -20 make round 0's bracket wide (its pivots 2^17 floats apart), and
+ * the rest, uniform in [0, 1e-4), put ~600,000 probs within ~840 floats, inside one or two round-0
+ * buckets. So round 1's bracket holds far more tokens than a block's shared list (2048: the rest are
+ * appended to the global list directly) and than the row's list (3 x 16,384: round 2 reads the row
+ * again instead of the list). Its levels hold ~700 tokens each, trimmed by direct ranking. */
+Test(gpu_topp, crowded_bracket_rows_take_the_overflow_paths_and_match_host, .timeout = 300) {
+    enum { V = 600001, B = 4, OUTLIERS = 1000 };
+    gpu g = gpu_open();
+    const kp_impl *cuda = impl_named("topp.split_prob@cuda");
+    float *x = alloc_floats(B * V), *yc = alloc_floats(B * V), *yh = alloc_floats(B * V);
+    const float p[B] = {0.5f, 0.9f, 0.3f, 0.7f};
+    for (int64_t r = 0; r < B; r++) {
+        uint64_t state = 4242 + (uint64_t)r;
+        for (int64_t i = 0; i < V; i++) x[r * V + i] = (float)(uniform01(&state) * 1e-4);
+        for (int64_t k = 0; k < OUTLIERS; k++) x[r * V + (k * 599 + r) % V] = -20.0f;
+    }
+    gpu_run(&g, cuda, x, yc, p, B, V, V);
+    host_run(host_port(cuda), x, yh, p, B, V, V, g.sm_count);
+    /* not bit for bit: near-equal probs from expf, which may differ from the host's in a last bit */
+    compare_with_host("crowded bracket", cuda, x, yc, yh, p, B, V, V, false, -1);
+    free(x), free(yc), free(yh);
+}
+
 Test(gpu_topp, level_members_kept_in_rule_order_match_host, .timeout = 120) {
     enum { V = 154856, B = 6 };
     gpu g = gpu_open();
