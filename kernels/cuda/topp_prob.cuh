@@ -254,12 +254,8 @@ struct round_counter {
         if (!(d >= lo_band && d <= hi_band)) return false; /* outside the band, or NaN / infinite */
         return add_prob(topp_div(expf(d), z, recip));
     }
-    /* add(v) in two steps, for a batch of tokens whose probs are computed together (no branch between
-     * them): in_band(v) is add's first test, prob(v) its prob (any bits outside the band: unused) */
-    __device__ __forceinline__ bool in_band(float v) const {
-        const float d = v - row_max;
-        return d >= lo_band && d <= hi_band;
-    }
+    /* add(v) without the band, in two steps, for a batch of tokens whose probs are computed together
+     * (no branch between them): add_prob's bracket test is exact, the band only saves work */
     __device__ __forceinline__ float prob(float v) const { return topp_div(expf(v - row_max), z, recip); }
     __device__ __forceinline__ bool add_prob(float prob) {
         const uint32_t pb = kp_topp_bits(prob);
@@ -342,6 +338,6 @@ cudaError_t prob_fused_launch(const topp_plan &plan, int cluster, int tiles_per_
 
 /* topp_prob_select.cu */
 cudaError_t prob_select_set_limit(int bytes);
-cudaError_t prob_select_launch(const topp_plan &plan, int64_t batch, size_t sel_bytes, cudaStream_t stream);
+void prob_select_launch(const topp_plan &plan, int64_t batch, size_t sel_bytes, cudaStream_t stream);
 
 #endif

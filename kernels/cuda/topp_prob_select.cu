@@ -292,7 +292,7 @@ cudaError_t prob_select_set_limit(int bytes) {
     return cudaFuncSetAttribute(prob_select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
 
-cudaError_t prob_select_launch(const topp_plan &plan, int64_t batch, size_t sel_bytes, cudaStream_t stream) {
+/* launch errors: the caller's cudaGetLastError (TOPP_LAUNCH_CHECK) */
+void prob_select_launch(const topp_plan &plan, int64_t batch, size_t sel_bytes, cudaStream_t stream) {
     prob_select_kernel<<<(unsigned)batch, SEL_THREADS, sel_bytes, stream>>>(plan);
-    return cudaSuccess; /* launch errors: the caller's cudaGetLastError */
 }

@@ -349,7 +349,7 @@ int topp_prob_launch(topp_plan plan, const kp_topp_args *a, topp_device_info *de
     if (cluster) { /* one cluster per row, the row in shared memory */
         TOPP_CUDA_CHECK(prob_fused_launch(plan, cluster, tiles_per_block, a->batch, fused_bytes, stream));
         TOPP_LAUNCH_CHECK("prob_fused_kernel");
-        TOPP_CUDA_CHECK(prob_select_launch(plan, a->batch, sel_bytes, stream));
+        prob_select_launch(plan, a->batch, sel_bytes, stream);
         TOPP_LAUNCH_CHECK("prob_select_kernel");
         return KP_RUN_OK;
     }
@@ -368,7 +368,7 @@ int topp_prob_launch(topp_plan plan, const kp_topp_args *a, topp_device_info *de
     TOPP_LAUNCH_CHECK("prob_round_kernel<2>");
     prob_mask_kernel<<<programs, TOPP_THREADS, 0, stream>>>(plan);
     TOPP_LAUNCH_CHECK("prob_mask_kernel");
-    TOPP_CUDA_CHECK(prob_select_launch(plan, a->batch, sel_bytes, stream));
+    prob_select_launch(plan, a->batch, sel_bytes, stream);
     TOPP_LAUNCH_CHECK("prob_select_kernel");
     return KP_RUN_OK;
 }
