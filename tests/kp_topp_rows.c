@@ -36,6 +36,27 @@ void fill_flat(float *row, int64_t vocab, uint64_t seed, double spread) {
     for (int64_t i = 0; i < vocab; i++) row[i] = (float)(row[i] * 0.5 * spread);
 }
 
+const forced_shape forced_shapes[2] = {{131072, 13}, {154856, 154842}};
+const float forced_values[2] = {1e9f, (float)(1e9 / 0.6)};
+const int64_t forced_batches[2] = {4, 64};
+
+void make_forced_batch(float *x, float *p, int64_t batch, forced_shape sh, float value) {
+    for (int64_t r = 0; r < batch; r++) {
+        fill_ordinary(x + r * sh.vocab, sh.vocab, 58231 + (uint64_t)r);
+        if (r != 1) x[r * sh.vocab + sh.token] = value;
+        p[r] = 0.95f;
+    }
+}
+
+void rotate_rows(float *x, float *p, const float *pool, const float *ppool, int64_t pool_rows, int64_t batch,
+                 int64_t shift, int64_t vocab) {
+    for (int64_t r = 0; r < batch; r++) {
+        const int64_t src = (r + shift) % pool_rows;
+        memcpy(x + r * vocab, pool + src * vocab, (size_t)vocab * sizeof *x);
+        p[r] = ppool[src];
+    }
+}
+
 /* n distinct logits i * 2^-40 at shuffled indices (n < 2^15), the rest -inf: one f32 prob level
  * (expf of every x - max is 1.0) whose rule order is not its index order. */
 int64_t make_level_row(float *x, int64_t vocab, uint64_t seed, int64_t N) {

@@ -16,6 +16,22 @@ void fill_flat(float *row, int64_t vocab, uint64_t seed, double spread);
  * order is not its index order. Returns N. */
 int64_t make_level_row(float *x, int64_t vocab, uint64_t seed, int64_t N);
 uint32_t bits_of(float x);
+
+/* The seed's forced-logit cases: two shapes (vocab, forced token), two forced values, two batch
+ * sizes (split count 16 and 1 at 132 SMs). */
+typedef struct forced_shape {
+    int64_t vocab, token;
+} forced_shape;
+extern const forced_shape forced_shapes[2];
+extern const float forced_values[2];
+extern const int64_t forced_batches[2];
+/* Every row forced except row 1, an ordinary control row; top_p 0.95 everywhere. */
+void make_forced_batch(float *x, float *p, int64_t batch, forced_shape sh, float value);
+
+/* x, p = rows (r + shift) mod pool_rows of pool, ppool, r = 0 .. batch - 1: a batch rotated through
+ * a pool, so each row sits at a new position. */
+void rotate_rows(float *x, float *p, const float *pool, const float *ppool, int64_t pool_rows, int64_t batch,
+                 int64_t shift, int64_t vocab);
 /* Allocation and lookup that fail the test instead of returning NULL. */
 float *alloc_floats(int64_t n);
 struct kp_impl;

@@ -156,13 +156,6 @@ static void compare_with_host(const char *what, const kp_impl *cuda, const float
 
 /* ---- the seed's forced-logit case ---- */
 
-typedef struct forced_shape {
-    int64_t vocab, token;
-} forced_shape;
-static const forced_shape forced_shapes[] = {{131072, 13}, {154856, 154842}};
-static const float forced_values[] = {1e9f, (float)(1e9 / 0.6)};
-static const int64_t forced_batches[] = {4, 64};
-
 Test(gpu_topp, forced_rows_match_host_ports, .timeout = 300) {
     gpu g = gpu_open();
     for (int n = 0; n < 2; n++)
@@ -174,11 +167,7 @@ Test(gpu_topp, forced_rows_match_host_ports, .timeout = 300) {
                     int64_t batch = forced_batches[b], V = sh.vocab;
                     float *x = alloc_floats(batch * V), *yc = alloc_floats(batch * V), *yh = alloc_floats(batch * V);
                     float p[64];
-                    for (int64_t r = 0; r < batch; r++) { /* row 1 is an ordinary control row */
-                        fill_ordinary(x + r * V, V, 58231 + (uint64_t)r);
-                        if (r != 1) x[r * V + sh.token] = forced_values[v];
-                        p[r] = 0.95f;
-                    }
+                    make_forced_batch(x, p, batch, sh, forced_values[v]); /* row 1 is an ordinary control row */
                     gpu_run(&g, cuda, x, yc, p, batch, V, V);
                     host_run(host_port(cuda), x, yh, p, batch, V, V, g.sm_count);
                     for (int64_t r = 0; r < batch; r++) {
@@ -468,11 +457,7 @@ Test(gpu_topp, split_prob_row_bits_do_not_depend_on_batch, .timeout = 300) {
                 int64_t batch = batches[b];
                 for (int64_t shift = 0; shift < 65; shift += batch) {
                     float *x = alloc_floats(batch * V), p[65];
-                    for (int64_t r = 0; r < batch; r++) {
-                        int64_t src = (r + shift) % 65;
-                        memcpy(x + r * V, pool + src * V, (size_t)V * sizeof *x);
-                        p[r] = ppool[src];
-                    }
+                    rotate_rows(x, p, pool, ppool, 65, batch, shift, V);
                     gpu_run(&g, cuda, x, y, p, batch, V, V);
                     for (int64_t r = 0; r < batch; r++) {
                         int64_t src = (r + shift) % 65;

@@ -70,79 +70,61 @@ Test(topp_judge, catches_planted_defects) {
 
 /* ---- the seed's forced-logit case ---- */
 
-typedef struct forced_shape {
-    int64_t vocab, token;
-} forced_shape;
-static const forced_shape forced_shapes[] = {{131072, 13}, {154856, 154842}};
-static const float forced_values[] = {1e9f, (float)(1e9 / 0.6)};
-static const int64_t forced_batches[] = {4, 64}; /* split count 16 and 1 at 132 SMs */
+/* Runs impl on every forced batch (forced_shapes x forced_values x forced_batches, make_forced_batch)
+ * and hands each output row to check. */
+typedef void forced_row_check(const float *xr, const float *yr, float p, int64_t r, forced_shape sh, float value,
+                              int64_t batch);
+static void run_forced_batches(const kp_impl *impl, forced_row_check *check) {
+    for (size_t s = 0; s < 2; s++)
+        for (size_t v = 0; v < 2; v++)
+            for (size_t b = 0; b < 2; b++) {
+                forced_shape sh = forced_shapes[s];
+                int64_t batch = forced_batches[b];
+                float *x = alloc_floats(batch * sh.vocab), *y = alloc_floats(batch * sh.vocab), p[64];
+                make_forced_batch(x, p, batch, sh, forced_values[v]);
+                run_topp(impl, x, y, p, batch, sh.vocab, sh.vocab, 0);
+                for (int64_t r = 0; r < batch; r++)
+                    check(x + r * sh.vocab, y + r * sh.vocab, p[r], r, sh, forced_values[v], batch);
+                free(x), free(y);
+            }
+}
 
-/* Every row forced except row 1, an ordinary control row. */
-static void make_forced_batch(float *x, float *p, int64_t batch, forced_shape sh, float value) {
-    for (int64_t r = 0; r < batch; r++) {
-        fill_ordinary(x + r * sh.vocab, sh.vocab, 58231 + (uint64_t)r);
-        if (r != 1) x[r * sh.vocab + sh.token] = value;
-        p[r] = 0.95f;
+static void split_logit_forced_row(const float *xr, const float *yr, float p, int64_t r, forced_shape sh, float value,
+                                   int64_t batch) {
+    int64_t finite_out = 0;
+    for (int64_t i = 0; i < sh.vocab; i++) finite_out += bits_of(yr[i]) != bits_of(-INFINITY);
+    if (r == 1) {
+        const char *why = rule_violation(xr, yr, sh.vocab, p, 0, 1, NULL);
+        cr_assert_null(why, "control row (vocab %lld, batch %lld): %s", (long long)sh.vocab, (long long)batch, why);
+    } else {
+        cr_assert_eq(finite_out, 0,
+                     "forced row %lld (vocab %lld, value %g, batch %lld) kept %lld tokens; the seed's "
+                     "defect masks every token",
+                     (long long)r, (long long)sh.vocab, (double)value, (long long)batch, (long long)finite_out);
     }
 }
 
 Test(topp_host, split_logit_reproduces_forced_defect, .timeout = 120) {
-    const kp_impl *impl = impl_named("topp.split_logit@host");
-    for (size_t s = 0; s < 2; s++)
-        for (size_t v = 0; v < 2; v++)
-            for (size_t b = 0; b < 2; b++) {
-                forced_shape sh = forced_shapes[s];
-                int64_t batch = forced_batches[b];
-                float *x = alloc_floats(batch * sh.vocab), *y = alloc_floats(batch * sh.vocab), p[64];
-                make_forced_batch(x, p, batch, sh, forced_values[v]);
-                run_topp(impl, x, y, p, batch, sh.vocab, sh.vocab, 0);
-                for (int64_t r = 0; r < batch; r++) {
-                    const float *yr = y + r * sh.vocab;
-                    int64_t finite_out = 0;
-                    for (int64_t i = 0; i < sh.vocab; i++) finite_out += bits_of(yr[i]) != bits_of(-INFINITY);
-                    if (r == 1) {
-                        const char *why = rule_violation(x + r * sh.vocab, yr, sh.vocab, p[r], 0, 1, NULL);
-                        cr_assert_null(why, "control row (vocab %lld, batch %lld): %s", (long long)sh.vocab,
-                                       (long long)batch, why);
-                    } else {
-                        cr_assert_eq(finite_out, 0,
-                                     "forced row %lld (vocab %lld, value %g, batch %lld) kept %lld tokens; the seed's "
-                                     "defect masks every token",
-                                     (long long)r, (long long)sh.vocab, (double)forced_values[v], (long long)batch,
-                                     (long long)finite_out);
-                    }
-                }
-                free(x), free(y);
-            }
+    run_forced_batches(impl_named("topp.split_logit@host"), split_logit_forced_row);
+}
+
+static void split_prob_forced_row(const float *xr, const float *yr, float p, int64_t r, forced_shape sh, float value,
+                                  int64_t batch) {
+    (void)value;
+    const char *why = rule_violation(xr, yr, sh.vocab, p, r == 1, 0, NULL);
+    cr_assert_null(why, "row %lld (vocab %lld, batch %lld): %s", (long long)r, (long long)sh.vocab, (long long)batch,
+                   why);
+    if (r == 1) return;
+    for (int64_t i = 0; i < sh.vocab; i++) {
+        uint32_t want = i == sh.token ? bits_of(xr[i]) : bits_of(-INFINITY);
+        cr_assert_eq(bits_of(yr[i]), want, "forced row %lld, token %lld: got %08x, want %08x", (long long)r,
+                     (long long)i, bits_of(yr[i]), want);
+    }
 }
 
 Test(topp_host, split_prob_keeps_exactly_forced_token, .timeout = 120) {
-    const kp_impl *impl = impl_named("topp.split_prob@host");
-    for (size_t s = 0; s < 2; s++)
-        for (size_t v = 0; v < 2; v++)
-            for (size_t b = 0; b < 2; b++) {
-                forced_shape sh = forced_shapes[s];
-                int64_t batch = forced_batches[b];
-                float *x = alloc_floats(batch * sh.vocab), *y = alloc_floats(batch * sh.vocab), p[64];
-                make_forced_batch(x, p, batch, sh, forced_values[v]);
-                run_topp(impl, x, y, p, batch, sh.vocab, sh.vocab, 0);
-                for (int64_t r = 0; r < batch; r++) {
-                    const float *xr = x + r * sh.vocab, *yr = y + r * sh.vocab;
-                    const char *why = rule_violation(xr, yr, sh.vocab, p[r], r == 1, 0, NULL);
-                    cr_assert_null(why, "row %lld (vocab %lld, batch %lld): %s", (long long)r, (long long)sh.vocab,
-                                   (long long)batch, why);
-                    if (r == 1) continue;
-                    for (int64_t i = 0; i < sh.vocab; i++) {
-                        uint32_t want = i == sh.token ? bits_of(xr[i]) : bits_of(-INFINITY);
-                        cr_assert_eq(bits_of(yr[i]), want, "forced row %lld, token %lld: got %08x, want %08x",
-                                     (long long)r, (long long)i, bits_of(yr[i]), want);
-                    }
-                }
-                free(x), free(y);
-            }
+    run_forced_batches(impl_named("topp.split_prob@host"), split_prob_forced_row);
 }
-
-/* ---- ordinary rows against the rule ---- */
 
 Test(topp_host, ordinary_rows_follow_rule, .timeout = 120) {
     static const int64_t vocabs[] = {1, 5, 7, 2048, 2049, 5003, 131072, 154856};
@@ -407,11 +389,7 @@ Test(topp_host, split_prob_row_bits_do_not_depend_on_batch, .timeout = 120) {
             /* a batch of rows rotated through the pool, so each row sits at a new position */
             for (int64_t shift = 0; shift < 65; shift += batch) {
                 float *x = alloc_floats(batch * vocab), p[65];
-                for (int64_t r = 0; r < batch; r++) {
-                    int64_t src = (r + shift) % 65;
-                    memcpy(x + r * vocab, pool + src * vocab, (size_t)vocab * sizeof *x);
-                    p[r] = ppool[src];
-                }
+                rotate_rows(x, p, pool, ppool, 65, batch, shift, vocab);
                 run_topp(impl, x, y, p, batch, vocab, vocab, 0);
                 for (int64_t r = 0; r < batch; r++) {
                     int64_t src = (r + shift) % 65;
