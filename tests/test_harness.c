@@ -83,6 +83,18 @@ static char *bundle_path(const char *name) {
     return p;
 }
 
+/* The gate on a defect plugin (built with `define`) as the candidate, one check on the default
+ * case; asserts the exit code and returns case 1's receipt. */
+static cJSON *gate_one_check(const char *define, const char *impl, const char *check, const char *tag, int want_rc) {
+    char *checks;
+    cr_assert(asprintf(&checks, "[{\"check\":\"%s\",\"impl\":\"candidate\"}]", check) > 0);
+    char *so = plugin(define, impl), *cfg = config_for(so, impl, checks, NULL);
+    char *out = bundle_path(tag), *o, *e;
+    cr_assert_eq(gate(cfg, out, &o, &e), want_rc, "%s%s", o, e);
+    free(checks);
+    return kpt_receipt(out, 1);
+}
+
 #define CHECKS_ALL "[{\"check\":\"rule\",\"impl\":\"candidate\"},{\"check\":\"repeat\",\"impl\":\"candidate\"},{\"check\":\"batch\",\"impl\":\"candidate\"}]"
 
 Test(harness, clean_impl_passes_every_check_and_the_bundle_verifies) {
@@ -99,11 +111,7 @@ Test(harness, clean_impl_passes_every_check_and_the_bundle_verifies) {
 }
 
 Test(harness, rule_catches_one_dropped_token_and_names_it) {
-    char *so = plugin("-DKPT_FLIP_ONE", "topp.flip@host");
-    char *cfg = config_for(so, "topp.flip@host", "[{\"check\":\"rule\",\"impl\":\"candidate\"}]", NULL);
-    char *out = bundle_path("flip"), *o, *e;
-    cr_assert_eq(gate(cfg, out, &o, &e), 1, "%s%s", o, e);
-    cJSON *rec = kpt_receipt(out, 1);
+    cJSON *rec = gate_one_check("-DKPT_FLIP_ONE", "topp.flip@host", "rule", "flip", 1);
     const cJSON *chk = check_of(rec, 0);
     cr_assert_str_eq(str(chk, "result"), "INCORRECT");
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(chk, "findings");
@@ -138,11 +146,7 @@ Test(harness, exact_names_differing_rows_and_who_meets_the_rule) {
 }
 
 Test(harness, repeat_catches_run_to_run_variation) {
-    char *so = plugin("-DKPT_RUN_VARIES", "topp.varies@host");
-    char *cfg = config_for(so, "topp.varies@host", "[{\"check\":\"repeat\",\"impl\":\"candidate\"}]", NULL);
-    char *out = bundle_path("repeat"), *o, *e;
-    cr_assert_eq(gate(cfg, out, &o, &e), 1, "%s%s", o, e);
-    cJSON *rec = kpt_receipt(out, 1);
+    cJSON *rec = gate_one_check("-DKPT_RUN_VARIES", "topp.varies@host", "repeat", "repeat", 1);
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(check_of(rec, 0), "findings");
     cr_assert_eq(num(f, "distinct_outputs"), 4);
     cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(f, "rows_varying")), 12);
@@ -150,11 +154,7 @@ Test(harness, repeat_catches_run_to_run_variation) {
 }
 
 Test(harness, batch_catches_batch_dependence) {
-    char *so = plugin("-DKPT_BATCH_VARIES", "topp.batchy@host");
-    char *cfg = config_for(so, "topp.batchy@host", "[{\"check\":\"batch\",\"impl\":\"candidate\"}]", NULL);
-    char *out = bundle_path("batch"), *o, *e;
-    cr_assert_eq(gate(cfg, out, &o, &e), 1, "%s%s", o, e);
-    cJSON *rec = kpt_receipt(out, 1);
+    cJSON *rec = gate_one_check("-DKPT_BATCH_VARIES", "topp.batchy@host", "batch", "batch", 1);
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(check_of(rec, 0), "findings");
     /* the full batch (12) and the 65-row probe drop a token; alone (1) and the halves (6) do not */
     cr_assert_eq(num(f, "row_differences"), 12 + 12);
@@ -163,22 +163,14 @@ Test(harness, batch_catches_batch_dependence) {
 }
 
 Test(harness, guard_regions_catch_an_out_of_bounds_write) {
-    char *so = plugin("-DKPT_OOB", "topp.oob@host");
-    char *cfg = config_for(so, "topp.oob@host", "[{\"check\":\"rule\",\"impl\":\"candidate\"}]", NULL);
-    char *out = bundle_path("oob"), *o, *e;
-    cr_assert_eq(gate(cfg, out, &o, &e), 3, "%s%s", o, e);
-    cJSON *rec = kpt_receipt(out, 1);
+    cJSON *rec = gate_one_check("-DKPT_OOB", "topp.oob@host", "rule", "oob", 3);
     cr_assert_str_eq(str(check_of(rec, 0), "result"), "FAILED");
     cr_assert(strstr(str(check_of(rec, 0), "summary"), "guard region after buffer 'out'"), "%s", str(check_of(rec, 0), "summary"));
     cJSON_Delete(rec);
 }
 
 Test(harness, a_write_into_row_padding_fails_the_case) {
-    char *so = plugin("-DKPT_PAD", "topp.pad@host");
-    char *cfg = config_for(so, "topp.pad@host", "[{\"check\":\"rule\",\"impl\":\"candidate\"}]", NULL);
-    char *out = bundle_path("pad"), *o, *e;
-    cr_assert_eq(gate(cfg, out, &o, &e), 3, "%s%s", o, e);
-    cJSON *rec = kpt_receipt(out, 1);
+    cJSON *rec = gate_one_check("-DKPT_PAD", "topp.pad@host", "rule", "pad", 3);
     cr_assert(strstr(str(check_of(rec, 0), "summary"), "row padding"), "%s", str(check_of(rec, 0), "summary"));
     cJSON_Delete(rec);
 }
