@@ -52,6 +52,7 @@ struct topp_plan {
                                  programs finished per kernel (zeroed by the launcher) */
     uint32_t *level_list;     /* split_prob: [batch][3][level_cap] their logit keys, indices, and scratch */
     int level_cap;            /* split_prob: entries per list, min(vocab, LEVEL_CAP) rounded up to 4 */
+    uint32_t *cand_list;      /* split_prob: [batch][3 * level_cap] indices of round 1's bracket tokens */
     int sel_cap;              /* split_prob: entries prob_select_kernel caches in shared memory */
 };
 
@@ -72,28 +73,66 @@ __device__ __forceinline__ void key_merge(float &key, int &count, float other_ke
  * flight measured no faster on an H200: with one 256-thread block per row the passes are bound by
  * the per-token expf, division and 8 pivot compares, not by memory.) */
 #define LANE_BATCH 4
-template <typename Fn>
-__device__ __forceinline__ void lane_tokens(const float *x, int begin, int end, Fn &&fn) {
+template <typename Load, typename Fn>
+__device__ __forceinline__ void lane_tokens_by(Load &&load, int begin, int end, Fn &&fn) {
     int i = begin + (int)threadIdx.x;
     for (; i + (LANE_BATCH - 1) * TOPP_THREADS < end; i += LANE_BATCH * TOPP_THREADS) {
         float v[LANE_BATCH];
 #pragma unroll
-        for (int u = 0; u < LANE_BATCH; u++) v[u] = x[i + u * TOPP_THREADS];
+        for (int u = 0; u < LANE_BATCH; u++) v[u] = load(i + u * TOPP_THREADS);
 #pragma unroll
         for (int u = 0; u < LANE_BATCH; u++) fn(i + u * TOPP_THREADS, v[u]);
     }
-    for (; i < end; i += TOPP_THREADS) fn(i, x[i]);
+    for (; i < end; i += TOPP_THREADS) fn(i, load(i));
+}
+template <typename Fn>
+__device__ __forceinline__ void lane_tokens(const float *x, int begin, int end, Fn &&fn) {
+    lane_tokens_by([&](int i) { return x[i]; }, begin, end, fn);
 }
 
-/* v[u] = x[base + u * THREADS + threadIdx.x] where that index is below limit, else fill: N loads in
- * flight per thread. */
-template <int N, int THREADS, typename T>
-__device__ __forceinline__ void load_strided(T (&v)[N], const T *x, int base, int limit, T fill) {
+/* L2 eviction priorities for split_prob's reads of the logits (PTX createpolicy and .L2::cache_hint,
+ * sm_80 and later): the statistics and round 0 read a row with evict_last, so that round 1, the last
+ * pass over most rows, finds it in L2; round 1 and the mask read it with evict_first, which also
+ * leaves no line of it at evict_last once the call is done, and write the outputs with .cs stores. */
+__device__ __forceinline__ uint64_t l2_policy_keep(void) {
+    uint64_t p;
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+__device__ __forceinline__ uint64_t l2_policy_drop(void) {
+    uint64_t p;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+__device__ __forceinline__ float4 ld_hint(const float4 *x, uint64_t pol) {
+    float4 v;
+    asm("ld.global.L2::cache_hint.v4.f32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(x), "l"(pol));
+    return v;
+}
+__device__ __forceinline__ float ld_hint(const float *x, uint64_t pol) {
+    float v;
+    asm("ld.global.L2::cache_hint.f32 %0, [%1], %2;" : "=f"(v) : "l"(x), "l"(pol));
+    return v;
+}
+/* 16 bytes global -> shared, asynchronously (cp.async.cg), under an L2 policy */
+__device__ __forceinline__ void cp_async16_hint(void *dst, const void *src, uint64_t pol) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "l"(pol) : "memory");
+}
+/* v[u] = load(base + u * THREADS + threadIdx.x) where that index is below limit, else fill: N loads
+ * in flight per thread. */
+template <int N, int THREADS, typename T, typename Load>
+__device__ __forceinline__ void load_strided_by(T (&v)[N], Load &&load, int base, int limit, T fill) {
 #pragma unroll
     for (int u = 0; u < N; u++) {
         const int i = base + u * THREADS + (int)threadIdx.x;
-        v[u] = i < limit ? x[i] : fill;
+        v[u] = i < limit ? load(i) : fill;
     }
+}
+template <int N, int THREADS, typename T>
+__device__ __forceinline__ void load_strided(T (&v)[N], const T *x, int base, int limit, T fill) {
+    load_strided_by<N, THREADS>(v, [&](int i) { return x[i]; }, base, limit, fill);
 }
 
 /* ---- reductions over the 256 lanes of a block, in the order the host port replays ---- */

@@ -13,9 +13,10 @@
 #define PROB_F KP_TOPP_FANOUT_PROB_GPU
 #define PROB_R KP_TOPP_ROUNDS_PROB_GPU
 static_assert(KP_TOPP_TILE == 8 * TOPP_THREADS, "tile_stats_warp: a lane stands for 8 lanes of 8 tokens");
-/* per-row counters of finished programs, one per kernel that ends in a last-program step */
-enum { CNT_LEVEL = 0, CNT_STATS = 1, CNT_ROUND = 2, CNT_CAND = CNT_ROUND + PROB_R, CNT_WORDS = 8 };
-static_assert(CNT_CAND < CNT_WORDS, "a counter per round, and the candidates'");
+/* per-row counters of finished programs, one per kernel that ends in a last-program step; CNT_CAND:
+ * tokens round 1 listed; CNT_MASKED: 1 once round 1's last program wrote the listed tokens' outputs */
+enum { CNT_LEVEL = 0, CNT_STATS = 1, CNT_ROUND = 2, CNT_CAND = CNT_ROUND + PROB_R, CNT_MASKED, CNT_WORDS = 8 };
+static_assert(CNT_MASKED < CNT_WORDS, "a counter per round, the candidates' and the mask's flag");
 
 /* Appends i to list (cap entries) after *count, one global atomic per warp; all threads that get
  * here together take consecutive places, in a varying order. */
@@ -94,10 +95,10 @@ __device__ __forceinline__ topp_stats tile_stats_warp(Get get) {
 #pragma unroll unroll_q
     for (int q = 0; q < STATS_LANE; q++) {
         const float x = token(q);
-        if (!finite_logit(x)) continue;
-        mx = fmaxf(mx, x);
-        mn = fminf(mn, x);
-        count++;
+        const bool f = finite_logit(x); /* no branch: a non-finite token leaves max, min and count as they are */
+        mx = fmaxf(mx, f ? x : -INFINITY);
+        mn = fminf(mn, f ? x : INFINITY);
+        count += f;
     }
     for (int off = 16; off > 0; off /= 2) { /* order-free */
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
@@ -112,7 +113,7 @@ __device__ __forceinline__ topp_stats tile_stats_warp(Get get) {
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             const float x = token(8 * u + j);
-            if (finite_logit(x)) s[j] = s[j] + expf(x - mx);
+            s[j] = s[j] + (finite_logit(x) ? expf(x - mx) : 0.0f); /* + 0 keeps s[j]'s bits (s[j] >= +0) */
         }
     /* warp_tree_sum from registers: buf[l + 32j] = s[j] */
     const float v0 = s[0] + s[4], v1 = s[1] + s[5], v2 = s[2] + s[6], v3 = s[3] + s[7];
@@ -228,6 +229,8 @@ __device__ __forceinline__ void decide_round(Load load, kp_topp_search *s, bool 
 #define HIST_WORDS (2 * (PROB_F + 1))
 static_assert(HIST_WORDS >= 2 * NARROW_HIGH, "the narrow counts fit the buckets' space");
 
+enum { MASK_DROP = 0, MASK_KEEP = 1, MASK_LEVEL = 2 }; /* a token's fate: mask_rule, round_counter::sort */
+
 /* One program's counting for one round: add(v) for each of its tokens, then flush(). */
 struct round_counter {
     unsigned *lo_words, *hi_words;
@@ -269,6 +272,27 @@ struct round_counter {
         pend += (unsigned long long)kp_topp_fix(prob); /* < 2^62 each: the row's sum stays < 2^63 */
         return true;
     }
+    /* add(v), and where the token lies against the bracket, for round 1's mask: MASK_DROP (prob <= lo,
+     * or not finite), MASK_KEEP (prob > hi), MASK_LEVEL (in the bracket: counted). */
+    __device__ __forceinline__ int sort(float v) {
+        if (!finite_logit(v)) return MASK_DROP;
+        const float d = v - row_max;
+        if (d < lo_band) return MASK_DROP;
+        if (d > hi_band) return MASK_KEEP;
+        const float p = topp_div(expf(d), z, recip);
+        const uint32_t pb = kp_topp_bits(p);
+        if (pb <= lo) return MASK_DROP;
+        if (pb > hi) return MASK_KEEP;
+        add_prob(p);
+        return MASK_LEVEL;
+    }
+    /* sort(v)'s output for a token outside the band, without a branch: v when it is surely kept,
+     * else -inf; sets bit `bit` of inband when the token lies in the band (sort it then). */
+    __device__ __forceinline__ float outside(float v, unsigned &inband, int bit) const {
+        const float d = v - row_max;
+        inband |= (unsigned)(d >= lo_band && d <= hi_band) << bit;
+        return finite_logit(v) && d > hi_band ? v : -INFINITY;
+    }
     __device__ __forceinline__ void flush() {
         if (pend_k) bucket_add(&lo_words[pend_k], &hi_words[pend_k], pend);
         pend_k = 0;
@@ -286,7 +310,6 @@ struct round_counter {
 /* The mask's decision for one token once the search is decided (keep prob > lo): MASK_DROP,
  * MASK_KEEP, or MASK_LEVEL (prob == the level: kept, unless the level is trimmed). expf is skipped
  * outside the band around lo (prob_band(z, lo, lo)). */
-enum { MASK_DROP = 0, MASK_KEEP = 1, MASK_LEVEL = 2 };
 struct mask_rule {
     float row_max, z, lo_band, hi_band;
     uint32_t lo, level;

@@ -80,7 +80,7 @@ static int64_t topp_workspace_per_row(int algo, int64_t vocab) {
         return topp_piece_cap(algo, vocab) *
                (int64_t)(sizeof(topp_stats) + KP_TOPP_ROUNDS_LOGIT * KP_TOPP_FANOUT * sizeof(topp_part));
     return topp_piece_cap(algo, vocab) * (int64_t)sizeof(topp_stats) + topp_zeroed_per_row() +
-           (int64_t)((PROB_R + 1) * sizeof(kp_topp_search)) + 3 * topp_level_cap(vocab) * (int64_t)sizeof(uint32_t);
+           (int64_t)((PROB_R + 1) * sizeof(kp_topp_search)) + 6 * topp_level_cap(vocab) * (int64_t)sizeof(uint32_t);
 }
 
 static size_t topp_workspace(int algo, const kp_topp_args *a) {
@@ -174,6 +174,7 @@ static int topp_cuda_run(const char *name, const void *vargs, char *message, siz
     plan.search = NULL;
     plan.counts = NULL;
     plan.level_list = NULL;
+    plan.cand_list = NULL;
     plan.level_cap = 0;
     plan.sel_cap = 0;
     plan.parts = NULL;

@@ -26,9 +26,10 @@ __global__ void __launch_bounds__(STATS_THREADS) prob_stats_kernel(topp_plan pla
     float *mine = stage + (threadIdx.x >> 5) * KP_TOPP_TILE;
     const bool staged = n == KP_TOPP_TILE && (reinterpret_cast<uintptr_t>(x) & 15u) == 0;
     if (staged) {
+        const uint64_t keep = l2_policy_keep();
 #pragma unroll
         for (int k = 0; k < KP_TOPP_TILE / 128; k++)
-            __pipeline_memcpy_async(mine + 4 * (lane + 32 * k), x + 4 * (lane + 32 * k), 16);
+            cp_async16_hint(mine + 4 * (lane + 32 * k), x + 4 * (lane + 32 * k), keep);
         __pipeline_commit();
         __pipeline_wait_prior(0);
         __syncwarp();
@@ -53,183 +54,19 @@ __global__ void __launch_bounds__(STATS_THREADS) prob_stats_kernel(topp_plan pla
     if (lane == 0) plan.search[row * (PROB_R + 1)] = s;
 }
 
-/* A program's end of a round: its counts into the row's buckets (64-bit global atomics: integer
- * sums, order-free); the row's last program decides the round and stores the next state. */
-#define FOLD_LOADS 8 /* list gathers in flight per thread in finish_round's last round */
-__device__ __forceinline__ void finish_round(const topp_plan &plan, round_counter &rc, unsigned *hist_words,
-                                             kp_topp_search *s, int64_t row, int round, float *below, float *above) {
-    const int t = threadIdx.x;
-    rc.flush();
-    __syncthreads();
-    unsigned long long *row_hist = plan.hist + (row * PROB_R + round) * (PROB_F + 1);
-    const int span = rc.narrow ? (int)rc.width : PROB_F;
-    for (int i = 1 + t; i <= span; i += TOPP_THREADS) {
-        const unsigned long long sum = round_counter::total(hist_words, rc.narrow, i);
-        if (sum) atomicAdd(row_hist + i, sum);
-    }
-    if (!last_program_of_row(plan.counts + row * CNT_WORDS + CNT_ROUND + round, plan.slices)) return;
-    decide_round<TOPP_THREADS>([&](int k) { return __ldcg(row_hist + k); }, s, round + 1 == PROB_R);
-    /* The collecting round's last program runs the last round itself over the list of the tokens in
-     * this round's bracket (the last bracket lies inside it), when the list did not overflow: one
-     * block, a few thousand tokens, and no launch. It stores the decided state in the last round's
-     * place, so prob_round_kernel<PROB_R - 1> passes it on. */
-    const unsigned listed = __ldcg(plan.counts + row * CNT_WORDS + CNT_CAND);
-    if (round != PROB_R - 2 || s->mode != KP_TOPP_LIVE || listed > 3u * (unsigned)plan.level_cap) {
-        if (t == 0) plan.search[row * (PROB_R + 1) + round + 1] = *s;
-        return;
-    }
-    for (int k = t; k < HIST_WORDS; k += TOPP_THREADS) hist_words[k] = 0;
-    if (t == 0) prob_band(s->z, s->lo, s->hi, below, above);
-    __syncthreads();
-    round_counter last(hist_words, *s, *below, *above);
-    const float *x = plan.logits + row * plan.row_stride;
-    const uint32_t *cand = plan.level_list + row * 3 * (int64_t)plan.level_cap;
-    for (unsigned base = 0; base < listed; base += TOPP_THREADS * FOLD_LOADS) { /* FOLD_LOADS gathers in flight */
-        uint32_t idx[FOLD_LOADS];
-        float v[FOLD_LOADS];
-#pragma unroll
-        for (int u = 0; u < FOLD_LOADS; u++) {
-            const unsigned j = base + u * TOPP_THREADS + t;
-            idx[u] = j < listed ? __ldcg(cand + j) : 0u;
-        }
-#pragma unroll
-        for (int u = 0; u < FOLD_LOADS; u++) v[u] = base + u * TOPP_THREADS + t < listed ? x[idx[u]] : -INFINITY;
-#pragma unroll
-        for (int u = 0; u < FOLD_LOADS; u++) last.add(v[u]);
-    }
-    last.flush();
-    __syncthreads();
-    const int last_span = last.narrow ? (int)last.width : PROB_F;
-    decide_round<TOPP_THREADS>(
-        [&](int k) { return k <= last_span ? round_counter::total(hist_words, last.narrow, k) : 0ull; }, s, true);
-    if (t == 0) plan.search[row * (PROB_R + 1) + round + 1] = *s;
-}
-
-#define CAND_BUF 2048  /* the collecting round's per-block shared list */
-__host__ __device__ constexpr bool collect_round(int round) { return round == PROB_R - 2; }
-#define ROUND_LOADS 8  /* loads in flight per thread */
-#define ROUND_LOADS4 4 /* float4 loads in flight per thread */
-template <int ROUND>
-__global__ void __launch_bounds__(TOPP_THREADS, 5) prob_round_kernel(topp_plan plan) {
-    constexpr int round = ROUND;
-    __shared__ kp_topp_search s;
-    __shared__ unsigned hist_words[HIST_WORDS];
+/* Step 5 for a row's tokens in pieces [first, last) once its search is decided (s final): keep
+ * prob > lo and drop the rest, leaving the members of a level to be trimmed to prob_select_kernel,
+ * listed (logit key, index) in the workspace in a varying order (shared buffer per tile, one global
+ * atomic per tile and block). Called by whole blocks. */
+__device__ void mask_pieces(const topp_plan &plan, const kp_topp_search &s, int64_t row, int first, int last) {
     __shared__ float below, above;
     const int t = threadIdx.x;
-    const int64_t row = blockIdx.x / plan.slices;
-    const int slice = blockIdx.x % plan.slices;
-    kp_topp_search *states = plan.search + row * (PROB_R + 1);
-    if (t == 0) s = states[round];
-    __syncthreads();
-    if (s.mode != KP_TOPP_LIVE) { /* decided: the state passes on unchanged */
-        if (slice == 0 && t == 0) states[round + 1] = s;
-        return;
-    }
-    for (int k = t; k < HIST_WORDS; k += TOPP_THREADS) hist_words[k] = 0;
-    if (t == 0) prob_band(s.z, s.lo, s.hi, &below, &above);
-    __syncthreads();
-    round_counter rc(hist_words, s, below, above);
-    const float *x = plan.logits + row * plan.row_stride;
-    const int first = slice * plan.pieces_per_program;
-    const int last = min(first + plan.pieces_per_program, plan.piece_count);
-    const int begin = min(first * plan.piece_len, plan.vocab), end = min(last * plan.piece_len, plan.vocab);
-    /* The round before the last lists the tokens in its bracket (their indices, in the row's level
-     * lists, which the mask fills only later); the last round's bracket lies inside it, so when the
-     * list did not overflow, that round's last program runs the last round over the list
-     * (finish_round), and this kernel reads the row only for a row whose list overflowed. */
-    uint32_t *const cand = plan.level_list + row * 3 * (int64_t)plan.level_cap;
-    unsigned *const cand_count = plan.counts + row * CNT_WORDS + CNT_CAND;
-    const unsigned cand_cap = 3u * (unsigned)plan.level_cap;
-    /* The collecting round lists into shared memory first (the global list takes one atomic per block,
-     * at the end: a global atomic per token group stalled its warp); past CAND_BUF a block appends to
-     * the global list directly. */
-    __shared__ uint32_t cand_buf[collect_round(ROUND) ? CAND_BUF : 1];
-    __shared__ unsigned cand_n, cand_base;
-    if (collect_round(ROUND) && t == 0) cand_n = 0;
-    __syncthreads();
-    auto take = [&](float v, int i) {
-        if (!rc.add(v) || !collect_round(ROUND)) return;
-        cooperative_groups::coalesced_group g = cooperative_groups::coalesced_threads();
-        unsigned pos = 0;
-        if (g.thread_rank() == 0) pos = atomicAdd(&cand_n, g.size());
-        pos = g.shfl(pos, 0) + g.thread_rank();
-        if (pos < CAND_BUF)
-            cand_buf[pos] = (uint32_t)i;
-        else
-            append_index(cand, cand_count, cand_cap, (uint32_t)i);
-    };
-    auto flush_cands = [&] {
-        if (!collect_round(ROUND)) return;
-        __syncthreads();
-        const unsigned n = min(cand_n, (unsigned)CAND_BUF);
-        if (t == 0 && n) cand_base = atomicAdd(cand_count, n);
-        __syncthreads();
-        if (n == 0) return;
-        for (unsigned j = t; j < n; j += TOPP_THREADS)
-            if (cand_base + j < cand_cap) cand[cand_base + j] = cand_buf[j];
-    };
-    /* The buckets are integer sums, so which thread takes which token cannot change a bit: a row
-     * whose slice starts 16-byte aligned is read as float4s (ROUND_LOADS4 in flight per thread). */
-    const float *xs = x + begin;
-    const int count = end - begin;
-    if ((reinterpret_cast<uintptr_t>(xs) & 15u) == 0) {
-        const float4 *x4 = reinterpret_cast<const float4 *>(xs);
-        const int count4 = count / 4;
-        for (int base = 0; base < count4; base += TOPP_THREADS * ROUND_LOADS4) {
-            float4 v[ROUND_LOADS4];
-            load_strided<ROUND_LOADS4, TOPP_THREADS>(v, x4, base, count4,
-                                                     make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY));
-            if constexpr (ROUND == 0) { /* the first bracket holds nearly every token: their probs first, with no
-                                 branch between them, then the counts (add_prob's own test is exact, the
-                                 band only saves work) */
-                float p[4 * ROUND_LOADS4];
-#pragma unroll
-                for (int u = 0; u < ROUND_LOADS4; u++) {
-                    p[4 * u] = rc.prob(v[u].x);
-                    p[4 * u + 1] = rc.prob(v[u].y);
-                    p[4 * u + 2] = rc.prob(v[u].z);
-                    p[4 * u + 3] = rc.prob(v[u].w);
-                }
-#pragma unroll
-                for (int u = 0; u < 4 * ROUND_LOADS4; u++) rc.add_prob(p[u]);
-            } else {
-#pragma unroll
-                for (int u = 0; u < ROUND_LOADS4; u++) {
-                    const int i = begin + 4 * (base + u * TOPP_THREADS + t);
-                    take(v[u].x, i);
-                    take(v[u].y, i + 1);
-                    take(v[u].z, i + 2);
-                    take(v[u].w, i + 3);
-                }
-            }
-        }
-        for (int i = count4 * 4 + t; i < count; i += TOPP_THREADS) take(xs[i], begin + i);
-    } else {
-        for (int base = begin; base < end; base += TOPP_THREADS * ROUND_LOADS) {
-            float v[ROUND_LOADS];
-            load_strided<ROUND_LOADS, TOPP_THREADS>(v, x, base, end, -INFINITY);
-#pragma unroll
-            for (int u = 0; u < ROUND_LOADS; u++) take(v[u], base + u * TOPP_THREADS + t);
-        }
-    }
-    flush_cands();
-    finish_round(plan, rc, hist_words, &s, row, round, &below, &above);
-}
-
-__global__ void __launch_bounds__(TOPP_THREADS) prob_mask_kernel(topp_plan plan) {
-    __shared__ kp_topp_search s;
-    __shared__ float below, above;
-    const int t = threadIdx.x;
-    const int64_t row = blockIdx.x / plan.slices;
-    const int slice = blockIdx.x % plan.slices;
-    if (t == 0) s = plan.search[row * (PROB_R + 1) + PROB_R];
-    __syncthreads();
     const float *x = plan.logits + row * plan.row_stride;
     float *y = plan.out + row * plan.row_stride;
-    const int first = slice * plan.pieces_per_program;
-    const int last = min(first + plan.pieces_per_program, plan.piece_count);
     const int begin = min(first * plan.piece_len, plan.vocab), end = min(last * plan.piece_len, plan.vocab);
     if (begin >= end) return;
+    const uint64_t drop = l2_policy_drop(); /* the row's last read (topp_cuda.cuh) */
+    auto load = [&](int i) { return ld_hint(x + i, drop); };
     if (s.mode == KP_TOPP_COPY) { /* bits, NaN payloads included */
         const uint32_t *xb = reinterpret_cast<const uint32_t *>(x);
         uint32_t *yb = reinterpret_cast<uint32_t *>(y);
@@ -237,7 +74,7 @@ __global__ void __launch_bounds__(TOPP_THREADS) prob_mask_kernel(topp_plan plan)
         return;
     }
     if (s.mode == KP_TOPP_KEEP_FINITE) {
-        lane_tokens(x, begin, end, [&](int i, float v) { y[i] = finite_logit(v) ? v : -INFINITY; });
+        lane_tokens_by(load, begin, end, [&](int i, float v) { y[i] = finite_logit(v) ? v : -INFINITY; });
         return;
     }
     if (t == 0) prob_band(s.z, s.lo, s.lo, &below, &above);
@@ -245,12 +82,9 @@ __global__ void __launch_bounds__(TOPP_THREADS) prob_mask_kernel(topp_plan plan)
     const mask_rule rule = {s.row_max, s.z, below, above, s.lo, s.hi, topp_recip(s.z)};
     const bool trim = s.mode == KP_TOPP_LEVEL && s.numkeep < s.numdup;
     if (!trim) {
-        lane_tokens(x, begin, end, [&](int i, float v) { y[i] = rule.classify(v) != MASK_DROP ? v : -INFINITY; });
+        lane_tokens_by(load, begin, end, [&](int i, float v) { y[i] = rule.classify(v) != MASK_DROP ? v : -INFINITY; });
         return;
     }
-    /* trim: the level members are left to prob_select_kernel and appended, tile by tile, to the row's
-     * list (logit key, index): through a shared buffer, one global atomic per tile and block. The
-     * positions vary from run to run; the set, all the select reads, does not. */
     __shared__ uint32_t buf_key[KP_TOPP_TILE], buf_idx[KP_TOPP_TILE];
     __shared__ int nbuf, base_sh;
     const int cap = plan.level_cap;
@@ -259,7 +93,7 @@ __global__ void __launch_bounds__(TOPP_THREADS) prob_mask_kernel(topp_plan plan)
     __syncthreads();
     for (int piece = first; piece < last; piece++) {
         const int tb = piece * plan.piece_len, te = min(tb + plan.piece_len, plan.vocab);
-        lane_tokens(x, tb, te, [&](int i, float v) {
+        lane_tokens_by(load, tb, te, [&](int i, float v) {
             const int c = rule.classify(v);
             if (c == MASK_LEVEL) { /* a level member: prob_select_kernel writes it */
                 cooperative_groups::coalesced_group g = cooperative_groups::coalesced_threads();
@@ -289,6 +123,286 @@ __global__ void __launch_bounds__(TOPP_THREADS) prob_mask_kernel(topp_plan plan)
             }
         __syncthreads(); /* the buffer is refilled by the next tile */
     }
+}
+
+/* fn(index, logit) for each of the n tokens of a row's bracket list, FOLD_LOADS gathers in flight per
+ * thread, by a whole block. */
+#define FOLD_LOADS 8
+template <typename Fn>
+__device__ __forceinline__ void listed_tokens(const uint32_t *list, unsigned n, const float *x, Fn &&fn) {
+    const int t = threadIdx.x;
+    for (unsigned base = 0; base < n; base += TOPP_THREADS * FOLD_LOADS) {
+        uint32_t idx[FOLD_LOADS];
+        float v[FOLD_LOADS];
+#pragma unroll
+        for (int u = 0; u < FOLD_LOADS; u++) {
+            const unsigned j = base + u * TOPP_THREADS + t;
+            idx[u] = j < n ? __ldcg(list + j) : 0u;
+        }
+#pragma unroll
+        for (int u = 0; u < FOLD_LOADS; u++) v[u] = base + u * TOPP_THREADS + t < n ? x[idx[u]] : -INFINITY;
+#pragma unroll
+        for (int u = 0; u < FOLD_LOADS; u++)
+            if (base + u * TOPP_THREADS + t < n) fn(idx[u], v[u]);
+    }
+}
+
+/* Round 1's last program, once the search is decided (s final, shared): step 5 for the tokens of
+ * round 1's bracket, which its programs left to it (they wrote every other token of the row). A
+ * level member to be trimmed is listed for prob_select_kernel. Sets the row's CNT_MASKED, which
+ * tells prob_mask_kernel to leave the row; for a final state the bracket cannot hold (a mode other
+ * than LEVEL or ABOVE: not reachable, as round 0's lo already holds P), it leaves the flag clear
+ * and prob_mask_kernel masks the whole row again. */
+__device__ void mask_listed(const topp_plan &plan, const kp_topp_search &s, int64_t row, const uint32_t *cand,
+                            unsigned listed, float *below, float *above) {
+    const int t = threadIdx.x;
+    if (s.mode != KP_TOPP_LEVEL && s.mode != KP_TOPP_ABOVE) return;
+    if (t == 0) prob_band(s.z, s.lo, s.lo, below, above);
+    __syncthreads();
+    const mask_rule rule = {s.row_max, s.z, *below, *above, s.lo, s.hi, topp_recip(s.z)};
+    const bool trim = s.mode == KP_TOPP_LEVEL && s.numkeep < s.numdup;
+    const float *x = plan.logits + row * plan.row_stride;
+    float *y = plan.out + row * plan.row_stride;
+    const int cap = plan.level_cap;
+    uint32_t *list_key = plan.level_list + row * 3 * (int64_t)cap, *list_idx = list_key + cap;
+    unsigned *level_count = plan.counts + row * CNT_WORDS + CNT_LEVEL;
+    listed_tokens(cand, listed, x, [&](uint32_t i, float v) {
+        const int c = rule.classify(v);
+        if (c == MASK_LEVEL && trim) { /* a level member: prob_select_kernel writes it */
+            cooperative_groups::coalesced_group g = cooperative_groups::coalesced_threads();
+            unsigned pos = 0;
+            if (g.thread_rank() == 0) pos = atomicAdd(level_count, g.size());
+            pos = g.shfl(pos, 0) + g.thread_rank();
+            if (pos < (unsigned)cap) {
+                list_key[pos] = kp_topp_logit_key(v);
+                list_idx[pos] = i;
+            }
+            return;
+        }
+        y[i] = c != MASK_DROP ? v : -INFINITY;
+    });
+    if (t == 0) plan.counts[row * CNT_WORDS + CNT_MASKED] = 1u;
+}
+
+/* A program's end of a round: its counts into the row's buckets (64-bit global atomics: integer
+ * sums, order-free); the row's last program decides the round and stores the next state. */
+__device__ __forceinline__ void finish_round(const topp_plan &plan, round_counter &rc, unsigned *hist_words,
+                                             kp_topp_search *s, int64_t row, int round, float *below, float *above) {
+    const int t = threadIdx.x;
+    rc.flush();
+    __syncthreads();
+    unsigned long long *row_hist = plan.hist + (row * PROB_R + round) * (PROB_F + 1);
+    const int span = rc.narrow ? (int)rc.width : PROB_F;
+    for (int i = 1 + t; i <= span; i += TOPP_THREADS) {
+        const unsigned long long sum = round_counter::total(hist_words, rc.narrow, i);
+        if (sum) atomicAdd(row_hist + i, sum);
+    }
+    if (!last_program_of_row(plan.counts + row * CNT_WORDS + CNT_ROUND + round, plan.slices)) return;
+    decide_round<TOPP_THREADS>([&](int k) { return __ldcg(row_hist + k); }, s, round + 1 == PROB_R);
+    /* The collecting round's last program finishes the row from the list of the tokens in this
+     * round's bracket (the last bracket lies inside it), when the list did not overflow: one block,
+     * a few thousand tokens, and no launch. It runs the last round over the list (a row still
+     * searching), stores the decided state in the last round's place, so prob_round_kernel<PROB_R - 1>
+     * passes it on, and writes the listed tokens' outputs (mask_listed). */
+    const unsigned listed = round == PROB_R - 2 ? __ldcg(plan.counts + row * CNT_WORDS + CNT_CAND) : 0u;
+    if (round != PROB_R - 2 || listed > 3u * (unsigned)plan.level_cap) {
+        if (t == 0) plan.search[row * (PROB_R + 1) + round + 1] = *s;
+        return;
+    }
+    const float *x = plan.logits + row * plan.row_stride;
+    const uint32_t *cand = plan.cand_list + row * 3 * (int64_t)plan.level_cap;
+    if (s->mode == KP_TOPP_LIVE) {
+        for (int k = t; k < HIST_WORDS; k += TOPP_THREADS) hist_words[k] = 0;
+        if (t == 0) prob_band(s->z, s->lo, s->hi, below, above);
+        __syncthreads();
+        round_counter last(hist_words, *s, *below, *above);
+        listed_tokens(cand, listed, x, [&](uint32_t, float v) { last.add(v); });
+        last.flush();
+        __syncthreads();
+        const int last_span = last.narrow ? (int)last.width : PROB_F;
+        decide_round<TOPP_THREADS>(
+            [&](int k) { return k <= last_span ? round_counter::total(hist_words, last.narrow, k) : 0ull; }, s, true);
+    }
+    if (t == 0) plan.search[row * (PROB_R + 1) + round + 1] = *s;
+    mask_listed(plan, *s, row, cand, listed, below, above);
+}
+
+#define CAND_BUF 2048  /* the collecting round's per-block shared list */
+__host__ __device__ constexpr bool collect_round(int round) { return round == PROB_R - 2; }
+#define ROUND_LOADS 8  /* loads in flight per thread */
+#define ROUND_LOADS4 4 /* float4 loads in flight per thread */
+template <int ROUND>
+__global__ void __launch_bounds__(TOPP_THREADS, 5) prob_round_kernel(topp_plan plan) {
+    constexpr int round = ROUND;
+    constexpr bool collect = collect_round(ROUND);
+    __shared__ kp_topp_search s;
+    __shared__ unsigned hist_words[HIST_WORDS];
+    __shared__ float below, above;
+    const int t = threadIdx.x;
+    const int64_t row = blockIdx.x / plan.slices;
+    const int slice = blockIdx.x % plan.slices;
+    const int first = slice * plan.pieces_per_program;
+    const int last = min(first + plan.pieces_per_program, plan.piece_count);
+    kp_topp_search *states = plan.search + row * (PROB_R + 1);
+    if (t == 0) s = states[round];
+    __syncthreads();
+    if (s.mode != KP_TOPP_LIVE) { /* decided: the state passes on unchanged (and is final) */
+        if (slice == 0 && t == 0) states[round + 1] = s;
+        if constexpr (collect) mask_pieces(plan, s, row, first, last); /* round 1 masks a row decided before it */
+        return;
+    }
+    for (int k = t; k < HIST_WORDS; k += TOPP_THREADS) hist_words[k] = 0;
+    if (t == 0) prob_band(s.z, s.lo, s.hi, &below, &above);
+    __syncthreads();
+    round_counter rc(hist_words, s, below, above);
+    const float *x = plan.logits + row * plan.row_stride;
+    float *y = plan.out + row * plan.row_stride;
+    const int begin = min(first * plan.piece_len, plan.vocab), end = min(last * plan.piece_len, plan.vocab);
+    /* Round 1 (the collecting round) also masks: a token outside its bracket is kept (prob > hi) or
+     * dropped (prob <= lo) whatever the later rounds decide, since their brackets lie inside; it
+     * writes those outputs and lists the tokens in the bracket (their indices, in the row's bracket
+     * list). Unless the list overflowed, its last program then runs the last round over the list and
+     * writes the listed tokens (finish_round); otherwise prob_round_kernel<2> reads the row again and
+     * prob_mask_kernel masks it. A listed token is first written as -inf and rewritten there. */
+    uint32_t *const cand = plan.cand_list + row * 3 * (int64_t)plan.level_cap;
+    unsigned *const cand_count = plan.counts + row * CNT_WORDS + CNT_CAND;
+    const unsigned cand_cap = 3u * (unsigned)plan.level_cap;
+    /* The collecting round lists into shared memory first (the global list takes one atomic per block,
+     * at the end: a global atomic per token group stalled its warp); past CAND_BUF a block appends to
+     * the global list directly. */
+    __shared__ uint32_t cand_buf[collect ? CAND_BUF : 1];
+    __shared__ unsigned cand_n, cand_base;
+    if (collect && t == 0) cand_n = 0;
+    __syncthreads();
+    /* round 1: the token's output (a listed one's provisional -inf); rounds 0 and 2 only count */
+    auto take = [&](float v, int i) -> float {
+        if constexpr (!collect) {
+            rc.add(v);
+            return 0.0f;
+        } else {
+            const int c = rc.sort(v);
+            if (c == MASK_LEVEL) {
+                cooperative_groups::coalesced_group g = cooperative_groups::coalesced_threads();
+                unsigned pos = 0;
+                if (g.thread_rank() == 0) pos = atomicAdd(&cand_n, g.size());
+                pos = g.shfl(pos, 0) + g.thread_rank();
+                if (pos < CAND_BUF)
+                    cand_buf[pos] = (uint32_t)i;
+                else
+                    append_index(cand, cand_count, cand_cap, (uint32_t)i);
+            }
+            return c == MASK_KEEP ? v : -INFINITY;
+        }
+    };
+    auto flush_cands = [&] {
+        if (!collect) return;
+        __syncthreads();
+        const unsigned n = min(cand_n, (unsigned)CAND_BUF);
+        if (t == 0 && n) cand_base = atomicAdd(cand_count, n);
+        __syncthreads();
+        if (n == 0) return;
+        for (unsigned j = t; j < n; j += TOPP_THREADS)
+            if (cand_base + j < cand_cap) cand[cand_base + j] = cand_buf[j];
+    };
+    /* The buckets are integer sums, so which thread takes which token cannot change a bit: a row
+     * whose slice starts 16-byte aligned (in the output too, for round 1) is read as float4s
+     * (ROUND_LOADS4 in flight per thread). */
+    const float *xs = x + begin;
+    float *ys = y + begin;
+    const int count = end - begin;
+    const uint64_t pol = ROUND == 0 ? l2_policy_keep() : l2_policy_drop();
+    const bool aligned = (reinterpret_cast<uintptr_t>(xs) & 15u) == 0 &&
+                         (!collect || (reinterpret_cast<uintptr_t>(ys) & 15u) == 0);
+    if (aligned) {
+        const float4 *x4 = reinterpret_cast<const float4 *>(xs);
+        float4 *y4 = reinterpret_cast<float4 *>(ys);
+        const int count4 = count / 4;
+        for (int base = 0; base < count4; base += TOPP_THREADS * ROUND_LOADS4) {
+            float4 v[ROUND_LOADS4];
+            load_strided_by<ROUND_LOADS4, TOPP_THREADS>(v, [&](int i) { return ld_hint(x4 + i, pol); }, base, count4,
+                                                        make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY));
+            if constexpr (ROUND == 0) { /* the first bracket holds nearly every token: their probs first, with no
+                                 branch between them, then the counts (add_prob's own test is exact, the
+                                 band only saves work) */
+                float p[4 * ROUND_LOADS4];
+#pragma unroll
+                for (int u = 0; u < ROUND_LOADS4; u++) {
+                    p[4 * u] = rc.prob(v[u].x);
+                    p[4 * u + 1] = rc.prob(v[u].y);
+                    p[4 * u + 2] = rc.prob(v[u].z);
+                    p[4 * u + 3] = rc.prob(v[u].w);
+                }
+#pragma unroll
+                for (int u = 0; u < 4 * ROUND_LOADS4; u++) rc.add_prob(p[u]);
+            } else if constexpr (collect) { /* every output as if the token lay outside the band (no
+                                 branch; a token in the band gets -inf for now), then the few in the band
+                                 one by one, read again (an L1 hit), sorted, and rewritten when kept */
+                unsigned inband = 0;
+#pragma unroll
+                for (int u = 0; u < ROUND_LOADS4; u++) {
+                    const int j = base + u * TOPP_THREADS + t;
+                    float4 o;
+                    o.x = rc.outside(v[u].x, inband, 4 * u);
+                    o.y = rc.outside(v[u].y, inband, 4 * u + 1);
+                    o.z = rc.outside(v[u].z, inband, 4 * u + 2);
+                    o.w = rc.outside(v[u].w, inband, 4 * u + 3);
+                    if (j < count4) __stcs(y4 + j, o);
+                }
+                while (inband) {
+                    const int k = __ffs(inband) - 1;
+                    inband &= inband - 1;
+                    const int e = 4 * (base + (k >> 2) * TOPP_THREADS + t) + (k & 3);
+                    ys[e] = take(xs[e], begin + e);
+                }
+            } else {
+#pragma unroll
+                for (int u = 0; u < ROUND_LOADS4; u++) {
+                    const int i = begin + 4 * (base + u * TOPP_THREADS + t);
+                    take(v[u].x, i);
+                    take(v[u].y, i + 1);
+                    take(v[u].z, i + 2);
+                    take(v[u].w, i + 3);
+                }
+            }
+        }
+        for (int i = count4 * 4 + t; i < count; i += TOPP_THREADS) {
+            const float o = take(xs[i], begin + i);
+            if (collect) ys[i] = o;
+        }
+    } else {
+        for (int base = begin; base < end; base += TOPP_THREADS * ROUND_LOADS) {
+            float v[ROUND_LOADS];
+            load_strided<ROUND_LOADS, TOPP_THREADS>(v, x, base, end, -INFINITY);
+#pragma unroll
+            for (int u = 0; u < ROUND_LOADS; u++) {
+                const int i = base + u * TOPP_THREADS + t;
+                if (i >= end) continue;
+                const float o = take(v[u], i);
+                if (collect) y[i] = o;
+            }
+        }
+    }
+    flush_cands();
+    finish_round(plan, rc, hist_words, &s, row, round, &below, &above);
+}
+
+/* Step 5 for the rows round 1 could not finish: those whose bracket list overflowed (and any whose
+ * final state its bracket cannot hold). Every other row was written by round 1 and is left alone. */
+__global__ void __launch_bounds__(TOPP_THREADS) prob_mask_kernel(topp_plan plan) {
+    __shared__ kp_topp_search s;
+    __shared__ bool done;
+    const int t = threadIdx.x;
+    const int64_t row = blockIdx.x / plan.slices;
+    const int slice = blockIdx.x % plan.slices;
+    if (t == 0) {
+        s = plan.search[row * (PROB_R + 1) + PROB_R];
+        done = plan.search[row * (PROB_R + 1) + 1].mode != KP_TOPP_LIVE ||
+               plan.counts[row * CNT_WORDS + CNT_MASKED] != 0u;
+    }
+    __syncthreads();
+    if (done) return;
+    const int first = slice * plan.pieces_per_program;
+    mask_pieces(plan, s, row, first, min(first + plan.pieces_per_program, plan.piece_count));
 }
 
 /* split_prob: the fused path's shape for rows of `tiles` tiles: a cluster of C blocks per row, each
@@ -339,6 +453,7 @@ int topp_prob_launch(topp_plan plan, const kp_topp_args *a, topp_device_info *de
     plan.search = reinterpret_cast<kp_topp_search *>(plan.counts + a->batch * CNT_WORDS);
     plan.level_cap = (int)topp_level_cap(a->vocab);
     plan.level_list = reinterpret_cast<uint32_t *>(plan.search + a->batch * (PROB_R + 1));
+    plan.cand_list = plan.level_list + a->batch * 3 * (int64_t)plan.level_cap;
     plan.sel_cap = plan.level_cap < SEL_CAP_MAX ? plan.level_cap : SEL_CAP_MAX;
     const size_t sel_bytes = (size_t)plan.sel_cap * sizeof(uint32_t);
     int cluster = 0, tiles_per_block = 0;
