@@ -34,20 +34,27 @@
  *      with 64-bit global atomics: integer sums, exact and order-free. The row's last program (fence,
  *      counter) decides the round with a parallel suffix scan and stores the next state. Round 0
  *      computes each batch of 16 probs with no branch between them (its bracket holds nearly every
- *      token). Round 1 lists the tokens in its bracket (through a per-block shared buffer); unless
- *      the list overflowed, its last program then runs round 2 (whose bracket lies inside) over that
- *      list itself, and the round-2 launch only passes the state on. A row whose list overflowed is
- *      read again by round 2's programs.
- *   3. prob_mask_kernel: the final state; keeps prob > lo and drops the rest, leaving the members
- *      of a level to be trimmed to prob_select_kernel, and lists them (logit key, index) in the
- *      workspace, in a varying order (shared buffer per tile, one global atomic per tile and block).
+ *      token). Round 1 also masks: a token outside its bracket is kept (prob > hi) or dropped
+ *      (prob <= lo) whatever the later rounds decide, so round 1 writes those outputs (no branch
+ *      unless a token lies in the band) and lists the tokens in its bracket (through a per-block
+ *      shared buffer); unless the list overflowed, its last program then runs round 2 (whose
+ *      bracket lies inside) over that list itself, writes the listed tokens' outputs, and the
+ *      round-2 launch only passes the state on. A row whose list overflowed is read again by round
+ *      2's programs. A row decided before round 1 is masked by round 1's programs. Reads carry L2
+ *      eviction priorities (evict_last in the statistics and round 0, evict_first after).
+ *   3. prob_mask_kernel, for the rows round 1 could not finish (their list overflowed): the final
+ *      state; keeps prob > lo and drops the rest, leaving the members of a level to be trimmed to
+ *      prob_select_kernel, and lists them (logit key, index) in the workspace, in a varying order
+ *      (shared buffer per tile, one global atomic per tile and block). Round 1 masks the other rows
+ *      with the same rule (mask_pieces, mask_listed), listing level members the same way.
  *   4. prob_select_kernel: one 1024-thread block per row that needs a trim; it ranks a level of up to
  *      1024 members directly, selects over the list up to 16384 (cached in dynamic shared memory),
  *      or rescans the row past that.
  * Workspace: split_logit: stats [batch][32] and partials [batch][5][32][8] (16 bytes each);
  * split_prob: tile stats [batch][ceil(vocab / 2048)] (16 bytes), buckets [batch][3][2049] (8 bytes)
- * and counters [batch][8] (4 bytes; these two zeroed by the memset), states [batch][4] and level
- * lists [batch][3][min(vocab, 16384) rounded up to 4] (4 bytes); the fused path uses only the last
+ * and counters [batch][8] (4 bytes; these two zeroed by the memset), states [batch][4], level
+ * lists [batch][3][min(vocab, 16384) rounded up to 4] and round 1's bracket lists [batch][3 x that]
+ * (4 bytes); the fused path uses only the last
  * state, the level count (which it zeroes) and the lists. Nothing is read from the workspace before
  * this call wrote it.
  * The host ports (kernels/host/topp_split.c) use the same order of f32 operations, so host and
@@ -74,7 +81,8 @@ static int64_t topp_piece_cap(int algo, int64_t vocab) {
 /* Workspace bytes for valid args, 0 for args topp_check refuses.
  * split_logit: stats [batch][32] and partials [batch][5][32][8], 16 bytes each.
  * split_prob: tile stats [batch][ceil(vocab / 2048)] (16 bytes), bucket masses
- * [batch][ROUNDS_PROB][F + 1] (8 bytes) and search states [batch][ROUNDS_PROB + 1]. */
+ * [batch][ROUNDS_PROB][F + 1] (8 bytes), counters, search states [batch][ROUNDS_PROB + 1], level lists
+ * (3 x level cap) and bracket lists (3 x level cap, 4 bytes each). */
 static int64_t topp_workspace_per_row(int algo, int64_t vocab) {
     if (algo == ALGO_SPLIT_LOGIT)
         return topp_piece_cap(algo, vocab) *
