@@ -115,11 +115,6 @@ __device__ __forceinline__ float ld_hint(const float *x, uint64_t pol) {
     asm("ld.global.L2::cache_hint.f32 %0, [%1], %2;" : "=f"(v) : "l"(x), "l"(pol));
     return v;
 }
-/* 16 bytes global -> shared, asynchronously (cp.async.cg), under an L2 policy */
-__device__ __forceinline__ void cp_async16_hint(void *dst, const void *src, uint64_t pol) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "l"(pol) : "memory");
-}
 /* v[u] = load(base + u * THREADS + threadIdx.x) where that index is below limit, else fill: N loads
  * in flight per thread. */
 template <int N, int THREADS, typename T, typename Load>

@@ -21,10 +21,10 @@
  *   hold every row's cluster at once (topp_fused_plan): prob_fused_kernel, one thread-block cluster
  *   per row holding the row in shared memory, then prob_select_kernel (see there).
  * - split, otherwise: a memset zeroes the bucket masses and counters, then 6 launches:
- *   1. prob_stats_kernel: one warp per 2048-token tile (staged in shared memory by async copies),
- *      no block barriers; the records are topp_stats_kernel's bit for bit (see there). The warp
- *      that finishes a row's last tile (a fence, then a counter) combines the tiles in order and
- *      stores round 0's state.
+ *   1. prob_stats_kernel: one 256-thread block per 2048-token tile (thread t reads tokens t,
+ *      t + 256, ...); the records are topp_stats_kernel's bit for bit (see there). The block that
+ *      finishes a row's last tile (a fence, then a counter) combines the tiles in order and stores
+ *      round 0's state.
  *   2. prob_round_kernel x3, programs per row chosen so the grid is about KP_TOPP_BLOCKS_PER_SM
  *      programs per SM (the tiles and the integer sums make every bit independent of that choice).
  *      A program reads the state entering its round (a decided row passes it on and returns); it
