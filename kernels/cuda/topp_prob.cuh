@@ -18,13 +18,18 @@ static_assert(KP_TOPP_TILE == 8 * TOPP_THREADS, "tile_stats_warp: a lane stands 
 enum { CNT_LEVEL = 0, CNT_STATS = 1, CNT_ROUND = 2, CNT_CAND = CNT_ROUND + PROB_R, CNT_MASKED, CNT_WORDS = 8 };
 static_assert(CNT_MASKED < CNT_WORDS, "a counter per round, the candidates' and the mask's flag");
 
-/* Appends i to list (cap entries) after *count, one global atomic per warp; all threads that get
- * here together take consecutive places, in a varying order. */
-__device__ __forceinline__ void append_index(uint32_t *list, unsigned *count, unsigned cap, uint32_t i) {
+/* A place for each thread that gets here together, consecutive from *count (a counter in shared or
+ * global memory): one atomic per group of such threads, the places in a varying order. */
+__device__ __forceinline__ unsigned claim_slot(unsigned *count) {
     cooperative_groups::coalesced_group g = cooperative_groups::coalesced_threads();
     unsigned pos = 0;
     if (g.thread_rank() == 0) pos = atomicAdd(count, g.size());
-    pos = g.shfl(pos, 0) + g.thread_rank();
+    return g.shfl(pos, 0) + g.thread_rank();
+}
+
+/* Appends i to list (cap entries) after *count (claim_slot). */
+__device__ __forceinline__ void append_index(uint32_t *list, unsigned *count, unsigned cap, uint32_t i) {
+    const unsigned pos = claim_slot(count);
     if (pos < cap) list[pos] = i;
 }
 
@@ -325,6 +330,30 @@ struct mask_rule {
         return pb <= lo ? MASK_DROP : pb == level ? MASK_LEVEL : MASK_KEEP;
     }
 };
+
+/* The mask's rule for a decided row s, by a whole block: thread 0 computes the band around lo into
+ * *below and *above (shared), then every thread builds the rule from them. */
+__device__ __forceinline__ mask_rule block_mask_rule(const kp_topp_search &s, float *below, float *above) {
+    if (threadIdx.x == 0) prob_band(s.z, s.lo, s.lo, below, above);
+    __syncthreads();
+    return mask_rule{s.row_max, s.z, *below, *above, s.lo, s.hi, topp_recip(s.z)};
+}
+
+/* The row's level is trimmed: prob_select_kernel keeps numkeep of its numdup members. */
+__device__ __forceinline__ bool level_trimmed(const kp_topp_search &s) {
+    return s.mode == KP_TOPP_LEVEL && s.numkeep < s.numdup;
+}
+
+/* Lists a level member to be trimmed (its logit key and index) in the row's level list for
+ * prob_select_kernel (claim_slot on the row's CNT_LEVEL); past level_cap only the count grows, and
+ * the select rescans the row. */
+__device__ __forceinline__ void list_level_member(const topp_plan &plan, int64_t row, float v, uint32_t i) {
+    const unsigned pos = claim_slot(plan.counts + row * CNT_WORDS + CNT_LEVEL);
+    if (pos >= (unsigned)plan.level_cap) return;
+    uint32_t *list_key = plan.level_list + row * 3 * (int64_t)plan.level_cap, *list_idx = list_key + plan.level_cap;
+    list_key[pos] = kp_topp_logit_key(v);
+    list_idx[pos] = i;
+}
 
 /* ---- sizes and host entry points ---- */
 

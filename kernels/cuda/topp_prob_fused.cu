@@ -118,24 +118,13 @@ __global__ void __launch_bounds__(FUSED_THREADS, 2) prob_fused_kernel(topp_plan 
         for (int i = t; i < n; i += FUSED_THREADS) y[begin + i] = finite_logit(xs[i]) ? xs[i] : -INFINITY;
         return;
     }
-    if (t == 0) prob_band(s.z, s.lo, s.lo, &sh.below, &sh.above);
-    __syncthreads();
-    const mask_rule rule = {s.row_max, s.z, sh.below, sh.above, s.lo, s.hi, topp_recip(s.z)};
-    const bool trim = s.mode == KP_TOPP_LEVEL && s.numkeep < s.numdup;
-    const int cap = plan.level_cap;
-    uint32_t *list_key = plan.level_list + row * 3 * (int64_t)cap, *list_idx = list_key + cap;
+    const mask_rule rule = block_mask_rule(s, &sh.below, &sh.above);
+    const bool trim = level_trimmed(s);
     for (int i = t; i < n; i += FUSED_THREADS) {
         const float v = xs[i];
         const int c = rule.classify(v);
         if (trim && c == MASK_LEVEL) { /* a level member: prob_select_kernel writes it */
-            cg::coalesced_group g = cg::coalesced_threads();
-            unsigned pos = 0;
-            if (g.thread_rank() == 0) pos = atomicAdd(plan.counts + row * CNT_WORDS + CNT_LEVEL, g.size());
-            pos = g.shfl(pos, 0) + g.thread_rank();
-            if (pos < (unsigned)cap) {
-                list_key[pos] = kp_topp_logit_key(v);
-                list_idx[pos] = (uint32_t)(begin + i);
-            }
+            list_level_member(plan, row, v, (uint32_t)(begin + i));
             continue;
         }
         y[begin + i] = c != MASK_DROP ? v : -INFINITY;

@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(SEL_THREADS) prob_select_kernel(topp_plan plan
     const int64_t row = blockIdx.x;
     if (t == 0) s = plan.search[row * (PROB_R + 1) + PROB_R];
     __syncthreads();
-    if (!(s.mode == KP_TOPP_LEVEL && s.numkeep < s.numdup)) return;
+    if (!level_trimmed(s)) return;
     if (t == 0) {
         prob_band(s.z, s.lo, s.hi, &below, &above);
         sh.prefix = 0;

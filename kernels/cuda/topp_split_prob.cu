@@ -101,16 +101,14 @@ __device__ void mask_pieces(const topp_plan &plan, const kp_topp_search &s, int6
         lane_tokens_by(load, begin, end, [&](int i, float v) { y[i] = finite_logit(v) ? v : -INFINITY; });
         return;
     }
-    if (t == 0) prob_band(s.z, s.lo, s.lo, &below, &above);
-    __syncthreads();
-    const mask_rule rule = {s.row_max, s.z, below, above, s.lo, s.hi, topp_recip(s.z)};
-    const bool trim = s.mode == KP_TOPP_LEVEL && s.numkeep < s.numdup;
-    if (!trim) {
+    const mask_rule rule = block_mask_rule(s, &below, &above);
+    if (!level_trimmed(s)) {
         lane_tokens_by(load, begin, end, [&](int i, float v) { y[i] = rule.classify(v) != MASK_DROP ? v : -INFINITY; });
         return;
     }
     __shared__ uint32_t buf_key[KP_TOPP_TILE], buf_idx[KP_TOPP_TILE];
-    __shared__ int nbuf, base_sh;
+    __shared__ unsigned nbuf;
+    __shared__ int base_sh;
     const int cap = plan.level_cap;
     uint32_t *list_key = plan.level_list + row * 3 * (int64_t)cap, *list_idx = list_key + cap;
     if (t == 0) nbuf = 0;
@@ -120,10 +118,7 @@ __device__ void mask_pieces(const topp_plan &plan, const kp_topp_search &s, int6
         lane_tokens_by(load, tb, te, [&](int i, float v) {
             const int c = rule.classify(v);
             if (c == MASK_LEVEL) { /* a level member: prob_select_kernel writes it */
-                cooperative_groups::coalesced_group g = cooperative_groups::coalesced_threads();
-                int pos = 0;
-                if (g.thread_rank() == 0) pos = atomicAdd(&nbuf, (int)g.size());
-                pos = g.shfl(pos, 0) + (int)g.thread_rank();
+                const unsigned pos = claim_slot(&nbuf);
                 buf_key[pos] = kp_topp_logit_key(v);
                 buf_idx[pos] = (uint32_t)i;
                 return;
@@ -131,7 +126,7 @@ __device__ void mask_pieces(const topp_plan &plan, const kp_topp_search &s, int6
             y[i] = c == MASK_KEEP ? v : -INFINITY;
         });
         __syncthreads();
-        const int n = nbuf;
+        const int n = (int)nbuf;
         __syncthreads(); /* every thread has read nbuf before thread 0 resets it */
         if (n == 0) continue;
         if (t == 0) {
@@ -179,33 +174,20 @@ __device__ __forceinline__ void listed_tokens(const uint32_t *list, unsigned n, 
  * and prob_mask_kernel masks the whole row again. */
 __device__ void mask_listed(const topp_plan &plan, const kp_topp_search &s, int64_t row, const uint32_t *cand,
                             unsigned listed, float *below, float *above) {
-    const int t = threadIdx.x;
     if (s.mode != KP_TOPP_LEVEL && s.mode != KP_TOPP_ABOVE) return;
-    if (t == 0) prob_band(s.z, s.lo, s.lo, below, above);
-    __syncthreads();
-    const mask_rule rule = {s.row_max, s.z, *below, *above, s.lo, s.hi, topp_recip(s.z)};
-    const bool trim = s.mode == KP_TOPP_LEVEL && s.numkeep < s.numdup;
+    const mask_rule rule = block_mask_rule(s, below, above);
+    const bool trim = level_trimmed(s);
     const float *x = plan.logits + row * plan.row_stride;
     float *y = plan.out + row * plan.row_stride;
-    const int cap = plan.level_cap;
-    uint32_t *list_key = plan.level_list + row * 3 * (int64_t)cap, *list_idx = list_key + cap;
-    unsigned *level_count = plan.counts + row * CNT_WORDS + CNT_LEVEL;
     listed_tokens(cand, listed, x, [&](uint32_t i, float v) {
         const int c = rule.classify(v);
         if (c == MASK_LEVEL && trim) { /* a level member: prob_select_kernel writes it */
-            cooperative_groups::coalesced_group g = cooperative_groups::coalesced_threads();
-            unsigned pos = 0;
-            if (g.thread_rank() == 0) pos = atomicAdd(level_count, g.size());
-            pos = g.shfl(pos, 0) + g.thread_rank();
-            if (pos < (unsigned)cap) {
-                list_key[pos] = kp_topp_logit_key(v);
-                list_idx[pos] = i;
-            }
+            list_level_member(plan, row, v, i);
             return;
         }
         y[i] = c != MASK_DROP ? v : -INFINITY;
     });
-    if (t == 0) plan.counts[row * CNT_WORDS + CNT_MASKED] = 1u;
+    if (threadIdx.x == 0) plan.counts[row * CNT_WORDS + CNT_MASKED] = 1u;
 }
 
 /* A program's end of a round: its counts into the row's buckets (64-bit global atomics: integer
@@ -306,10 +288,7 @@ __global__ void __launch_bounds__(TOPP_THREADS, 5) prob_round_kernel(topp_plan p
         } else {
             const int c = rc.sort(v);
             if (c == MASK_LEVEL) {
-                cooperative_groups::coalesced_group g = cooperative_groups::coalesced_threads();
-                unsigned pos = 0;
-                if (g.thread_rank() == 0) pos = atomicAdd(&cand_n, g.size());
-                pos = g.shfl(pos, 0) + g.thread_rank();
+                const unsigned pos = claim_slot(&cand_n);
                 if (pos < CAND_BUF)
                     cand_buf[pos] = (uint32_t)i;
                 else
