@@ -128,16 +128,48 @@ int kp_buf_alloc(kp_buf *b, kp_memory memory, size_t bytes, const char *name, kp
 
 void *kp_buf_ptr(const kp_buf *b) { return b->base + KP_GUARD_BYTES; }
 
-int kp_buf_upload(kp_buf *b, const void *src, size_t bytes, const char *name, kp_error *err) {
-    KP_ASSERT(bytes <= b->bytes);
+/* bytes at `at` (inside b's allocation, guards included) copied to host memory dst; a device copy is
+ * waited for when `wait` (copies that share one wait pass 0 but for the last) */
+static int buf_read(const kp_buf *b, const unsigned char *at, void *dst, size_t bytes, int wait, const char *name,
+                    kp_error *err) {
     if (b->memory == KP_MEMORY_HOST) {
-        if (src) memcpy(kp_buf_ptr(b), src, bytes);
-        else memset(kp_buf_ptr(b), KP_GUARD_BYTE, bytes);
+        memcpy(dst, at, bytes);
         return 0;
     }
 #ifdef KP_HAVE_CUDA
-    if (src) CUDA_TRY(cudaMemcpyAsync(kp_buf_ptr(b), src, bytes, cudaMemcpyHostToDevice, g_stream), name);
-    else CUDA_TRY(cudaMemsetAsync(kp_buf_ptr(b), KP_GUARD_BYTE, bytes, g_stream), name);
+    CUDA_TRY(cudaMemcpyAsync(dst, at, bytes, cudaMemcpyDeviceToHost, g_stream), name);
+    if (wait) CUDA_TRY(cudaStreamSynchronize(g_stream), name);
+    return 0;
+#else
+    (void)wait;
+    return kp_fail(err, KP_EXIT_ENV, "%s: device read in a build without CUDA", name);
+#endif
+}
+
+/* bytes at `at` (inside b's allocation) set to KP_GUARD_BYTE */
+static int buf_fill(kp_buf *b, unsigned char *at, size_t bytes, const char *name, kp_error *err) {
+    if (b->memory == KP_MEMORY_HOST) {
+        memset(at, KP_GUARD_BYTE, bytes);
+        return 0;
+    }
+#ifdef KP_HAVE_CUDA
+    CUDA_TRY(cudaMemsetAsync(at, KP_GUARD_BYTE, bytes, g_stream), name);
+    CUDA_TRY(cudaStreamSynchronize(g_stream), name);
+    return 0;
+#else
+    return kp_fail(err, KP_EXIT_ENV, "%s: device fill in a build without CUDA", name);
+#endif
+}
+
+int kp_buf_upload(kp_buf *b, const void *src, size_t bytes, const char *name, kp_error *err) {
+    KP_ASSERT(bytes <= b->bytes);
+    if (!src) return buf_fill(b, kp_buf_ptr(b), bytes, name, err);
+    if (b->memory == KP_MEMORY_HOST) {
+        memcpy(kp_buf_ptr(b), src, bytes);
+        return 0;
+    }
+#ifdef KP_HAVE_CUDA
+    CUDA_TRY(cudaMemcpyAsync(kp_buf_ptr(b), src, bytes, cudaMemcpyHostToDevice, g_stream), name);
     CUDA_TRY(cudaStreamSynchronize(g_stream), name); /* the source may be freed as soon as we return */
     return 0;
 #else
@@ -148,18 +180,7 @@ int kp_buf_upload(kp_buf *b, const void *src, size_t bytes, const char *name, kp
 
 int kp_buf_download(const kp_buf *b, void *dst, size_t bytes, const char *name, kp_error *err) {
     KP_ASSERT(bytes <= b->bytes);
-    if (b->memory == KP_MEMORY_HOST) {
-        memcpy(dst, kp_buf_ptr(b), bytes);
-        return 0;
-    }
-#ifdef KP_HAVE_CUDA
-    CUDA_TRY(cudaMemcpyAsync(dst, kp_buf_ptr(b), bytes, cudaMemcpyDeviceToHost, g_stream), name);
-    CUDA_TRY(cudaStreamSynchronize(g_stream), name);
-    return 0;
-#else
-    (void)name;
-    return kp_fail(err, KP_EXIT_ENV, "device download in a build without CUDA");
-#endif
+    return buf_read(b, kp_buf_ptr(b), dst, bytes, 1, name, err);
 }
 
 static int guard_clean(const unsigned char *g, size_t n) {
@@ -170,17 +191,9 @@ static int guard_clean(const unsigned char *g, size_t n) {
 
 int kp_buf_check_guards(const kp_buf *b, const char *name, kp_error *err) {
     unsigned char before[KP_GUARD_BYTES], after[KP_GUARD_BYTES];
-    if (b->memory == KP_MEMORY_HOST) {
-        memcpy(before, b->base, KP_GUARD_BYTES);
-        memcpy(after, b->base + KP_GUARD_BYTES + b->bytes, KP_GUARD_BYTES);
-    } else {
-#ifdef KP_HAVE_CUDA
-        CUDA_TRY(cudaMemcpyAsync(before, b->base, KP_GUARD_BYTES, cudaMemcpyDeviceToHost, g_stream), name);
-        CUDA_TRY(cudaMemcpyAsync(after, b->base + KP_GUARD_BYTES + b->bytes, KP_GUARD_BYTES, cudaMemcpyDeviceToHost,
-                                 g_stream), name);
-        CUDA_TRY(cudaStreamSynchronize(g_stream), name);
-#endif
-    }
+    if (buf_read(b, b->base, before, KP_GUARD_BYTES, 0, name, err) ||
+        buf_read(b, b->base + KP_GUARD_BYTES + b->bytes, after, KP_GUARD_BYTES, 1, name, err))
+        return err->code;
     if (!guard_clean(before, KP_GUARD_BYTES))
         return kp_fail(err, KP_EXIT_ENV, "out-of-bounds write: the guard region before buffer '%s' was overwritten", name);
     if (!guard_clean(after, KP_GUARD_BYTES))
@@ -227,33 +240,13 @@ int kp_buf_gather_rows(kp_buf *dst, const kp_buf *src, const int64_t *rows, int6
 
 int kp_buf_fill_guard(kp_buf *b, size_t offset, size_t bytes, const char *name, kp_error *err) {
     KP_ASSERT(offset + bytes <= b->bytes + KP_GUARD_BYTES);
-    unsigned char *at = (unsigned char *)kp_buf_ptr(b) + offset;
-    if (b->memory == KP_MEMORY_HOST) {
-        memset(at, KP_GUARD_BYTE, bytes);
-        return 0;
-    }
-#ifdef KP_HAVE_CUDA
-    CUDA_TRY(cudaMemsetAsync(at, KP_GUARD_BYTE, bytes, g_stream), name);
-    CUDA_TRY(cudaStreamSynchronize(g_stream), name);
-    return 0;
-#else
-    (void)name;
-    return kp_fail(err, KP_EXIT_ENV, "device fill in a build without CUDA");
-#endif
+    return buf_fill(b, (unsigned char *)kp_buf_ptr(b) + offset, bytes, name, err);
 }
 
 int kp_buf_check_range(const kp_buf *b, size_t offset, size_t bytes, const char *name, kp_error *err) {
     KP_ASSERT(offset + bytes <= b->bytes + KP_GUARD_BYTES && bytes <= KP_GUARD_BYTES);
     unsigned char seen[KP_GUARD_BYTES];
-    const unsigned char *at = (const unsigned char *)kp_buf_ptr(b) + offset;
-    if (b->memory == KP_MEMORY_HOST) {
-        memcpy(seen, at, bytes);
-    } else {
-#ifdef KP_HAVE_CUDA
-        CUDA_TRY(cudaMemcpyAsync(seen, at, bytes, cudaMemcpyDeviceToHost, g_stream), name);
-        CUDA_TRY(cudaStreamSynchronize(g_stream), name);
-#endif
-    }
+    if (buf_read(b, (const unsigned char *)kp_buf_ptr(b) + offset, seen, bytes, 1, name, err)) return err->code;
     if (!guard_clean(seen, bytes))
         return kp_fail(err, KP_EXIT_ENV, "out-of-bounds write: the guard region after buffer '%s' was overwritten", name);
     return 0;
