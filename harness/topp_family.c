@@ -18,8 +18,8 @@
 
 typedef struct topp_out {
     int64_t nrows, stride, vocab;
-    float *x; /* [nrows, stride] */
-    size_t bytes;
+    float *x;     /* [nrows, stride] */
+    size_t bytes; /* x's size, at least nrows * stride floats (a pooled buffer may be larger) */
     int pinned;
 } topp_out;
 
@@ -60,41 +60,38 @@ static struct {
     uint64_t next_generation;
 } g_cache;
 
-/* Output buffers are recycled: a batch check makes ~140 outputs per impl, and fresh 40 MB
- * allocations cost page faults on every first touch. Large ones are page-locked once
- * (cudaHostRegister) so device outputs copy straight into them at full speed. */
+/* Output buffers of POOL_MIN_BYTES or more are recycled: a batch check makes ~140 outputs per impl,
+ * and fresh 40 MB allocations cost page faults on every first touch. Those a device copies into
+ * are page-locked once (cudaHostRegister), so device outputs copy straight into them at full speed. */
 #define POOL_MAX 8
-static struct {
-    float *x;
-    size_t bytes;
-    int pinned;
-} g_pool[POOL_MAX];
+#define POOL_MIN_BYTES ((size_t)1 << 20)
+static topp_out g_pool[POOL_MAX]; /* x, bytes and pinned of each free buffer */
 static int g_pool_count;
 
-static float *output_alloc(size_t bytes, int *pinned) {
+/* o->x: at least `bytes`, the smallest pooled buffer that fits or a new one (page-locked when `pin`
+ * and large); o->bytes and o->pinned describe it. */
+static void output_alloc(topp_out *o, size_t bytes, int pin) {
     int best = -1;
     for (int i = 0; i < g_pool_count; i++)
         if (g_pool[i].bytes >= bytes && (best < 0 || g_pool[i].bytes < g_pool[best].bytes)) best = i;
     if (best >= 0) {
-        float *x = g_pool[best].x;
-        *pinned = g_pool[best].pinned;
+        o->x = g_pool[best].x, o->bytes = g_pool[best].bytes, o->pinned = g_pool[best].pinned;
         g_pool[best] = g_pool[--g_pool_count];
-        return x;
-    }
-    float *x = malloc(bytes ? bytes : 1);
-    *pinned = x && bytes >= ((size_t)1 << 20) && kp_host_register(x, bytes);
-    return x;
-}
-
-static void output_release(float *x, size_t bytes, int pinned) {
-    if (!x) return;
-    if (g_pool_count < POOL_MAX) {
-        g_pool[g_pool_count].x = x, g_pool[g_pool_count].bytes = bytes, g_pool[g_pool_count].pinned = pinned;
-        g_pool_count++;
         return;
     }
-    if (pinned) kp_host_unregister(x);
-    free(x);
+    o->x = malloc(bytes ? bytes : 1);
+    o->bytes = bytes;
+    o->pinned = pin && o->x && bytes >= POOL_MIN_BYTES && kp_host_register(o->x, bytes);
+}
+
+static void output_release(const topp_out *o) {
+    if (!o->x) return;
+    if (o->bytes >= POOL_MIN_BYTES && g_pool_count < POOL_MAX) {
+        g_pool[g_pool_count++] = *o;
+        return;
+    }
+    if (o->pinned) kp_host_unregister(o->x);
+    free(o->x);
 }
 
 /* Grow a cached buffer to at least `bytes` (contents are not kept). */
@@ -184,7 +181,11 @@ typedef struct topp_launch {
     kp_topp_args args;
 } topp_launch;
 
-static void launch_free(topp_launch *L) { (void)L; /* slots live in g_cache */ }
+/* The guard bytes right after the `used` bytes of a cached output (up to KP_GUARD_BYTES, within the
+ * buffer; its own guard region follows). */
+static size_t guard_after(const kp_buf *out, size_t used) {
+    return out->bytes - used < KP_GUARD_BYTES ? out->bytes - used : KP_GUARD_BYTES;
+}
 
 static topp_slot *slot_for(topp_data *d, const kp_impl *impl, kp_error *err) {
     kp_memory mem = impl->memory;
@@ -230,7 +231,7 @@ static kp_result launch_setup(topp_data *d, const kp_impl *impl, const int64_t *
     topp_slot *sl = slot_for(d, impl, err);
     if (!sl) return KP_FAILED;
     L->slot = sl;
-    size_t after = sl->out.bytes - used < KP_GUARD_BYTES ? sl->out.bytes - used : KP_GUARD_BYTES;
+    const size_t after = guard_after(&sl->out, used);
     if (kp_buf_gather_rows(&sl->in, &g_cache.all[mem], rows, nrows, row_bytes, "logits", err) ||
         kp_buf_gather_rows(&sl->tp, &g_cache.all_tp[mem], rows, nrows, sizeof(float), "top_p", err) ||
         kp_buf_fill_guard(&sl->out, 0, used + after, "out", err))
@@ -274,7 +275,7 @@ static kp_result launch_collect(topp_data *d, topp_launch *L, float *x, kp_error
     const int64_t S = d->tc.stride, V = d->tc.vocab;
     topp_slot *sl = L->slot;
     size_t bytes = (size_t)S * sizeof(float) * (size_t)L->nrows;
-    size_t after = sl->out.bytes - bytes < KP_GUARD_BYTES ? sl->out.bytes - bytes : KP_GUARD_BYTES;
+    const size_t after = guard_after(&sl->out, bytes);
     if (kp_sync(L->impl->memory, err) || kp_buf_check_guards(&sl->out, "out", err) ||
         kp_buf_check_range(&sl->out, bytes, after, "out", err) || kp_buf_check_guards(&sl->in, "logits", err) ||
         kp_buf_check_guards(&sl->tp, "top_p", err) ||
@@ -310,10 +311,7 @@ static kp_result topp_run_rows_timed(void *data, const kp_impl *impl, const int6
     topp_data *d = data;
     *outp = NULL;
     topp_out *o = calloc(1, sizeof *o);
-    if (o) {
-        o->bytes = (size_t)d->tc.stride * sizeof(float) * (size_t)nrows;
-        o->x = impl->memory == KP_MEMORY_CUDA ? output_alloc(o->bytes, &o->pinned) : malloc(o->bytes ? o->bytes : 1);
-    }
+    if (o) output_alloc(o, (size_t)d->tc.stride * sizeof(float) * (size_t)nrows, impl->memory == KP_MEMORY_CUDA);
     if (!o || !o->x) {
         if (o) free(o);
         kp_fail(err, KP_EXIT_ENV, "out of host memory for a batch of %lld rows", (long long)nrows);
@@ -341,7 +339,6 @@ static kp_result topp_run_rows_timed(void *data, const kp_impl *impl, const int6
         }
         kp_json_add_int(info, "workspace_bytes", (int64_t)L.args.workspace_bytes);
     }
-    launch_free(&L);
     if (r != KP_PASSED) {
         topp_free_output(o);
         return r;
@@ -397,7 +394,6 @@ static int topp_bench(void *data, const kp_impl *impl, int reps, cJSON *timing, 
                                                       : "wall clock around one call, 3 warm-ups");
     }
     kp_timer_free(timer);
-    launch_free(&L);
     free(rows), free(us);
     return rc;
 }
@@ -405,8 +401,7 @@ static int topp_bench(void *data, const kp_impl *impl, int reps, cJSON *timing, 
 static void topp_free_output(void *out) {
     topp_out *o = out;
     if (!o) return;
-    if (o->pinned || o->bytes >= ((size_t)1 << 20)) output_release(o->x, o->bytes, o->pinned);
-    else free(o->x);
+    output_release(o);
     free(o);
 }
 
