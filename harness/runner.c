@@ -173,7 +173,6 @@ static cJSON *meta_json(run_state *st) {
     return meta;
 }
 
-/* A receipt for a case that did not get to run its checks. */
 /* A check that did not run, with the reason, in the shape kp_check_run writes. */
 static kp_result not_run_check(cJSON *chk, const kp_check_spec *spec, const char *why) {
     cJSON_AddStringToObject(chk, "check", kp_check_name(spec->kind));
@@ -184,6 +183,7 @@ static kp_result not_run_check(cJSON *chk, const kp_check_spec *spec, const char
     return KP_NOT_RUN;
 }
 
+/* A receipt for a case that did not get to run its checks. */
 static cJSON *stub_receipt(run_state *st, const kp_case_spec *cs, kp_result result, const char *reason) {
     cJSON *receipt = cJSON_CreateObject();
     cJSON_AddStringToObject(receipt, "schema", "kparity.receipt/v1");
