@@ -88,10 +88,11 @@ __device__ __forceinline__ void start_search_warp(Fetch fetch, int pieces, float
  * 64 tokens, keeps their 8 sums in the same order, and warp_tree_sum's first levels combine them as
  * that tree does, so the record is the same bits. Valid in lane 0. */
 #define STATS_LANE (KP_TOPP_TILE / 32) /* tokens per lane of a tile */
-/* get(q) is called twice per token, once for max/min/count and once for the sums. Holding the 64
- * tokens in registers took 88-128 registers and measured slower on an H200 (ncu, 64 x 154,856:
- * 31.9 us against 28.9 us); so did reading the first pass as float4s from the staged tile (64 x
- * 154,856: 126.0 us against 124.1, same run). */
+/* The fused kernel's statistics (the split path's prob_stats_kernel runs a block per tile). get(q)
+ * is called twice per token, once for max/min/count and once for the sums. When the split path also
+ * ran this, one warp per staged tile, holding the 64 tokens in registers took 88-128 registers and
+ * measured slower on an H200 (ncu, 64 x 154,856: 31.9 us against 28.9 us), and so did reading the
+ * first pass as float4s from the staged tile (64 x 154,856: 126.0 us against 124.1, same run). */
 template <typename Get>
 __device__ __forceinline__ topp_stats tile_stats_warp(Get get) {
     auto token = [&](int q) { return get(q); }; /* token 8u + j = lane + 32j + 256u */
