@@ -209,7 +209,11 @@ __device__ __forceinline__ void finish_round(const topp_plan &plan, round_counte
      * round's bracket (the last bracket lies inside it), when the list did not overflow: one block,
      * a few thousand tokens, and no launch. It runs the last round over the list (a row still
      * searching), stores the decided state in the last round's place, so prob_round_kernel<PROB_R - 1>
-     * passes it on, and writes the listed tokens' outputs (mask_listed). */
+     * passes it on, and writes the listed tokens' outputs (mask_listed). This tail is a chain of
+     * dependent global reads, about 7.5 us at 64 x 154,856; spreading it over the next launches
+     * (prob_round_kernel<2>'s programs each counting a share of the list, the mask's each writing a
+     * share) took round 1 from 44.6 to 37.1 us but round 2 from 2.7 to 10.8 and the mask from 3.2 to
+     * 6.8: 123.6-124.1 us against 119.7-119.9 (H200, same run). */
     const unsigned listed = round == PROB_R - 2 ? __ldcg(plan.counts + row * CNT_WORDS + CNT_CAND) : 0u;
     if (round != PROB_R - 2 || listed > 3u * (unsigned)plan.level_cap) {
         if (t == 0) plan.search[row * (PROB_R + 1) + round + 1] = *s;
@@ -440,7 +444,13 @@ static int topp_fused_plan(topp_device_info *d, int tiles, int64_t batch, int *c
 }
 
 /* The launches of one call: plan has the run's pointers and the workspace's start (topp_cuda_run);
- * dev is the device's cached answers (held under topp_split.cu's lock). */
+ * dev is the device's cached answers (held under topp_split.cu's lock). Measured on an H200 at
+ * 64 x 154,856 and not kept: an L2 access-policy window (persisting) over the logits on the
+ * statistics and rounds 0-1, 120.4-121.2 us against 119.8-120.6 (the context's 11.8 MB persisting
+ * limit; raised to its 39.3 MB maximum: 150.7-151.2 us); every kernel's shared-memory carveout at its
+ * maximum, 124.9-125.3 against 120.7-121.3. Branch exp/approx-bracket keeps a bracket for round 0
+ * from token counts alone (no expf), which lost: the counting pass cost 26 us, as much as a full
+ * pass, and round 0 then had to add the kept tokens' masses itself (124.9 us against 120.7). */
 int topp_prob_launch(topp_plan plan, const kp_topp_args *a, topp_device_info *dev, int sm_count, cudaStream_t stream,
                      char *message, size_t message_len) {
     /* split_prob: enough programs per row to give every SM KP_TOPP_BLOCKS_PER_SM of them; the tiles
