@@ -136,15 +136,15 @@ __device__ __forceinline__ topp_stats load_stats_l2(const topp_stats *p) {
 }
 
 /* Bounds on the f32 d = x - M outside which prob(x) is surely <= lo (d < *below) or surely > hi
- * (d > *above): expf's error (a few ulp) is far inside KP_TOPP_BAND_MARGIN nats. Rounded outward. */
+ * (d > *above), KP_TOPP_BAND_MARGIN nats outside log(lo z) and log(hi z). In f32: the product rounds
+ * by 2^-24 relative (6e-8 nats), logf errs by at most 1 ulp and the margin's addition by half an
+ * ulp, an ulp being at most 2^-17 nats here (|log| < 128: 1e-30 <= lo z and hi z <= 2^31); under
+ * 3e-5 nats in all, so at least 9.7e-4 of the margin stays, where expf and the division need about
+ * 3e-7. Float, not double: one thread computes this at the start of every program while its block
+ * waits, and a double log is a long software sequence. */
 static __device__ __noinline__ void prob_band(float z, uint32_t lo, uint32_t hi, float *below, float *above) {
-    const double b = log((double)kp_topp_float(lo) * (double)z) - KP_TOPP_BAND_MARGIN;
-    const double a = log((double)kp_topp_float(hi) * (double)z) + KP_TOPP_BAND_MARGIN;
-    float fb = (float)b, fa = (float)a;
-    if ((double)fb > b) fb = nextafterf(fb, -INFINITY);
-    if ((double)fa < a) fa = nextafterf(fa, INFINITY);
-    *below = fb;
-    *above = fa;
+    *below = logf(kp_topp_float(lo) * z) - (float)KP_TOPP_BAND_MARGIN;
+    *above = logf(kp_topp_float(hi) * z) + (float)KP_TOPP_BAND_MARGIN;
 }
 
 /* Adds fix-mass v (< 2^63) to a bucket exactly with native 32-bit shared atomics: the low word's

@@ -144,8 +144,8 @@ __device__ void mask_pieces(const topp_plan &plan, const kp_topp_search &s, int6
     }
 }
 
-/* fn(index, logit) for each of the n tokens of a row's bracket list, FOLD_LOADS gathers in flight per
- * thread, by a whole block. */
+/* fn(index, logit, position in the list) for each of the n tokens of a row's bracket list,
+ * FOLD_LOADS gathers in flight per thread, by a whole block. */
 #define FOLD_LOADS 8
 template <typename Fn>
 __device__ __forceinline__ void listed_tokens(const uint32_t *list, unsigned n, const float *x, Fn &&fn) {
@@ -162,7 +162,7 @@ __device__ __forceinline__ void listed_tokens(const uint32_t *list, unsigned n, 
         for (int u = 0; u < FOLD_LOADS; u++) v[u] = base + u * TOPP_THREADS + t < n ? x[idx[u]] : -INFINITY;
 #pragma unroll
         for (int u = 0; u < FOLD_LOADS; u++)
-            if (base + u * TOPP_THREADS + t < n) fn(idx[u], v[u]);
+            if (base + u * TOPP_THREADS + t < n) fn(idx[u], v[u], base + u * TOPP_THREADS + t);
     }
 }
 
@@ -171,29 +171,36 @@ __device__ __forceinline__ void listed_tokens(const uint32_t *list, unsigned n, 
  * level member to be trimmed is listed for prob_select_kernel. Sets the row's CNT_MASKED, which
  * tells prob_mask_kernel to leave the row; for a final state the bracket cannot hold (a mode other
  * than LEVEL or ABOVE: not reachable, as round 0's lo already holds P), it leaves the flag clear
- * and prob_mask_kernel masks the whole row again. */
+ * and prob_mask_kernel masks the whole row again. pairs (shared, or NULL): the list's (index, logit
+ * bits) as the last round read them, when it read them and they fitted; else the list is read
+ * again. */
 __device__ void mask_listed(const topp_plan &plan, const kp_topp_search &s, int64_t row, const uint32_t *cand,
-                            unsigned listed, float *below, float *above) {
+                            unsigned listed, const uint32_t *pairs, float *below, float *above) {
     if (s.mode != KP_TOPP_LEVEL && s.mode != KP_TOPP_ABOVE) return;
     const mask_rule rule = block_mask_rule(s, below, above);
     const bool trim = level_trimmed(s);
     const float *x = plan.logits + row * plan.row_stride;
     float *y = plan.out + row * plan.row_stride;
-    listed_tokens(cand, listed, x, [&](uint32_t i, float v) {
+    auto write = [&](uint32_t i, float v) {
         const int c = rule.classify(v);
         if (c == MASK_LEVEL && trim) { /* a level member: prob_select_kernel writes it */
             list_level_member(plan, row, v, i);
             return;
         }
         y[i] = c != MASK_DROP ? v : -INFINITY;
-    });
+    };
+    if (pairs)
+        for (unsigned j = threadIdx.x; j < listed; j += TOPP_THREADS) write(pairs[2 * j], kp_topp_float(pairs[2 * j + 1]));
+    else
+        listed_tokens(cand, listed, x, [&](uint32_t i, float v, unsigned) { write(i, v); });
     if (threadIdx.x == 0) plan.counts[row * CNT_WORDS + CNT_MASKED] = 1u;
 }
 
 /* A program's end of a round: its counts into the row's buckets (64-bit global atomics: integer
  * sums, order-free); the row's last program decides the round and stores the next state. */
 __device__ __forceinline__ void finish_round(const topp_plan &plan, round_counter &rc, unsigned *hist_words,
-                                             kp_topp_search *s, int64_t row, int round, float *below, float *above) {
+                                             kp_topp_search *s, int64_t row, int round, float *below, float *above,
+                                             uint32_t *pair_buf, unsigned pair_cap) {
     const int t = threadIdx.x;
     rc.flush();
     __syncthreads();
@@ -221,12 +228,21 @@ __device__ __forceinline__ void finish_round(const topp_plan &plan, round_counte
     }
     const float *x = plan.logits + row * plan.row_stride;
     const uint32_t *cand = plan.cand_list + row * 3 * (int64_t)plan.level_cap;
+    const uint32_t *pairs = nullptr; /* the list as the last round read it, for mask_listed */
     if (s->mode == KP_TOPP_LIVE) {
         for (int k = t; k < HIST_WORDS; k += TOPP_THREADS) hist_words[k] = 0;
         if (t == 0) prob_band(s->z, s->lo, s->hi, below, above);
         __syncthreads();
         round_counter last(hist_words, *s, *below, *above);
-        listed_tokens(cand, listed, x, [&](uint32_t, float v) { last.add(v); });
+        const bool keep = listed <= pair_cap;
+        listed_tokens(cand, listed, x, [&](uint32_t i, float v, unsigned j) {
+            last.add(v);
+            if (keep) {
+                pair_buf[2 * j] = i;
+                pair_buf[2 * j + 1] = kp_topp_bits(v);
+            }
+        });
+        if (keep) pairs = pair_buf;
         last.flush();
         __syncthreads();
         const int last_span = last.narrow ? (int)last.width : PROB_F;
@@ -234,7 +250,7 @@ __device__ __forceinline__ void finish_round(const topp_plan &plan, round_counte
             [&](int k) { return k <= last_span ? round_counter::total(hist_words, last.narrow, k) : 0ull; }, s, true);
     }
     if (t == 0) plan.search[row * (PROB_R + 1) + round + 1] = *s;
-    mask_listed(plan, *s, row, cand, listed, below, above);
+    mask_listed(plan, *s, row, cand, listed, pairs, below, above);
 }
 
 #define CAND_BUF 2048  /* the collecting round's per-block shared list */
@@ -255,13 +271,13 @@ __global__ void __launch_bounds__(TOPP_THREADS, 5) prob_round_kernel(topp_plan p
     const int last = min(first + plan.pieces_per_program, plan.piece_count);
     kp_topp_search *states = plan.search + row * (PROB_R + 1);
     if (t == 0) s = states[round];
+    for (int k = t; k < HIST_WORDS; k += TOPP_THREADS) hist_words[k] = 0; /* while thread 0 waits for the state */
     __syncthreads();
     if (s.mode != KP_TOPP_LIVE) { /* decided: the state passes on unchanged (and is final) */
         if (slice == 0 && t == 0) states[round + 1] = s;
         if constexpr (collect) mask_pieces(plan, s, row, first, last); /* round 1 masks a row decided before it */
         return;
     }
-    for (int k = t; k < HIST_WORDS; k += TOPP_THREADS) hist_words[k] = 0;
     if (t == 0) prob_band(s.z, s.lo, s.hi, &below, &above);
     __syncthreads();
     round_counter rc(hist_words, s, below, above);
@@ -391,7 +407,9 @@ __global__ void __launch_bounds__(TOPP_THREADS, 5) prob_round_kernel(topp_plan p
         }
     }
     flush_cands();
-    finish_round(plan, rc, hist_words, &s, row, round, &below, &above);
+    /* the collecting round's shared list is free once flushed: its last program keeps the bracket
+     * list's (index, logit) pairs there */
+    finish_round(plan, rc, hist_words, &s, row, round, &below, &above, cand_buf, collect ? CAND_BUF / 2 : 0u);
 }
 
 /* Step 5 for the rows round 1 could not finish: those whose bracket list overflowed (and any whose
