@@ -418,6 +418,11 @@ static const char *const stage_names[KP_STAGE_COUNT] = {"generation", "reference
 
 void kp_stage_add(kp_stage stage, double seconds) { g_stage[stage] += seconds; }
 double kp_stage_seconds(kp_stage stage) { return g_stage[stage]; }
+double kp_stage_total(void) {
+    double sum = 0;
+    for (int s = 0; s < KP_STAGE_COUNT; s++) sum += g_stage[s];
+    return sum;
+}
 const char *kp_stage_name(kp_stage stage) { return stage_names[stage]; }
 
 kp_result kp_check_run(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON *chk) {

@@ -96,6 +96,7 @@ typedef enum kp_stage {
 } kp_stage;
 void kp_stage_add(kp_stage stage, double seconds);
 double kp_stage_seconds(kp_stage stage);
+double kp_stage_total(void); /* every stage's seconds, summed */
 const char *kp_stage_name(kp_stage stage);
 
 /* Per-family hooks. `data` is the family's prepared case (inputs, lazily the reference). */

@@ -160,12 +160,8 @@ static cJSON *meta_json(run_state *st) {
     kp_json_add_double(meta, "timeout_s", st->timeout);
     kp_json_add_double(meta, "wall_s", kp_now() - st->t_start);
     cJSON *stages = cJSON_AddObjectToObject(meta, "stages_s");
-    double staged = 0;
-    for (int s = 0; s < KP_STAGE_COUNT; s++) {
-        kp_json_add_double(stages, kp_stage_name((kp_stage)s), kp_stage_seconds((kp_stage)s));
-        staged += kp_stage_seconds((kp_stage)s);
-    }
-    kp_json_add_double(stages, "other", kp_now() - st->t_start - staged);
+    for (int s = 0; s < KP_STAGE_COUNT; s++) kp_json_add_double(stages, kp_stage_name((kp_stage)s), kp_stage_seconds((kp_stage)s));
+    kp_json_add_double(stages, "other", kp_now() - st->t_start - kp_stage_total());
     cJSON_AddStringToObject(meta, "stages_note", "other: the run's wall time outside the named stages (case setup, "
                                                  "check bookkeeping, the device's first use); receipts excludes "
                                                  "writing bundle.json and the manifest themselves");
@@ -390,12 +386,10 @@ int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err
     if (!rc) print_summary(opt, rows, nrows, verdict, code, opt->out_dir);
     if (!rc && !opt->quiet && !opt->json) {
         fprintf(stderr, "stages:");
-        double staged = 0, run_s = kp_now() - st.t_start;
-        for (int s = 0; s < KP_STAGE_COUNT; s++) {
+        const double run_s = kp_now() - st.t_start;
+        for (int s = 0; s < KP_STAGE_COUNT; s++)
             fprintf(stderr, " %s %.2fs,", kp_stage_name((kp_stage)s), kp_stage_seconds((kp_stage)s));
-            staged += kp_stage_seconds((kp_stage)s);
-        }
-        fprintf(stderr, " other %.2fs; run %.2fs (process start to here %.2fs)\n", run_s - staged, run_s,
+        fprintf(stderr, " other %.2fs; run %.2fs (process start to here %.2fs)\n", run_s - kp_stage_total(), run_s,
                 kp_process_seconds());
     }
     cJSON_Delete(st.env);
