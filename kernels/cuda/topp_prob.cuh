@@ -152,7 +152,11 @@ static __device__ __noinline__ void prob_band(float z, uint32_t lo, uint32_t hi,
  * Round 0 adding each prob's 24-bit significand as two 12-bit halves with reductions instead (no
  * returned value; a word per bucket, exponent parity and half, exact while a program has under 2^20
  * tokens) measured slower on an H200: round 0 39.2 us against 35.8, 64 x 154,856 123.4-123.6 us
- * against 119.5-121.2 (same run; ncu, kparity bench). */
+ * against 119.5-121.2 (same run; ncu, kparity bench). Nor did fewer adds help: raising round 0's lo
+ * from the floor to tau = (1 - delta - P) / finite (the tokens at or below it cannot hold 1 - P of
+ * the mass) left half the ordinary profile's tokens out of its buckets and measured the same
+ * (120.4-121.1 us against 120.4-120.8; round 0 36.5 us). Round 0's time is its per-token exp and
+ * division, not these atomics. */
 __device__ __forceinline__ void bucket_add(unsigned *lo_word, unsigned *hi_word, unsigned long long v) {
     const unsigned v_lo = (unsigned)v;
     const unsigned old = atomicAdd(lo_word, v_lo);

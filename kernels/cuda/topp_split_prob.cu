@@ -468,11 +468,7 @@ static int topp_fused_plan(topp_device_info *d, int tiles, int64_t batch, int *c
  * limit; raised to its 39.3 MB maximum: 150.7-151.2 us); every kernel's shared-memory carveout at its
  * maximum, 124.9-125.3 against 120.7-121.3. Branch exp/approx-bracket keeps a bracket for round 0
  * from token counts alone (no expf), which lost: the counting pass cost 26 us, as much as a full
- * pass, and round 0 then had to add the kept tokens' masses itself (124.9 us against 120.7).
- * Raising round 0's lo from the floor to tau = (1 - delta - P) / finite (the tokens at or below it
- * cannot hold 1 - P of the mass, so the level lies above) left half the ordinary profile's tokens
- * out of round 0's buckets and measured the same (120.4-121.1 us against 120.4-120.8; round 0 36.5
- * us): round 0's time is its per-token exp and division, not its bucket atomics. */
+ * pass, and round 0 then had to add the kept tokens' masses itself (124.9 us against 120.7). */
 int topp_prob_launch(topp_plan plan, const kp_topp_args *a, topp_device_info *dev, int sm_count, cudaStream_t stream,
                      char *message, size_t message_len) {
     /* split_prob: enough programs per row to give every SM KP_TOPP_BLOCKS_PER_SM of them; the tiles
