@@ -35,7 +35,9 @@ __device__ __forceinline__ void append_index(uint32_t *list, unsigned *count, un
 
 /* The last program of a row to get here returns true (for the whole block), after every other
  * program's global writes and atomics are visible to it (the fence-then-count pattern). Each counter
- * is zeroed by the launcher's memset and used once per call. */
+ * is zeroed by the launcher's memset and used once per call. Fencing in thread 0 alone, after the
+ * barrier (as cooperative groups' grid barrier does), measured the same on an H200 (64 x 154,856:
+ * 118.1-118.3 us against 117.4-118.4, three alternating runs). */
 __device__ __forceinline__ bool last_program_of_row(unsigned *counter, int slices) {
     __shared__ int last;
     __threadfence();

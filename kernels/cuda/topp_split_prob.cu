@@ -253,6 +253,18 @@ __device__ __forceinline__ void finish_round(const topp_plan &plan, round_counte
     mask_listed(plan, *s, row, cand, listed, pairs, below, above);
 }
 
+/* Round 0 measured on an H200 at 64 x 154,856 (ncu, same session): 35.5 us, and 14.6 us with no
+ * per-token work at all (a timing cut, not an algorithm); its flush's global atomics cost 1.2 us. Not
+ * kept:
+ * - Counting only the tokens above a raised lo, gathered per warp so that 32 probs are computed at a
+ *   time (a ballot and a shared ring), with lo from row counts the statistics pass took (branch
+ *   exp/anchor-floor): round 0 28.7 us, but the counting cost the statistics pass 6 to 13 us, 150.0-
+ *   150.7 us in all against 117.3-118.2.
+ * - The same queue with lo raised only by finite * lo <= 1 - delta - P (a quarter to a half of the
+ *   ordinary rows' tokens stay above it): round 0 36.5 us; flat rows 198.0-198.9 us against
+ *   180.2-181.0.
+ * - A per-thread loop over its own tokens in the band, lo from per-tile counts (branch
+ *   exp/stats-floor): round 0 47.5 us; with every prob computed as below, 33.8 us. */
 #define CAND_BUF 2048  /* the collecting round's per-block shared list */
 __host__ __device__ constexpr bool collect_round(int round) { return round == PROB_R - 2; }
 #define ROUND_LOADS 8  /* loads in flight per thread */
@@ -347,7 +359,7 @@ __global__ void __launch_bounds__(TOPP_THREADS, 5) prob_round_kernel(topp_plan p
                                                         make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY));
             if constexpr (ROUND == 0) { /* the first bracket holds nearly every token: their probs first, with no
                                  branch between them, then the counts (add_prob's own test is exact, the
-                                 band only saves work) */
+                                 band only saves work; what else was measured: above the kernel) */
                 float p[4 * ROUND_LOADS4];
 #pragma unroll
                 for (int u = 0; u < ROUND_LOADS4; u++) {
@@ -468,7 +480,10 @@ static int topp_fused_plan(topp_device_info *d, int tiles, int64_t batch, int *c
  * limit; raised to its 39.3 MB maximum: 150.7-151.2 us); every kernel's shared-memory carveout at its
  * maximum, 124.9-125.3 against 120.7-121.3. Branch exp/approx-bracket keeps a bracket for round 0
  * from token counts alone (no expf), which lost: the counting pass cost 26 us, as much as a full
- * pass, and round 0 then had to add the kept tokens' masses itself (124.9 us against 120.7). */
+ * pass, and round 0 then had to add the kept tokens' masses itself (124.9 us against 120.7). Programs
+ * of 1, 2 and 4 tiles instead of 9 (4,864, 2,432 and 1,216 programs against 576): 170.5, 130.9 and
+ * 118.4 us, against 117.3-118.5 for 9 tiles in other runs of the same session (flat rows: 195.5, 176.1
+ * and 173.2 against 180.1-181.6). */
 int topp_prob_launch(topp_plan plan, const kp_topp_args *a, topp_device_info *dev, int sm_count, cudaStream_t stream,
                      char *message, size_t message_len) {
     /* split_prob: enough programs per row to give every SM KP_TOPP_BLOCKS_PER_SM of them; the tiles
