@@ -373,7 +373,7 @@ __device__ __forceinline__ void list_level_member(const topp_plan &plan, int64_t
 static inline int64_t topp_level_cap(int64_t vocab) { return ((vocab < LEVEL_CAP ? vocab : LEVEL_CAP) + 3) / 4 * 4; }
 
 /* split_prob: the bucket masses and counters of a row, zeroed by one memset at the start of a call */
-static inline int64_t topp_zeroed_per_row(void) {
+static constexpr int64_t topp_zeroed_per_row(void) {
     return (int64_t)(PROB_R * (PROB_F + 1) * sizeof(unsigned long long)) + (int64_t)(CNT_WORDS * sizeof(unsigned));
 }
 
@@ -387,11 +387,17 @@ struct topp_device_info {
     int sm_count;
     bool sm90;
     int active_plus_one[FUSED_MAX_CLUSTER + 1][FUSED_MAX_TILES + 1]; /* 0: not asked yet */
+    cudaStream_t half;       /* split_prob: the second half of a split batch runs here (0: not made yet) */
+    cudaEvent_t fork, join;  /* its start after the call's stream, and the call's stream after its end */
 };
 
 /* topp_split_prob.cu: split_prob's launches of one call (plan filled in by topp_cuda_run). */
 int topp_prob_launch(topp_plan plan, const kp_topp_args *a, topp_device_info *dev, int sm_count, cudaStream_t stream,
                      char *message, size_t message_len);
+
+/* topp_split_prob.cu: *fused = a batch of `batch` rows of `vocab` takes split_prob's fused path */
+int topp_prob_fused_rows(topp_device_info *dev, int64_t vocab, int64_t batch, bool *fused, char *message,
+                         size_t message_len);
 
 /* topp_prob_fused.cu */
 bool prob_fused_has_clusters(cudaError_t *e); /* the code the device runs was built for sm_90 or later */

@@ -20,7 +20,9 @@
  * - fused, when a row fits in a cluster of at most 16 blocks of at most 16 tiles and the device can
  *   hold every row's cluster at once (topp_fused_plan): prob_fused_kernel, one thread-block cluster
  *   per row holding the row in shared memory, then prob_select_kernel (see there).
- * - split, otherwise: a memset zeroes the bucket masses and counters, then 6 launches:
+ * - split, otherwise: a memset zeroes the bucket masses and counters, then 6 launches (a batch of 64
+ *   rows or more whose halves do not fit the fused path runs as two halves, each such a chain, the
+ *   second on a stream of its own, forked from and joined back into the call's: topp_prob_halves):
  *   1. prob_stats_kernel: one 256-thread block per 2048-token tile (thread t reads tokens t,
  *      t + 256, ...); the records are topp_stats_kernel's bit for bit (see there). The block that
  *      finishes a row's last tile (a fence, then a counter) combines the tiles in order and stores
@@ -91,6 +93,13 @@ static int64_t topp_workspace_per_row(int algo, int64_t vocab) {
            (int64_t)((PROB_R + 1) * sizeof(kp_topp_search)) + 6 * topp_level_cap(vocab) * (int64_t)sizeof(uint32_t);
 }
 
+/* split_prob: the rows of a split batch's first half: even, so the second half's workspace starts
+ * 16-byte aligned, a row's share being a multiple of 8 bytes (the tile records 16 bytes a tile, the
+ * lists 24 bytes a level-cap entry, and the fixed part below) */
+static int64_t topp_prob_first_half(int64_t batch) { return (batch / 2) & ~(int64_t)1; }
+static_assert((topp_zeroed_per_row() + (PROB_R + 1) * sizeof(kp_topp_search)) % 8 == 0 && sizeof(topp_stats) == 16,
+              "a row's share of split_prob's workspace is a multiple of 8 bytes");
+
 static size_t topp_workspace(int algo, const kp_topp_args *a) {
     if (!a || a->batch <= 0 || a->vocab <= 0 || a->vocab > INT32_MAX - KP_TOPP_TILE) return 0;
     const int64_t per_row = topp_workspace_per_row(algo, a->vocab);
@@ -148,6 +157,59 @@ static int topp_device_ready(topp_device_info *d, int device, char *message, siz
     return KP_RUN_OK;
 }
 
+/* split_prob: a batch of at least PROB_SPLIT_ROWS rows whose halves take the split path runs as two
+ * halves, the second on the device's own stream, both started after the call's stream and joined back
+ * into it with events (so the call stays ordered on its stream and graph-capturable). Each half is a
+ * call of its own on its rows and its share of the workspace (rows are independent, and a row's bits
+ * do not depend on its batch), and the two chains of launches overlap: one half's row tails and
+ * small launches run beside the other's passes. Measured on an H200 (kparity bench --reps 100, two
+ * alternating runs against one stream): 64 x 154,856 108.4-111.3 us against 117.4-118.0; flat
+ * 64 x 154,856 164.9-167.8 against 180.1-181.1; 128 x 154,856 174.5-175.4 against 196.0-196.9; but
+ * 32 x 154,856 in halves of 16 rows 82.8 against 77.8-79.2, and four quarters at 64 x 154,856
+ * 146.4-155.3, hence the threshold and the two halves. */
+#define PROB_SPLIT_ROWS 64
+static int topp_prob_split_batch(topp_device_info *dev, const kp_topp_args *a, bool *split, char *message,
+                                 size_t message_len) {
+    *split = false;
+    if (a->batch < PROB_SPLIT_ROWS) return KP_RUN_OK;
+    bool fused = true; /* a half that fits the fused path is better left whole */
+    const int rc = topp_prob_fused_rows(dev, a->vocab, topp_prob_first_half(a->batch), &fused, message, message_len);
+    *split = !fused;
+    return rc;
+}
+
+static int topp_prob_halves(const topp_plan &plan, const kp_topp_args *a, topp_device_info *dev, int sm_count,
+                            cudaStream_t stream, char *message, size_t message_len) {
+    if (!dev->half) {
+        TOPP_CUDA_CHECK(cudaStreamCreateWithFlags(&dev->half, cudaStreamNonBlocking));
+        TOPP_CUDA_CHECK(cudaEventCreateWithFlags(&dev->fork, cudaEventDisableTiming));
+        TOPP_CUDA_CHECK(cudaEventCreateWithFlags(&dev->join, cudaEventDisableTiming));
+    }
+    const int64_t first = topp_prob_first_half(a->batch), per_row = topp_workspace_per_row(ALGO_SPLIT_PROB, a->vocab);
+    TOPP_CUDA_CHECK(cudaEventRecord(dev->fork, stream));
+    TOPP_CUDA_CHECK(cudaStreamWaitEvent(dev->half, dev->fork, 0));
+    for (int h = 0; h < 2; h++) {
+        const int64_t row = h ? first : 0;
+        kp_topp_args part = *a;
+        part.batch = h ? a->batch - first : first;
+        part.logits = a->logits + row * a->row_stride;
+        part.out = a->out + row * a->row_stride;
+        part.top_p = a->top_p + row;
+        part.workspace = static_cast<char *>(a->workspace) + row * per_row; /* 16-byte aligned: row is even */
+        part.workspace_bytes = a->workspace_bytes - (size_t)(row * per_row);
+        topp_plan p = plan;
+        p.logits = part.logits;
+        p.out = part.out;
+        p.top_p = part.top_p;
+        p.stats = static_cast<topp_stats *>(part.workspace);
+        const int rc = topp_prob_launch(p, &part, dev, sm_count, h ? dev->half : stream, message, message_len);
+        if (rc != KP_RUN_OK) return rc;
+    }
+    TOPP_CUDA_CHECK(cudaEventRecord(dev->join, dev->half));
+    TOPP_CUDA_CHECK(cudaStreamWaitEvent(stream, dev->join, 0));
+    return KP_RUN_OK;
+}
+
 template <int ALGO>
 static int topp_cuda_run(const char *name, const void *vargs, char *message, size_t message_len) {
     const kp_topp_args *a = static_cast<const kp_topp_args *>(vargs);
@@ -189,6 +251,12 @@ static int topp_cuda_run(const char *name, const void *vargs, char *message, siz
     plan.stats = static_cast<topp_stats *>(a->workspace);
     cudaStream_t stream = static_cast<cudaStream_t>(a->stream);
     if (ALGO == ALGO_SPLIT_LOGIT) return topp_logit_launch(plan, a, sm_count, stream, message, message_len);
+    if (ALGO == ALGO_SPLIT_PROB) {
+        bool split = false;
+        rc = topp_prob_split_batch(dev, a, &split, message, message_len);
+        if (rc != KP_RUN_OK) return rc;
+        if (split && dev != &scratch) return topp_prob_halves(plan, a, dev, sm_count, stream, message, message_len);
+    }
     return topp_prob_launch(plan, a, dev, sm_count, stream, message, message_len);
 }
 

@@ -473,6 +473,16 @@ static int topp_fused_plan(topp_device_info *d, int tiles, int64_t batch, int *c
     return KP_RUN_OK;
 }
 
+int topp_prob_fused_rows(topp_device_info *dev, int64_t vocab, int64_t batch, bool *fused, char *message,
+                         size_t message_len) {
+    int cluster = 0, tiles_per_block = 0;
+    size_t bytes = 0;
+    const int rc = topp_fused_plan(dev, (int)((vocab + KP_TOPP_TILE - 1) / KP_TOPP_TILE), batch, &cluster,
+                                   &tiles_per_block, &bytes, message, message_len);
+    *fused = cluster != 0;
+    return rc;
+}
+
 /* The launches of one call: plan has the run's pointers and the workspace's start (topp_cuda_run);
  * dev is the device's cached answers (held under topp_split.cu's lock). Measured on an H200 at
  * 64 x 154,856 and not kept: an L2 access-policy window (persisting) over the logits on the
