@@ -1,5 +1,7 @@
 /* topp_split.cu: topp.split_logit@cuda (incumbent) and topp.split_prob@cuda (candidate), the steps
- * of kernels/topp_split.h. All launches on args->stream; no host sync; graph-capturable.
+ * of kernels/topp_split.h. All launches ordered on args->stream (a split_prob batch of 64 rows or
+ * more may run its second half on a stream of the impl's own, forked from and joined back into
+ * args->stream with events); no host sync; graph-capturable.
  *
  * split_logit (unchanged, vLLM's small-batch split pipeline with its defect): a 1-D grid of
  * batch * S programs (256 threads, program row * S + slice), S = the largest power of two <= 32 with
@@ -136,9 +138,11 @@ static int topp_check(const char *name, const kp_topp_args *a, char *message, si
  * changes between calls; asking on every call cost several driver calls per call): the SM count,
  * whether the code the device runs was built for sm_90 or later (thread-block clusters, for the fused
  * path), the kernels' shared-memory limits (set once to the most any call needs), and, per fused
- * shape, how many clusters can run at once. The limits belong to the device's primary context, so
- * this assumes nothing in the process calls cudaDeviceReset between calls (nothing in kparity does;
- * after one, the first launch needing more than 48 KiB of shared memory would fail, reported). */
+ * shape, how many clusters can run at once; and, made on the first call that splits a batch, the
+ * stream and events of topp_prob_halves. The limits, the stream and the events belong to the device's
+ * primary context, so this assumes nothing in the process calls cudaDeviceReset between calls
+ * (nothing in kparity does; after one, the first launch needing more than 48 KiB of shared memory or
+ * the first split batch would fail, reported). */
 #define TOPP_MAX_DEVICES 64
 static std::mutex topp_devices_lock; /* held for the whole split_prob launch sequence */
 static topp_device_info topp_devices[TOPP_MAX_DEVICES];
