@@ -506,42 +506,52 @@ Test(gpu_topp, repeat_calls_are_bit_identical, .timeout = 120) {
     free(x), free(first), free(y);
 }
 
+/* Captured into a CUDA graph, both kernels replay to a direct run's bits: at 4 x 131,072 (split_prob's
+ * fused path) and at 64 x 154,856, where split_prob runs the batch as two halves on two streams
+ * (topp_prob_halves): the capture must take in the second stream's work and join it back. */
 Test(gpu_topp, cuda_graph_replay_matches_direct_run, .timeout = 120) {
-    enum { V = 131072, B = 4 };
+    static const int64_t shapes[][2] = {{4, 131072}, {64, 154856}};
     gpu g = gpu_open();
-    float *x = alloc_floats(B * V), *direct = alloc_floats(B * V), *y = alloc_floats(B * V), p[B];
-    for (int64_t r = 0; r < B; r++) {
-        fill_ordinary(x + r * V, V, 4242 + (uint64_t)r);
-        if (r == 2) x[r * V + 13] = 1e9f;
-        p[r] = 0.95f;
-    }
-    for (int n = 0; n < 2; n++) {
-        const kp_impl *cuda = impl_named(cuda_names[n]);
-        gpu_call c = gpu_prepare(&g, cuda, x, x, p, B, V, V);
-        gpu_launch(&g, cuda, &c);
-        gpu_fetch(&c, direct);
-        CUDA_OK(cudaMemsetAsync(c.d_y, 0, sizeof(float) * B * V, g.stream));
-        CUDA_OK(cudaStreamSynchronize(g.stream));
-        cudaGraph_t graph;
-        cudaGraphExec_t exec;
-        char msg[512] = "";
-        CUDA_OK(cudaStreamBeginCapture(g.stream, cudaStreamCaptureModeThreadLocal));
-        int rc = cuda->run(&c.args, msg, sizeof msg);
-        CUDA_OK(cudaStreamEndCapture(g.stream, &graph));
-        cr_assert_eq(rc, KP_RUN_OK, "%s under capture: %s", cuda->name, msg);
-        CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-        for (int rep = 0; rep < 2; rep++) {
-            CUDA_OK(cudaGraphLaunch(exec, g.stream));
-            CUDA_OK(cudaStreamSynchronize(g.stream));
-            gpu_fetch(&c, y);
-            cr_assert_eq(differing(direct, y, (int64_t)B * V), 0, "%s graph replay %d differs from a direct run",
-                         cuda->name, rep);
+    for (int k = 0; k < 2; k++) {
+        const int64_t B = shapes[k][0], V = shapes[k][1];
+        float *x = alloc_floats(B * V), *direct = alloc_floats(B * V), *y = alloc_floats(B * V), p[64];
+        for (int64_t r = 0; r < B; r++) {
+            fill_ordinary(x + r * V, V, 4242 + (uint64_t)r);
+            if (r == 2) x[r * V + 13] = 1e9f;
+            p[r] = r % 2 ? 0.95f : 0.5f;
         }
-        CUDA_OK(cudaGraphExecDestroy(exec));
-        CUDA_OK(cudaGraphDestroy(graph));
-        gpu_release(&c);
+        for (int n = 0; n < 2; n++) {
+            const kp_impl *cuda = impl_named(cuda_names[n]);
+            gpu_call c = gpu_prepare(&g, cuda, x, x, p, B, V, V);
+            gpu_launch(&g, cuda, &c);
+            gpu_fetch(&c, direct);
+            CUDA_OK(cudaMemsetAsync(c.d_y, 0, sizeof(float) * B * V, g.stream));
+            CUDA_OK(cudaStreamSynchronize(g.stream));
+            cudaGraph_t graph;
+            cudaGraphExec_t exec;
+            char msg[512] = "";
+            CUDA_OK(cudaStreamBeginCapture(g.stream, cudaStreamCaptureModeThreadLocal));
+            int rc = cuda->run(&c.args, msg, sizeof msg);
+            cudaError_t end = cudaStreamEndCapture(g.stream, &graph);
+            cr_assert_eq(rc, KP_RUN_OK, "%s under capture (%lld x %lld): %s", cuda->name, (long long)B, (long long)V,
+                         msg);
+            cr_assert_eq(end, cudaSuccess, "%s: ending the capture (%lld x %lld): %s", cuda->name, (long long)B,
+                         (long long)V, cudaGetErrorString(end));
+            CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+            for (int rep = 0; rep < 2; rep++) {
+                CUDA_OK(cudaGraphLaunch(exec, g.stream));
+                CUDA_OK(cudaStreamSynchronize(g.stream));
+                gpu_fetch(&c, y);
+                cr_assert_eq(differing(direct, y, B * V), 0, "%s graph replay %d differs from a direct run (%lld x %lld)",
+                             cuda->name, rep, (long long)B, (long long)V);
+                CUDA_OK(cudaMemset(c.d_y, 0, sizeof(float) * B * V));
+            }
+            CUDA_OK(cudaGraphExecDestroy(exec));
+            CUDA_OK(cudaGraphDestroy(graph));
+            gpu_release(&c);
+        }
+        free(x), free(direct), free(y);
     }
-    free(x), free(direct), free(y);
 }
 
 Test(gpu_topp, bad_args_are_refused_naming_the_field, .timeout = 60) {
