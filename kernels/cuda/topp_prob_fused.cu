@@ -93,13 +93,35 @@ __global__ void __launch_bounds__(FUSED_THREADS, 2) prob_fused_kernel(topp_plan 
         const int share_lo = 1 + rank * per, share_hi = min(span, share_lo - 1 + per);
         for (int i = share_lo + t; i <= share_hi; i += FUSED_THREADS) {
             unsigned long long sum = 0;
-            for (int r = 0; r < C; r++) sum += round_counter::total(cluster.map_shared_rank(sh.hist_words, r), rc.narrow, i);
+            if (!rc.narrow) { /* every block's two words loaded first, so the remote reads overlap */
+                unsigned lo_w[FUSED_MAX_CLUSTER], hi_w[FUSED_MAX_CLUSTER];
+#pragma unroll
+                for (int r = 0; r < FUSED_MAX_CLUSTER; r++) {
+                    const unsigned *w = cluster.map_shared_rank(sh.hist_words, r < C ? r : 0);
+                    lo_w[r] = r < C ? w[i] : 0u;
+                    hi_w[r] = r < C ? w[PROB_F + 1 + i] : 0u;
+                }
+#pragma unroll
+                for (int r = 0; r < FUSED_MAX_CLUSTER; r++) sum += ((unsigned long long)hi_w[r] << 32) | lo_w[r];
+            } else {
+                for (int r = 0; r < C; r++) sum += round_counter::total(cluster.map_shared_rank(sh.hist_words, r), true, i);
+            }
             sh.part[i] = sum;
         }
         cluster.sync(); /* every share is complete, and no block reads counts any more */
-        for (int k = t; k <= PROB_F; k += FUSED_THREADS) buckets[k] = 0;
-        __syncthreads();
-        for (int i = 1 + t; i <= span; i += FUSED_THREADS) buckets[i] = cluster.map_shared_rank(sh.part, (i - 1) / per)[i];
+        { /* buckets 1 .. F (decide_round's), the owners' sums up to span and 0 past it, all loaded before
+             any is stored (the compiler cannot tell that the stores do not alias the remote loads) */
+            constexpr int K = PROB_F / FUSED_THREADS;
+            static_assert(K * FUSED_THREADS == PROB_F, "a whole number of buckets per thread");
+            unsigned long long v[K];
+#pragma unroll
+            for (int k = 0; k < K; k++) {
+                const int i = 1 + t + k * FUSED_THREADS;
+                v[k] = i <= span ? cluster.map_shared_rank(sh.part, (i - 1) / per)[i] : 0ull;
+            }
+#pragma unroll
+            for (int k = 0; k < K; k++) buckets[1 + t + k * FUSED_THREADS] = v[k];
+        }
         __syncthreads();
         decide_round<FUSED_THREADS>([&](int k) { return buckets[k]; }, &sh.s, round + 1 == PROB_R);
     }
