@@ -450,7 +450,12 @@ __global__ void __launch_bounds__(TOPP_THREADS) prob_mask_kernel(topp_plan plan)
  * FUSED_MAX_CLUSTER x FUSED_MAX_TILES tiles) or when the device cannot hold every row's cluster at
  * once: a fused row is one long chain of cluster barriers (about 40 us on an H200 at 131,072 tokens),
  * fast while all rows run side by side, slower than the split kernels once rows queue in waves
- * (measured: 64 x 154,856 took 237 us fused, 166 us split). Both paths give the same bits. */
+ * (measured: 64 x 154,856 took 237 us fused, 166 us split). Both paths give the same bits.
+ * Measured and not kept (branch exp/fused-partial, H200, 2026-11-29): a fused path for batches that
+ * fit only partly, each block holding up to 24 of its tiles and reading the rest again every pass
+ * (64 x 154,856: clusters of 2 blocks of 1024 threads, 128 blocks): 105.2 us against 106.7-112.6 for
+ * the two-stream split path, flat rows 156.4 against 165.1, 32 rows 80.3 against 78.0. One block per
+ * SM leaves each round's sums and decision (about 3.7 us) and the rows' tails uncovered. */
 static int topp_fused_plan(topp_device_info *d, int tiles, int64_t batch, int *cluster, int *tiles_per_block,
                            size_t *bytes, char *message, size_t message_len) {
     *cluster = 0;
@@ -493,7 +498,9 @@ int topp_prob_fused_rows(topp_device_info *dev, int64_t vocab, int64_t batch, bo
  * pass, and round 0 then had to add the kept tokens' masses itself (124.9 us against 120.7). Programs
  * of 1, 2 and 4 tiles instead of 9 (4,864, 2,432 and 1,216 programs against 576): 170.5, 130.9 and
  * 118.4 us, against 117.3-118.5 for 9 tiles in other runs of the same session (flat rows: 195.5, 176.1
- * and 173.2 against 180.1-181.6). */
+ * and 173.2 against 180.1-181.6). Rounds 0-2 and the mask as one persistent launch, resident blocks
+ * taking (row, slice, phase) items by ticket and waiting on the row's previous phase (branch
+ * exp/persistent-rounds): 141.6 us against 108.4 (32 rows, one stream: 84.4 against 80.4). */
 int topp_prob_launch(topp_plan plan, const kp_topp_args *a, topp_device_info *dev, int sm_count, cudaStream_t stream,
                      char *message, size_t message_len) {
     /* split_prob: enough programs per row to give every SM KP_TOPP_BLOCKS_PER_SM of them; the tiles
