@@ -141,16 +141,62 @@ __global__ void __launch_bounds__(FUSED_THREADS, 2) prob_fused_kernel(topp_plan 
         return;
     }
     const mask_rule rule = block_mask_rule(s, &sh.below, &sh.above);
-    const bool trim = level_trimmed(s);
-    for (int i = t; i < n; i += FUSED_THREADS) {
-        const float v = xs[i];
-        const int c = rule.classify(v);
-        if (trim && c == MASK_LEVEL) { /* a level member: prob_select_kernel writes it */
-            list_level_member(plan, row, v, (uint32_t)(begin + i));
-            continue;
-        }
-        y[begin + i] = c != MASK_DROP ? v : -INFINITY;
+    if (!level_trimmed(s)) {
+        for (int i = t; i < n; i += FUSED_THREADS) y[begin + i] = rule.classify(xs[i]) != MASK_DROP ? xs[i] : -INFINITY;
+        return;
     }
+    /* A trimmed level's members are left to prob_select_kernel, listed for it when the list can hold
+     * them all: the search knows the level's size (numdup, from exact integer masses), and a count
+     * past level_cap makes the select rescan the row, so a larger level is not listed at all. */
+    const bool listing = s.numdup <= plan.level_cap;
+    unsigned *const count = plan.counts + row * CNT_WORDS + CNT_LEVEL;
+    if (!listing) {
+        if (rank == 0 && t == 0) *count = (unsigned)min(s.numdup, (int64_t)UINT32_MAX);
+        for (int i = t; i < n; i += FUSED_THREADS) {
+            const int c = rule.classify(xs[i]);
+            if (c != MASK_LEVEL) y[begin + i] = c == MASK_KEEP ? xs[i] : -INFINITY;
+        }
+        return;
+    }
+    /* Each warp gathers its members in its own part of the counts' and sums' words (free since the
+     * last cluster barrier) and appends them to the row's list with one atomic per flush: one global
+     * atomic per warp and token group took the flat rows' mask about 18 us more on an H200 (branch
+     * exp/fused-partial, 64 x 154,856 in clusters of 2 blocks: 34 us against 52). */
+    constexpr int WARP_LIST = HIST_WORDS / FUSED_WARPS;
+    static_assert(WARP_LIST >= 64 && 2 * (PROB_F + 1) >= HIST_WORDS, "a warp's share holds two groups of 32 members");
+    uint32_t *const wkey = sh.hist_words + warp * WARP_LIST;
+    uint32_t *const widx = reinterpret_cast<uint32_t *>(sh.part) + warp * WARP_LIST;
+    uint32_t *const list_key = plan.level_list + row * 3 * (int64_t)plan.level_cap, *const list_idx = list_key + plan.level_cap;
+    int gathered = 0; /* members gathered, the same in every lane */
+    auto flush = [&] {
+        __syncwarp();
+        unsigned base = 0;
+        if (lane == 0) base = atomicAdd(count, (unsigned)gathered);
+        base = __shfl_sync(0xffffffffu, base, 0);
+        for (int j = lane; j < gathered; j += 32)
+            if (base + j < (unsigned)plan.level_cap) {
+                list_key[base + j] = wkey[j];
+                list_idx[base + j] = widx[j];
+            }
+        __syncwarp();
+        gathered = 0;
+    };
+    for (int b = warp * 32; b < n; b += FUSED_THREADS) { /* whole warps: the ballot below */
+        const int i = b + lane;
+        const float v = i < n ? xs[i] : NAN;
+        const int c = rule.classify(v); /* NaN: MASK_DROP */
+        const unsigned level = __ballot_sync(0xffffffffu, c == MASK_LEVEL);
+        if (c == MASK_LEVEL) {
+            const int pos = gathered + __popc(level & ((1u << lane) - 1u));
+            wkey[pos] = kp_topp_logit_key(v);
+            widx[pos] = (uint32_t)(begin + i);
+        } else if (i < n) {
+            y[begin + i] = c == MASK_KEEP ? v : -INFINITY;
+        }
+        gathered += __popc(level);
+        if (gathered > WARP_LIST - 32) flush();
+    }
+    if (gathered) flush();
 #else
     __trap(); /* no cluster code for this architecture: topp_fused_plan never launches it here */
 #endif
