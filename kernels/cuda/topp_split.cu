@@ -21,7 +21,9 @@
  * way). Two paths, the same bits (the tests compare both with the host port, and a row across them):
  * - fused, when a row fits in a cluster of at most 16 blocks of at most 16 tiles and the device can
  *   hold every row's cluster at once (topp_fused_plan): prob_fused_kernel, one thread-block cluster
- *   per row holding the row in shared memory, then prob_select_kernel (see there).
+ *   per row holding the row in shared memory, then prob_select_kernel (see there). Its mask lists a
+ *   trimmed level's members per warp (one atomic per flush), and not at all when the level (its
+ *   size known from the search) exceeds the list: the select rescans the row then.
  * - split, otherwise: a memset zeroes the bucket masses and counters, then 6 launches (a batch of 64
  *   rows or more whose halves do not fit the fused path runs as two halves, each such a chain, the
  *   second on a stream of its own, forked from and joined back into the call's: topp_prob_halves):
