@@ -409,6 +409,7 @@ cudaError_t prob_fused_launch(const topp_plan &plan, int cluster, int tiles_per_
 
 /* topp_prob_select.cu */
 cudaError_t prob_select_set_limit(int bytes);
-void prob_select_launch(const topp_plan &plan, int64_t batch, size_t sel_bytes, cudaStream_t stream);
+cudaError_t prob_select_launch(const topp_plan &plan, int64_t batch, size_t sel_bytes, bool programmatic,
+                               cudaStream_t stream);
 
 #endif

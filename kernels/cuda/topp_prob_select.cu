@@ -119,6 +119,7 @@ __device__ void select_cached(sel_shared &sh, const uint32_t *list, int n) {
 }
 
 __global__ void __launch_bounds__(SEL_THREADS) prob_select_kernel(topp_plan plan) {
+    pdl_wait();
     __shared__ kp_topp_search s;
     __shared__ float below, above;
     __shared__ sel_shared sh;
@@ -292,7 +293,8 @@ cudaError_t prob_select_set_limit(int bytes) {
     return cudaFuncSetAttribute(prob_select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
 
-/* launch errors: the caller's cudaGetLastError (TOPP_LAUNCH_CHECK) */
-void prob_select_launch(const topp_plan &plan, int64_t batch, size_t sel_bytes, cudaStream_t stream) {
-    prob_select_kernel<<<(unsigned)batch, SEL_THREADS, sel_bytes, stream>>>(plan);
+/* After the fused kernel or prob_mask_kernel; programmatic: with programmatic dependent launch (pdl_wait). */
+cudaError_t prob_select_launch(const topp_plan &plan, int64_t batch, size_t sel_bytes, bool programmatic,
+                               cudaStream_t stream) {
+    return launch_after(programmatic, prob_select_kernel, (unsigned)batch, SEL_THREADS, sel_bytes, stream, plan);
 }

@@ -1,7 +1,9 @@
 /* topp_split.cu: topp.split_logit@cuda (incumbent) and topp.split_prob@cuda (candidate), the steps
  * of kernels/topp_split.h. All launches ordered on args->stream (a split_prob batch of 64 rows or
  * more may run its second half on a stream of the impl's own, forked from and joined back into
- * args->stream with events); no host sync; graph-capturable.
+ * args->stream with events); no host sync; graph-capturable. split_prob launches each kernel after
+ * its first with programmatic dependent launch on a device that runs sm_90 code (pdl_wait,
+ * topp_cuda.cuh), so a launch's latency hides behind the previous kernel's last blocks.
  *
  * split_logit (unchanged, vLLM's small-batch split pipeline with its defect): a 1-D grid of
  * batch * S programs (256 threads, program row * S + slice), S = the largest power of two <= 32 with
