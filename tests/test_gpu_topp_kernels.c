@@ -554,6 +554,49 @@ Test(gpu_topp, cuda_graph_replay_matches_direct_run, .timeout = 120) {
     }
 }
 
+/* A process's first call may come under graph capture (a server that captures before any eager
+ * call): the impl then asks the driver about the device, and split_prob's halves create their stream
+ * and events, inside the capture. Criterion runs each test in its own process, so this test's
+ * captured calls are the first ones. Both capture modes that forbid unsafe calls are tried. */
+Test(gpu_topp, first_call_under_capture_replays_to_a_direct_run, .timeout = 120) {
+    static const int64_t shapes[][2] = {{64, 154856}, {4, 131072}};
+    static const enum cudaStreamCaptureMode modes[] = {cudaStreamCaptureModeGlobal, cudaStreamCaptureModeThreadLocal};
+    gpu g = gpu_open();
+    const kp_impl *cuda = impl_named("topp.split_prob@cuda");
+    for (int k = 0; k < 2; k++) {
+        const int64_t B = shapes[k][0], V = shapes[k][1];
+        float *x = alloc_floats(B * V), *captured = alloc_floats(B * V), *direct = alloc_floats(B * V), p[64];
+        for (int64_t r = 0; r < B; r++) {
+            fill_ordinary(x + r * V, V, 777 + (uint64_t)r);
+            p[r] = r % 2 ? 0.95f : 0.5f;
+        }
+        gpu_call c = gpu_prepare(&g, cuda, x, x, p, B, V, V);
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        char msg[512] = "";
+        CUDA_OK(cudaStreamBeginCapture(g.stream, modes[k]));
+        int rc = cuda->run(&c.args, msg, sizeof msg);
+        cudaError_t end = cudaStreamEndCapture(g.stream, &graph);
+        cr_assert_eq(rc, KP_RUN_OK, "first call under capture (%lld x %lld): %s", (long long)B, (long long)V, msg);
+        cr_assert_eq(end, cudaSuccess, "ending the capture of a first call (%lld x %lld): %s", (long long)B,
+                     (long long)V, cudaGetErrorString(end));
+        CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+        CUDA_OK(cudaMemset(c.d_y, 0, sizeof(float) * B * V));
+        CUDA_OK(cudaGraphLaunch(exec, g.stream));
+        CUDA_OK(cudaStreamSynchronize(g.stream));
+        gpu_fetch(&c, captured);
+        CUDA_OK(cudaMemset(c.d_y, 0, sizeof(float) * B * V));
+        gpu_launch(&g, cuda, &c);
+        gpu_fetch(&c, direct);
+        cr_assert_eq(differing(direct, captured, B * V), 0, "the captured first call differs from a direct run (%lld x %lld)",
+                     (long long)B, (long long)V);
+        CUDA_OK(cudaGraphExecDestroy(exec));
+        CUDA_OK(cudaGraphDestroy(graph));
+        gpu_release(&c);
+        free(x), free(captured), free(direct);
+    }
+}
+
 Test(gpu_topp, bad_args_are_refused_naming_the_field, .timeout = 60) {
     gpu g = gpu_open();
     float *d = NULL;
