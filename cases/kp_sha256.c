@@ -4,7 +4,9 @@
 
 #include <errno.h>
 #include <openssl/evp.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 int kp_sha256_init(kp_sha256 *h, kp_error *err) {
@@ -61,4 +63,47 @@ int kp_sha256_file_hex(const char *path, char hex[KP_SHA256_HEX_LEN], kp_error *
     kp_sha256_final_hex(&h, hex);
     if (bad) return kp_fail(err, KP_EXIT_USAGE, "%s: read error", path);
     return 0;
+}
+
+struct kp_sha256_job {
+    pthread_t thread;
+    int threaded;
+    unsigned char *prefix;
+    size_t prefix_len, nspans;
+    kp_span *spans;
+    char hex[KP_SHA256_HEX_LEN];
+};
+
+static void *job_main(void *arg) {
+    kp_sha256_job *job = arg;
+    kp_sha256 h = {0};
+    kp_error err;
+    if (kp_sha256_init(&h, &err)) kp_abort(__FILE__, __LINE__, "%s", err.msg);
+    kp_sha256_update(&h, job->prefix, job->prefix_len);
+    for (size_t i = 0; i < job->nspans; i++) kp_sha256_update(&h, job->spans[i].data, job->spans[i].len);
+    kp_sha256_final_hex(&h, job->hex);
+    return NULL;
+}
+
+kp_sha256_job *kp_sha256_job_start(const void *prefix, size_t prefix_len, const kp_span *spans, size_t nspans) {
+    kp_sha256_job *job = calloc(1, sizeof *job);
+    if (!job) kp_abort(__FILE__, __LINE__, "out of host memory for a digest job");
+    job->prefix = malloc(prefix_len ? prefix_len : 1);
+    job->spans = malloc(sizeof *spans * (nspans ? nspans : 1));
+    if (!job->prefix || !job->spans) kp_abort(__FILE__, __LINE__, "out of host memory for a digest job");
+    if (prefix_len) memcpy(job->prefix, prefix, prefix_len);
+    if (nspans) memcpy(job->spans, spans, sizeof *spans * nspans);
+    job->prefix_len = prefix_len;
+    job->nspans = nspans;
+    job->threaded = pthread_create(&job->thread, NULL, job_main, job) == 0;
+    if (!job->threaded) job_main(job); /* no thread to be had: the same digest, now */
+    return job;
+}
+
+void kp_sha256_job_join(kp_sha256_job *job, char hex[KP_SHA256_HEX_LEN]) {
+    if (job->threaded && pthread_join(job->thread, NULL) != 0) kp_abort(__FILE__, __LINE__, "joining a digest thread");
+    memcpy(hex, job->hex, KP_SHA256_HEX_LEN);
+    free(job->prefix);
+    free(job->spans);
+    free(job);
 }

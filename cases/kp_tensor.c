@@ -67,32 +67,50 @@ static void put_le64(unsigned char *p, uint64_t v) {
     for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
 }
 
-void kp_buffer_digest(kp_dtype dtype, int ndim, const int64_t *shape, int64_t row_stride, const void *data,
-                      char hex[KP_SHA256_HEX_LEN]) {
+size_t kp_buffer_digest_parts(kp_dtype dtype, int ndim, const int64_t *shape, int64_t row_stride, const void *data,
+                              unsigned char prefix[KP_TENSOR_PREFIX_MAX], kp_span **spans, size_t *nspans) {
     const uint16_t probe = 1;
     KP_ASSERT(*(const unsigned char *)&probe == 1); /* canonical bytes are little-endian */
-    kp_sha256 h;
-    kp_error err;
-    if (kp_sha256_init(&h, &err)) kp_abort(__FILE__, __LINE__, "%s", err.msg);
+    KP_ASSERT(ndim >= 1 && ndim <= KP_MAX_DIMS); /* the prefix fits KP_TENSOR_PREFIX_MAX */
     static const char tag[] = "kparity.tensor/v1";
-    kp_sha256_update(&h, tag, sizeof tag); /* NUL included as a separator */
+    size_t n = 0;
+    memcpy(prefix, tag, sizeof tag); /* NUL included as a separator */
+    n += sizeof tag;
     const char *dname = dtypes[dtype].name;
-    kp_sha256_update(&h, dname, strlen(dname) + 1);
-    unsigned char le[8];
-    put_le64(le, (uint64_t)ndim);
-    kp_sha256_update(&h, le, 8);
+    memcpy(prefix + n, dname, strlen(dname) + 1);
+    n += strlen(dname) + 1;
+    put_le64(prefix + n, (uint64_t)ndim);
+    n += 8;
     int64_t rows = 1;
     for (int d = 0; d < ndim; d++) {
-        put_le64(le, (uint64_t)shape[d]);
-        kp_sha256_update(&h, le, 8);
+        put_le64(prefix + n, (uint64_t)shape[d]);
+        n += 8;
         if (d + 1 < ndim) rows *= shape[d];
     }
     int64_t cols = shape[ndim - 1];
     int64_t stride = row_stride > 0 ? row_stride : cols;
     size_t esize = dtypes[dtype].size;
+    *spans = malloc(sizeof **spans * (size_t)(rows > 0 ? rows : 1));
+    if (!*spans) kp_abort(__FILE__, __LINE__, "out of host memory for a digest's rows");
     for (int64_t r = 0; r < rows; r++)
-        kp_sha256_update(&h, (const unsigned char *)data + (size_t)(r * stride) * esize, (size_t)cols * esize);
+        (*spans)[r] = (kp_span){(const unsigned char *)data + (size_t)(r * stride) * esize, (size_t)cols * esize};
+    *nspans = (size_t)(rows > 0 ? rows : 0);
+    return n;
+}
+
+void kp_buffer_digest(kp_dtype dtype, int ndim, const int64_t *shape, int64_t row_stride, const void *data,
+                      char hex[KP_SHA256_HEX_LEN]) {
+    unsigned char prefix[KP_TENSOR_PREFIX_MAX];
+    kp_span *spans;
+    size_t nspans;
+    const size_t n = kp_buffer_digest_parts(dtype, ndim, shape, row_stride, data, prefix, &spans, &nspans);
+    kp_sha256 h;
+    kp_error err;
+    if (kp_sha256_init(&h, &err)) kp_abort(__FILE__, __LINE__, "%s", err.msg);
+    kp_sha256_update(&h, prefix, n);
+    for (size_t r = 0; r < nspans; r++) kp_sha256_update(&h, spans[r].data, spans[r].len);
     kp_sha256_final_hex(&h, hex);
+    free(spans);
 }
 
 void kp_tensor_digest(const kp_tensor *t, char hex[KP_SHA256_HEX_LEN]) {

@@ -42,5 +42,10 @@ void kp_tensor_digest(const kp_tensor *t, char hex[KP_SHA256_HEX_LEN]);
 /* The same digest for a raw strided buffer. */
 void kp_buffer_digest(kp_dtype dtype, int ndim, const int64_t *shape, int64_t row_stride, const void *data,
                       char hex[KP_SHA256_HEX_LEN]);
+/* What that digest hashes, for a kp_sha256_job: the header bytes into prefix (their count returned),
+ * then the rows as *nspans spans into *spans (malloc'd; the caller frees it). */
+#define KP_TENSOR_PREFIX_MAX 128
+size_t kp_buffer_digest_parts(kp_dtype dtype, int ndim, const int64_t *shape, int64_t row_stride, const void *data,
+                              unsigned char prefix[KP_TENSOR_PREFIX_MAX], kp_span **spans, size_t *nspans);
 
 #endif

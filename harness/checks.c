@@ -35,21 +35,36 @@ int kp_case_ctx_open(kp_case_ctx *ctx, const kp_case_spec *cs, kp_evidence *ev, 
 }
 
 void kp_case_ctx_close(kp_case_ctx *ctx) {
+    kp_digests_settle(); /* the receipt's digests, before their buffers go */
     for (int i = 0; i < ctx->nouts; i++) ctx->fam->free_output(ctx->outs[i].out);
     ctx->fam->release(ctx->data);
     ctx->nouts = 0;
 }
 
+/* An output's rows in order, as spans (malloc'd): what its digest hashes. */
+static kp_span *output_rows(kp_case_ctx *ctx, const void *out, int64_t nrows) {
+    kp_span *rows = malloc(sizeof *rows * (size_t)(nrows > 0 ? nrows : 1));
+    if (!rows) kp_abort(__FILE__, __LINE__, "out of host memory for an output digest");
+    for (int64_t r = 0; r < nrows; r++) rows[r].data = ctx->fam->out_row(ctx->data, out, r, &rows[r].len);
+    return rows;
+}
+
+/* An output's digest, now. */
 static void output_digest(kp_case_ctx *ctx, const void *out, int64_t nrows, char hex[KP_SHA256_HEX_LEN]) {
+    kp_span *rows = output_rows(ctx, out, nrows);
     kp_sha256 h;
     kp_error err;
     if (kp_sha256_init(&h, &err)) kp_abort(__FILE__, __LINE__, "%s", err.msg);
-    for (int64_t r = 0; r < nrows; r++) {
-        size_t bytes;
-        const void *row = ctx->fam->out_row(ctx->data, out, r, &bytes);
-        kp_sha256_update(&h, row, bytes);
-    }
+    for (int64_t r = 0; r < nrows; r++) kp_sha256_update(&h, rows[r].data, rows[r].len);
     kp_sha256_final_hex(&h, hex);
+    free(rows);
+}
+
+/* The same digest on a worker thread (kp_digest_start), recorded as entry[key] at settle. */
+static void output_digest_later(kp_case_ctx *ctx, const void *out, int64_t nrows, cJSON *entry, const char *key) {
+    kp_span *rows = output_rows(ctx, out, nrows);
+    kp_digest_start(NULL, 0, rows, (size_t)nrows, NULL, entry, key);
+    free(rows);
 }
 
 /* The impl's output on the whole case, computed once per case and recorded in receipt["impls"]. */
@@ -77,11 +92,7 @@ static int full_output(kp_case_ctx *ctx, const kp_impl *impl, const char *role) 
     free(rows);
     cJSON_AddStringToObject(entry, "status", kp_result_name(ctx->outs[i].status));
     if (ctx->outs[i].status == KP_PASSED) {
-        char hex[KP_SHA256_HEX_LEN];
-        double t0 = kp_now();
-        output_digest(ctx, ctx->outs[i].out, ctx->batch, hex);
-        kp_stage_add(KP_STAGE_DIGESTS, kp_now() - t0);
-        cJSON_AddStringToObject(entry, "output_sha256", hex);
+        output_digest_later(ctx, ctx->outs[i].out, ctx->batch, entry, "output_sha256");
     } else {
         snprintf(ctx->outs[i].message, sizeof ctx->outs[i].message, "%s", err.msg);
         cJSON_AddStringToObject(entry, "message", err.msg);

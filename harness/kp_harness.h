@@ -9,6 +9,7 @@
 
 #include "../cases/kp_case.h"
 #include "../cases/kp_common.h"
+#include "../cases/kp_sha256.h"
 #include "../kernels/kp_registry.h"
 #include "../receipts/kp_bundle.h"
 #include "../reference/topp_ref.h"
@@ -91,13 +92,28 @@ typedef enum kp_stage {
     KP_STAGE_KERNELS,        /* impl runs: copies, launch, sync, guard checks */
     KP_STAGE_JUDGING,        /* comparisons, rule judging, evidence */
     KP_STAGE_RECEIPTS,       /* receipts, artifacts, reports, manifest */
-    KP_STAGE_DIGESTS,        /* SHA-256 of inputs, reference and outputs recorded in receipts */
+    KP_STAGE_DIGESTS,        /* SHA-256 of inputs, reference and outputs recorded in receipts: the time the
+                                run spent starting them and waiting for them (they are hashed on worker
+                                threads beside the other stages: kp_digest_start) */
     KP_STAGE_COUNT
 } kp_stage;
 void kp_stage_add(kp_stage stage, double seconds);
 double kp_stage_seconds(kp_stage stage);
 double kp_stage_total(void); /* every stage's seconds, summed */
 const char *kp_stage_name(kp_stage stage);
+
+/* The digests receipts record, hashed on worker threads while the case goes on (kp_sha256_job).
+ * kp_digest_start hashes prefix (copied) and spans (which must stay unchanged until the next
+ * kp_digests_settle); at settle the hex lands in hex_out (if not NULL) and in obj[key] (if obj is
+ * not NULL), added now with a placeholder so the receipt keeps its key order. kp_digest_record adds
+ * obj[key] for the digest bound for hex_out, now if it has settled. kp_digests_settle waits for
+ * every digest started and fills every place. Only the run's thread calls these; a case settles
+ * before it frees its buffers and before its receipt is written (kp_case_ctx_close, the family's
+ * release and free_output). */
+void kp_digest_start(const void *prefix, size_t prefix_len, const kp_span *spans, size_t nspans, char *hex_out,
+                     cJSON *obj, const char *key);
+void kp_digest_record(cJSON *obj, const char *key, const char *hex_out);
+void kp_digests_settle(void);
 
 /* Per-family hooks. `data` is the family's prepared case (inputs, lazily the reference). */
 typedef struct kp_family {

@@ -35,6 +35,7 @@ static int replay_receipt(const char *dir, const char *file, kp_error *err) {
     if (!rc) {
         cJSON *now = cJSON_CreateObject();
         fam->describe_inputs(data, now);
+        kp_digests_settle();
         for (const cJSON *t = now->child; t && !rc; t = t->next) {
             const cJSON *was = cJSON_GetObjectItemCaseSensitive(inputs, t->string);
             const cJSON *a = cJSON_GetObjectItemCaseSensitive(t, "sha256");
@@ -50,6 +51,7 @@ static int replay_receipt(const char *dir, const char *file, kp_error *err) {
     if (!rc && cJSON_IsString(ref_sha)) {
         cJSON *desc = cJSON_CreateObject();
         if (fam->reference(data, NULL, desc, err)) rc = err->code;
+        kp_digests_settle();
         const cJSON *now = cJSON_GetObjectItemCaseSensitive(desc, "sha256");
         if (!rc && (!cJSON_IsString(now) || strcmp(now->valuestring, ref_sha->valuestring)))
             rc = kp_fail(err, KP_EXIT_INCORRECT, "%s: the reference regenerates to %s, the receipt records %s", file,

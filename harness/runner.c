@@ -339,6 +339,7 @@ int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err
             for (int x = 0; x <= KP_FAILED; x++)
                 if (cJSON_IsString(r) && !strcmp(r->valuestring, kp_result_name((kp_result)x))) row->result = (kp_result)x;
         }
+        kp_digests_settle(); /* none is pending past kp_case_ctx_close; a receipt never holds a placeholder */
         pthread_mutex_lock(&st.lock);
         if (st.taken_over) { /* the watchdog is finishing the bundle; it will exit the process */
             pthread_mutex_unlock(&st.lock);

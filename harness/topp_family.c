@@ -121,6 +121,7 @@ static int topp_prepare(const kp_case *c, int64_t extra_rows, void **data, kp_er
 static void topp_release(void *data) {
     topp_data *d = data;
     if (!d) return;
+    kp_digests_settle(); /* digests may still be reading the inputs or the reference */
     for (int i = 0; i < d->njudged; i++) kp_topp_judgement_free(&d->judged[i].j);
     if (d->have_ref) kp_topp_ref_free(&d->ref);
     free(d->logits);
@@ -152,16 +153,17 @@ static size_t topp_estimate_device(const kp_case *c, const kp_impl *impl, kp_err
 
 static void add_tensor(cJSON *inputs, const char *name, kp_dtype dtype, int ndim, const int64_t *shape, int64_t stride,
                        const void *data) {
-    char hex[KP_SHA256_HEX_LEN];
-    double t0 = kp_now();
-    kp_buffer_digest(dtype, ndim, shape, stride, data, hex);
-    kp_stage_add(KP_STAGE_DIGESTS, kp_now() - t0);
     cJSON *t = cJSON_AddObjectToObject(inputs, name);
     cJSON_AddStringToObject(t, "dtype", kp_dtype_name(dtype));
     cJSON *s = cJSON_AddArrayToObject(t, "shape");
     for (int i = 0; i < ndim; i++) cJSON_AddItemToArray(s, kp_json_int(shape[i]));
     if (stride) kp_json_add_int(t, "row_stride", stride);
-    cJSON_AddStringToObject(t, "sha256", hex);
+    unsigned char prefix[KP_TENSOR_PREFIX_MAX];
+    kp_span *rows;
+    size_t nrows;
+    const size_t n = kp_buffer_digest_parts(dtype, ndim, shape, stride, data, prefix, &rows, &nrows);
+    kp_digest_start(prefix, n, rows, nrows, NULL, t, "sha256"); /* kp_buffer_digest's hex, at settle */
+    free(rows);
 }
 
 static void topp_describe_inputs(const void *data, cJSON *inputs) {
@@ -401,6 +403,7 @@ static int topp_bench(void *data, const kp_impl *impl, int reps, cJSON *timing, 
 static void topp_free_output(void *out) {
     topp_out *o = out;
     if (!o) return;
+    kp_digests_settle(); /* a digest may still be reading it */
     output_release(o);
     free(o);
 }
@@ -422,21 +425,16 @@ static int topp_reference(void *data, const kp_check_spec *spec, cJSON *desc, kp
         d->ref_seconds = kp_now() - t0;
         kp_stage_add(KP_STAGE_REFERENCE, d->ref_seconds);
         d->have_ref = 1;
-        /* digest of what the rule decided: keep mask, probabilities and C_t, all machine-independent */
-        t0 = kp_now();
-        kp_sha256 h;
-        if (kp_sha256_init(&h, err)) return err->code;
+        /* digest of what the rule decided: keep mask, probabilities and C_t, all machine-independent
+         * (hashed on a worker thread into ref_digest: kp_digest_start) */
         size_t n = (size_t)(d->tc.batch * d->tc.vocab);
-        kp_sha256_update(&h, "kparity.reference.topp/v1", 26);
-        kp_sha256_update(&h, d->ref.keep, n);
-        kp_sha256_update(&h, d->ref.prob, n * sizeof(double));
-        kp_sha256_update(&h, d->ref.mass_before, n * sizeof(double));
-        kp_sha256_final_hex(&h, d->ref_digest);
-        kp_stage_add(KP_STAGE_DIGESTS, kp_now() - t0);
+        const kp_span parts[3] = {{d->ref.keep, n}, {d->ref.prob, n * sizeof(double)},
+                                  {d->ref.mass_before, n * sizeof(double)}};
+        kp_digest_start("kparity.reference.topp/v1", 26, parts, 3, d->ref_digest, NULL, NULL);
     }
     if (desc && !cJSON_GetObjectItemCaseSensitive(desc, "sha256")) {
         cJSON_AddStringToObject(desc, "provider", "reference.topp@host-f64");
-        cJSON_AddStringToObject(desc, "sha256", d->ref_digest);
+        kp_digest_record(desc, "sha256", d->ref_digest);
         cJSON_AddStringToObject(desc, "rule", "keep t iff mass strictly before t in (p desc, index asc) order < top_p; "
                                               "at least one; top_p >= 1 keeps every finite token; NaN never kept");
         kp_json_add_double(desc, "seconds", d->ref_seconds);

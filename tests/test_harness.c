@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../cases/kp_tensor.h"
 #include "../harness/kp_checks.h"
 #include "kp_test_util.h"
 
@@ -283,8 +284,56 @@ Test(harness, pinned_reference_digests) {
                          kp_topp_family.prepare(&c, 0, &data, &err), 0, "%s", err.msg);
         cJSON *desc = cJSON_CreateObject();
         cr_assert_eq(kp_topp_family.reference(data, NULL, desc, &err), 0, "%s", err.msg);
+        kp_digests_settle(); /* the digest is hashed on a worker thread */
         cr_expect_str_eq(cJSON_GetObjectItemCaseSensitive(desc, "sha256")->valuestring, pins[i].hex, "%s", pins[i].name);
         cJSON_Delete(desc);
         kp_topp_family.release(data);
     }
+}
+
+/* Receipts' digests are hashed on worker threads (kp_digest_start) and land at settle: the same hex as
+ * hashing the same bytes directly, in the caller's buffer and in every JSON place recorded for it,
+ * before or after settle; never a hex-looking placeholder before. 40 at once (the registry grows). */
+Test(harness, worker_digests_match_direct_ones_and_land_where_recorded) {
+    enum { N = 40, COLS = 3000, ROWS = 7, STRIDE = 3001 };
+    float *buf = malloc(sizeof *buf * ROWS * STRIDE);
+    cr_assert(buf);
+    for (int i = 0; i < ROWS * STRIDE; i++) buf[i] = (float)((i * 2654435761u) % 1000003u) * 0.5f;
+    static char direct[N][KP_SHA256_HEX_LEN], later[N][KP_SHA256_HEX_LEN];
+    cJSON *obj = cJSON_CreateObject(), *again = cJSON_CreateObject();
+    for (int k = 0; k < N; k++) { /* digest k: the buffer's first k + 1 rows, as a tensor */
+        const int64_t shape[2] = {k % ROWS + 1, COLS};
+        kp_buffer_digest(KP_F32, 2, shape, STRIDE, buf, direct[k]);
+        unsigned char prefix[KP_TENSOR_PREFIX_MAX];
+        kp_span *rows;
+        size_t nrows;
+        const size_t n = kp_buffer_digest_parts(KP_F32, 2, shape, STRIDE, buf, prefix, &rows, &nrows);
+        char key[16];
+        snprintf(key, sizeof key, "d%d", k);
+        kp_digest_start(prefix, n, rows, nrows, later[k], obj, key);
+        free(rows);
+        kp_digest_record(again, key, later[k]); /* a second place, recorded while pending */
+        const char *now = cJSON_GetObjectItemCaseSensitive(obj, key)->valuestring;
+        cr_assert(strlen(now) != 64, "a pending digest reads like a digest: %s", now);
+    }
+    kp_digests_settle();
+    for (int k = 0; k < N; k++) {
+        char key[16];
+        snprintf(key, sizeof key, "d%d", k);
+        cr_assert_str_eq(later[k], direct[k], "digest %d in the caller's buffer", k);
+        cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(obj, key)->valuestring, direct[k], "digest %d in its place", k);
+        cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(again, key)->valuestring, direct[k], "digest %d, second place", k);
+    }
+    cJSON *after = cJSON_CreateObject(); /* recorded after settle: the hex at once */
+    kp_digest_record(after, "d0", later[0]);
+    cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(after, "d0")->valuestring, direct[0]);
+    /* the same bytes through kp_sha256 directly, in one span */
+    char one[KP_SHA256_HEX_LEN], split[KP_SHA256_HEX_LEN];
+    kp_sha256_hex(buf, sizeof *buf * ROWS * STRIDE, one);
+    const kp_span parts[1] = {{buf + 11, sizeof *buf * (ROWS * STRIDE - 11)}};
+    kp_digest_start(buf, sizeof *buf * 11, parts, 1, split, NULL, NULL);
+    kp_digests_settle();
+    cr_assert_str_eq(split, one, "a prefix and a span hash as the bytes they join");
+    cJSON_Delete(obj), cJSON_Delete(again), cJSON_Delete(after);
+    free(buf);
 }

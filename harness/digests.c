@@ -1,0 +1,65 @@
+/* digests.c: the receipts' digests, hashed on worker threads while a case goes on (kp_harness.h).
+ * Each pending digest knows where its hex goes: a buffer of the caller's, and the JSON string
+ * items that name it, which hold a placeholder until kp_digests_settle. */
+#include "kp_harness.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define DIGEST_PLACES 4 /* JSON items one digest fills; a case records each digest once or twice */
+
+typedef struct pending {
+    kp_sha256_job *job;
+    char *hex_out; /* the caller's buffer, or NULL: own */
+    char own[KP_SHA256_HEX_LEN];
+    int nplaces;
+    cJSON *place[DIGEST_PLACES];
+} pending;
+
+static pending *pend;
+static int npend, cap;
+
+static void add_place(pending *p, cJSON *obj, const char *key) {
+    KP_ASSERT(p->nplaces < DIGEST_PLACES);
+    cJSON *item = cJSON_AddStringToObject(obj, key, "(digest pending)");
+    if (!item) kp_abort(__FILE__, __LINE__, "out of host memory recording a digest");
+    p->place[p->nplaces++] = item;
+}
+
+void kp_digest_start(const void *prefix, size_t prefix_len, const kp_span *spans, size_t nspans, char *hex_out,
+                     cJSON *obj, const char *key) {
+    const double t0 = kp_now();
+    if (npend == cap) {
+        int grown_cap = cap ? 2 * cap : 16;
+        pending *grown = realloc(pend, sizeof *pend * (size_t)grown_cap);
+        if (!grown) kp_abort(__FILE__, __LINE__, "out of host memory for pending digests");
+        pend = grown, cap = grown_cap;
+    }
+    pending *p = &pend[npend++];
+    *p = (pending){.job = kp_sha256_job_start(prefix, prefix_len, spans, nspans), .hex_out = hex_out};
+    if (obj) add_place(p, obj, key);
+    kp_stage_add(KP_STAGE_DIGESTS, kp_now() - t0);
+}
+
+void kp_digest_record(cJSON *obj, const char *key, const char *hex_out) {
+    for (int i = 0; hex_out && i < npend; i++)
+        if (pend[i].hex_out == hex_out) {
+            add_place(&pend[i], obj, key);
+            return;
+        }
+    cJSON_AddStringToObject(obj, key, hex_out); /* settled already */
+}
+
+void kp_digests_settle(void) {
+    if (npend == 0) return;
+    const double t0 = kp_now();
+    for (int i = 0; i < npend; i++) {
+        char *hex = pend[i].hex_out ? pend[i].hex_out : pend[i].own;
+        kp_sha256_job_join(pend[i].job, hex);
+        for (int k = 0; k < pend[i].nplaces; k++)
+            if (!cJSON_SetValuestring(pend[i].place[k], hex))
+                kp_abort(__FILE__, __LINE__, "out of host memory recording a digest");
+    }
+    npend = 0;
+    kp_stage_add(KP_STAGE_DIGESTS, kp_now() - t0);
+}
