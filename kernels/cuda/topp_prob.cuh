@@ -355,13 +355,22 @@ __device__ __forceinline__ bool level_trimmed(const kp_topp_search &s) {
     return s.mode == KP_TOPP_LEVEL && s.numkeep < s.numdup;
 }
 
+/* A row's level list (logit keys at [0, level_cap), indices at [level_cap, 2 level_cap), the select's
+ * scratch after) and round 1's bracket list (3 level_cap indices). */
+__device__ __forceinline__ uint32_t *row_level_list(const topp_plan &plan, int64_t row) {
+    return plan.level_list + row * 3 * (int64_t)plan.level_cap;
+}
+__device__ __forceinline__ uint32_t *row_cand_list(const topp_plan &plan, int64_t row) {
+    return plan.cand_list + row * 3 * (int64_t)plan.level_cap;
+}
+
 /* Lists a level member to be trimmed (its logit key and index) in the row's level list for
  * prob_select_kernel (claim_slot on the row's CNT_LEVEL); past level_cap only the count grows, and
  * the select rescans the row. */
 __device__ __forceinline__ void list_level_member(const topp_plan &plan, int64_t row, float v, uint32_t i) {
     const unsigned pos = claim_slot(plan.counts + row * CNT_WORDS + CNT_LEVEL);
     if (pos >= (unsigned)plan.level_cap) return;
-    uint32_t *list_key = plan.level_list + row * 3 * (int64_t)plan.level_cap, *list_idx = list_key + plan.level_cap;
+    uint32_t *list_key = row_level_list(plan, row), *list_idx = list_key + plan.level_cap;
     list_key[pos] = kp_topp_logit_key(v);
     list_idx[pos] = i;
 }

@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(FUSED_THREADS, 2) prob_fused_kernel(topp_plan 
     static_assert(WARP_LIST >= 64 && 2 * (PROB_F + 1) >= HIST_WORDS, "a warp's share holds two groups of 32 members");
     uint32_t *const wkey = sh.hist_words + warp * WARP_LIST;
     uint32_t *const widx = reinterpret_cast<uint32_t *>(sh.part) + warp * WARP_LIST;
-    uint32_t *const list_key = plan.level_list + row * 3 * (int64_t)plan.level_cap, *const list_idx = list_key + plan.level_cap;
+    uint32_t *const list_key = row_level_list(plan, row), *const list_idx = list_key + plan.level_cap;
     int gathered = 0; /* members gathered, the same in every lane */
     auto flush = [&] {
         __syncwarp();

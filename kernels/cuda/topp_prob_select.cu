@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(SEL_THREADS) prob_select_kernel(topp_plan plan
     if (listed <= (unsigned)plan.level_cap) {
         /* the mask kernel listed every member: steps 1-4 over the list, not the row */
         const int n = (int)listed, cap = plan.level_cap;
-        const uint32_t *gkey = plan.level_list + row * 3 * (int64_t)cap, *gidx = gkey + cap;
+        const uint32_t *gkey = row_level_list(plan, row), *gidx = gkey + cap;
         uint32_t *scratch = const_cast<uint32_t *>(gidx) + cap;
         if (n <= SEL_THREADS) { /* a small level: each member counts those before it in the rule's order */
             __shared__ uint32_t small_key[SEL_THREADS], small_idx[SEL_THREADS];

@@ -110,7 +110,7 @@ __device__ void mask_pieces(const topp_plan &plan, const kp_topp_search &s, int6
     __shared__ unsigned nbuf;
     __shared__ int base_sh;
     const int cap = plan.level_cap;
-    uint32_t *list_key = plan.level_list + row * 3 * (int64_t)cap, *list_idx = list_key + cap;
+    uint32_t *list_key = row_level_list(plan, row), *list_idx = list_key + cap;
     if (t == 0) nbuf = 0;
     __syncthreads();
     for (int piece = first; piece < last; piece++) {
@@ -227,7 +227,7 @@ __device__ __forceinline__ void finish_round(const topp_plan &plan, round_counte
         return;
     }
     const float *x = plan.logits + row * plan.row_stride;
-    const uint32_t *cand = plan.cand_list + row * 3 * (int64_t)plan.level_cap;
+    const uint32_t *cand = row_cand_list(plan, row);
     const uint32_t *pairs = nullptr; /* the list as the last round read it, for mask_listed */
     if (s->mode == KP_TOPP_LIVE) {
         for (int k = t; k < HIST_WORDS; k += TOPP_THREADS) hist_words[k] = 0;
@@ -303,7 +303,7 @@ __global__ void __launch_bounds__(TOPP_THREADS, 5) prob_round_kernel(topp_plan p
      * list). Unless the list overflowed, its last program then runs the last round over the list and
      * writes the listed tokens (finish_round); otherwise prob_round_kernel<2> reads the row again and
      * prob_mask_kernel masks it. A listed token is first written as -inf and rewritten there. */
-    uint32_t *const cand = plan.cand_list + row * 3 * (int64_t)plan.level_cap;
+    uint32_t *const cand = row_cand_list(plan, row);
     unsigned *const cand_count = plan.counts + row * CNT_WORDS + CNT_CAND;
     const unsigned cand_cap = 3u * (unsigned)plan.level_cap;
     /* The collecting round lists into shared memory first (the global list takes one atomic per block,
