@@ -158,7 +158,11 @@ static __device__ __noinline__ void prob_band(float z, uint32_t lo, uint32_t hi,
  * from the floor to tau = (1 - delta - P) / finite (the tokens at or below it cannot hold 1 - P of
  * the mass) left half the ordinary profile's tokens out of its buckets and measured the same
  * (120.4-121.1 us against 120.4-120.8; round 0 36.5 us). Round 0's time is its per-token exp and
- * division, not these atomics. */
+ * division, not these atomics. Nor did one 64-bit atomicAdd per token in round 0 (no run merging;
+ * sm_90 has no native 64-bit shared add, so it compiles to a compare-and-swap loop,
+ * ATOMS.CAST.SPIN.64): 126.1-127.0 us at 64 x 154,856 against 100.4-112.3, 32 rows 81.5-81.8 against
+ * 71.9-72.2; with a warp whose tokens share one bucket adding once, 127.6-132.0 (H200, 2026-11-29,
+ * kparity bench --reps 100, three alternating runs). */
 __device__ __forceinline__ void bucket_add(unsigned *lo_word, unsigned *hi_word, unsigned long long v) {
     const unsigned v_lo = (unsigned)v;
     const unsigned old = atomicAdd(lo_word, v_lo);
