@@ -95,8 +95,11 @@ kp_sha256_job *kp_sha256_job_start(const void *prefix, size_t prefix_len, const 
     if (nspans) memcpy(job->spans, spans, sizeof *spans * nspans);
     job->prefix_len = prefix_len;
     job->nspans = nspans;
-    job->threaded = pthread_create(&job->thread, NULL, job_main, job) == 0;
-    if (!job->threaded) job_main(job); /* no thread to be had: the same digest, now */
+    size_t bytes = prefix_len;
+    for (size_t i = 0; i < nspans; i++) bytes += spans[i].len;
+    /* a small digest costs less than a thread; where no thread can be made, the same digest, now */
+    job->threaded = bytes >= KP_SHA256_JOB_THREAD_BYTES && pthread_create(&job->thread, NULL, job_main, job) == 0;
+    if (!job->threaded) job_main(job);
     return job;
 }
 

@@ -25,14 +25,16 @@ void kp_sha256_hex(const void *data, size_t len, char hex[KP_SHA256_HEX_LEN]);
 int kp_sha256_file_hex(const char *path, char hex[KP_SHA256_HEX_LEN], kp_error *err);
 
 /* A digest of prefix (copied) followed by spans, computed on a thread of its own while the caller
- * goes on (or before kp_sha256_job_start returns, where no thread can be made): the spans' bytes must
- * stay valid and unchanged until kp_sha256_job_join, which waits, writes the hex and frees the job.
- * The same hex as kp_sha256_update over the same bytes in the same order. */
+ * goes on (or before kp_sha256_job_start returns: under KP_SHA256_JOB_THREAD_BYTES, or where no
+ * thread can be made): the spans' bytes must stay valid and unchanged until kp_sha256_job_join, which
+ * waits, writes the hex and frees the job. The same hex as kp_sha256_update over the same bytes in
+ * the same order. */
 typedef struct kp_span {
     const void *data;
     size_t len;
 } kp_span;
 typedef struct kp_sha256_job kp_sha256_job;
+#define KP_SHA256_JOB_THREAD_BYTES (1u << 20) /* smaller digests are computed in kp_sha256_job_start */
 kp_sha256_job *kp_sha256_job_start(const void *prefix, size_t prefix_len, const kp_span *spans, size_t nspans);
 void kp_sha256_job_join(kp_sha256_job *job, char hex[KP_SHA256_HEX_LEN]);
 

@@ -293,9 +293,11 @@ Test(harness, pinned_reference_digests) {
 
 /* Receipts' digests are hashed on worker threads (kp_digest_start) and land at settle: the same hex as
  * hashing the same bytes directly, in the caller's buffer and in every JSON place recorded for it,
- * before or after settle; never a hex-looking placeholder before. 40 at once (the registry grows). */
+ * before or after settle; never a hex-looking placeholder before. 40 at once (the registry grows),
+ * of 0.24 to 1.7 MB (below and above KP_SHA256_JOB_THREAD_BYTES: inline and threaded jobs). */
 Test(harness, worker_digests_match_direct_ones_and_land_where_recorded) {
-    enum { N = 40, COLS = 3000, ROWS = 7, STRIDE = 3001 };
+    enum { N = 40, COLS = 60000, ROWS = 7, STRIDE = 60001 };
+    cr_assert((size_t)COLS * 4 < KP_SHA256_JOB_THREAD_BYTES && (size_t)ROWS * COLS * 4 > KP_SHA256_JOB_THREAD_BYTES);
     float *buf = malloc(sizeof *buf * ROWS * STRIDE);
     cr_assert(buf);
     for (int i = 0; i < ROWS * STRIDE; i++) buf[i] = (float)((i * 2654435761u) % 1000003u) * 0.5f;
