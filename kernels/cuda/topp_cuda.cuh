@@ -84,7 +84,9 @@ static cudaError_t launch_after(bool programmatic, void (*kernel)(Params...), un
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = programmatic ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, kernel, args...);
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
+    if (e != cudaSuccess) (void)cudaGetLastError(); /* reported by the caller, not again by a later check */
+    return e;
 }
 
 __device__ __forceinline__ bool finite_logit(float x) { return isfinite(x); }
