@@ -176,7 +176,9 @@ static int topp_device_ready(topp_device_info *d, int device, char *message, siz
  * 117.4-118.0; flat 64 x 154,856 164.9-167.8 against 180.1-181.1; 128 x 154,856 174.5-175.4 against
  * 196.0-196.9; but 32 x 154,856 in halves of 16 rows 82.8 against 77.8-79.2, and four quarters at
  * 64 x 154,856 146.4-155.3, hence the threshold and the two halves. This code, in
- * scripts/gpu-validate.sh's bench: 104.1 us at 64 x 154,856, 165.7 us flat. */
+ * scripts/gpu-validate.sh's bench: 104.1 us at 64 x 154,856, 165.7 us flat (d59abbb); with
+ * programmatic launch (fe1db54), 101.7 and 163.1 us (bbf5489). Quarters were not measured again
+ * with programmatic launch. */
 #define PROB_SPLIT_ROWS 64
 static int topp_prob_split_batch(topp_device_info *dev, const kp_topp_args *a, bool *split, char *message,
                                  size_t message_len) {
