@@ -506,6 +506,25 @@ Test(gpu_topp, repeat_calls_are_bit_identical, .timeout = 120) {
     free(x), free(first), free(y);
 }
 
+/* One call of impl on c's buffers captured in `mode` from g's stream and instantiated (what: the
+ * failure messages' subject). */
+static cudaGraphExec_t capture_call(const gpu *g, const kp_impl *impl, gpu_call *c, enum cudaStreamCaptureMode mode,
+                                    const char *what) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    char msg[512] = "";
+    CUDA_OK(cudaStreamBeginCapture(g->stream, mode));
+    int rc = impl->run(&c->args, msg, sizeof msg);
+    cudaError_t end = cudaStreamEndCapture(g->stream, &graph);
+    cr_assert_eq(rc, KP_RUN_OK, "%s under capture (%lld x %lld): %s", what, (long long)c->args.batch,
+                 (long long)c->args.vocab, msg);
+    cr_assert_eq(end, cudaSuccess, "%s: ending the capture (%lld x %lld): %s", what, (long long)c->args.batch,
+                 (long long)c->args.vocab, cudaGetErrorString(end));
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_OK(cudaGraphDestroy(graph));
+    return exec;
+}
+
 /* Captured into a CUDA graph, both kernels replay to a direct run's bits: at 4 x 131,072 (split_prob's
  * fused path) and at 64 x 154,856, where split_prob runs the batch as two halves on two streams
  * (topp_prob_halves): the capture must take in the second stream's work and join it back. */
@@ -527,17 +546,7 @@ Test(gpu_topp, cuda_graph_replay_matches_direct_run, .timeout = 120) {
             gpu_fetch(&c, direct);
             CUDA_OK(cudaMemsetAsync(c.d_y, 0, sizeof(float) * B * V, g.stream));
             CUDA_OK(cudaStreamSynchronize(g.stream));
-            cudaGraph_t graph;
-            cudaGraphExec_t exec;
-            char msg[512] = "";
-            CUDA_OK(cudaStreamBeginCapture(g.stream, cudaStreamCaptureModeThreadLocal));
-            int rc = cuda->run(&c.args, msg, sizeof msg);
-            cudaError_t end = cudaStreamEndCapture(g.stream, &graph);
-            cr_assert_eq(rc, KP_RUN_OK, "%s under capture (%lld x %lld): %s", cuda->name, (long long)B, (long long)V,
-                         msg);
-            cr_assert_eq(end, cudaSuccess, "%s: ending the capture (%lld x %lld): %s", cuda->name, (long long)B,
-                         (long long)V, cudaGetErrorString(end));
-            CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+            cudaGraphExec_t exec = capture_call(&g, cuda, &c, cudaStreamCaptureModeThreadLocal, cuda->name);
             for (int rep = 0; rep < 2; rep++) {
                 CUDA_OK(cudaGraphLaunch(exec, g.stream));
                 CUDA_OK(cudaStreamSynchronize(g.stream));
@@ -547,7 +556,6 @@ Test(gpu_topp, cuda_graph_replay_matches_direct_run, .timeout = 120) {
                 CUDA_OK(cudaMemset(c.d_y, 0, sizeof(float) * B * V));
             }
             CUDA_OK(cudaGraphExecDestroy(exec));
-            CUDA_OK(cudaGraphDestroy(graph));
             gpu_release(&c);
         }
         free(x), free(direct), free(y);
@@ -571,16 +579,7 @@ Test(gpu_topp, first_call_under_capture_replays_to_a_direct_run, .timeout = 120)
             p[r] = r % 2 ? 0.95f : 0.5f;
         }
         gpu_call c = gpu_prepare(&g, cuda, x, x, p, B, V, V);
-        cudaGraph_t graph;
-        cudaGraphExec_t exec;
-        char msg[512] = "";
-        CUDA_OK(cudaStreamBeginCapture(g.stream, modes[k]));
-        int rc = cuda->run(&c.args, msg, sizeof msg);
-        cudaError_t end = cudaStreamEndCapture(g.stream, &graph);
-        cr_assert_eq(rc, KP_RUN_OK, "first call under capture (%lld x %lld): %s", (long long)B, (long long)V, msg);
-        cr_assert_eq(end, cudaSuccess, "ending the capture of a first call (%lld x %lld): %s", (long long)B,
-                     (long long)V, cudaGetErrorString(end));
-        CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+        cudaGraphExec_t exec = capture_call(&g, cuda, &c, modes[k], "a first call");
         CUDA_OK(cudaMemset(c.d_y, 0, sizeof(float) * B * V));
         CUDA_OK(cudaGraphLaunch(exec, g.stream));
         CUDA_OK(cudaStreamSynchronize(g.stream));
@@ -591,7 +590,6 @@ Test(gpu_topp, first_call_under_capture_replays_to_a_direct_run, .timeout = 120)
         cr_assert_eq(differing(direct, captured, B * V), 0, "the captured first call differs from a direct run (%lld x %lld)",
                      (long long)B, (long long)V);
         CUDA_OK(cudaGraphExecDestroy(exec));
-        CUDA_OK(cudaGraphDestroy(graph));
         gpu_release(&c);
         free(x), free(captured), free(direct);
     }
