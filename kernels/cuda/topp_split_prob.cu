@@ -16,7 +16,11 @@
  * The block that finishes a row's last tile (a fence, then a counter) starts the row's search.
  * One warp per tile, the tile staged in shared memory by async copies, took 29.9 us against 26.4 us
  * (ncu, H200, 64 x 154,856, same run): at 8 KiB of shared memory a warp, an SM held 28 tiles, so
- * 4,864 tiles ran in 1.3 waves. */
+ * 4,864 tiles ran in 1.3 waves. Also measured and not kept (ncu, H200, one 32-row half of 64 x
+ * 154,856, 2026-11-29): a whole tile loaded without the per-token bound (the offsets folded into the
+ * loads), 5.73 million warp instructions against 6.80 and the same time, 16.7-17.0 us against
+ * 16.7-17.9; a block taking two tiles, the second's loads in flight while the first is reduced,
+ * 17.9-18.2 us. The pass waits on its loads and its blocks' ends, not on issue. */
 __global__ void __launch_bounds__(TOPP_THREADS) prob_stats_kernel(topp_plan plan, long long tiles) {
     __shared__ float sum_buf[TOPP_THREADS], max_w[TOPP_THREADS / 32], min_w[TOPP_THREADS / 32];
     __shared__ int count_w[TOPP_THREADS / 32];
@@ -264,7 +268,13 @@ __device__ __forceinline__ void finish_round(const topp_plan &plan, round_counte
  *   ordinary rows' tokens stay above it): round 0 36.5 us; flat rows 198.0-198.9 us against
  *   180.2-181.0.
  * - A per-thread loop over its own tokens in the band, lo from per-tile counts (branch
- *   exp/stats-floor): round 0 47.5 us; with every prob computed as below, 33.8 us. */
+ *   exp/stats-floor): round 0 47.5 us; with every prob computed as below, 33.8 us.
+ * - No round 0 at all: the statistics pass histograms each tile's logits (1/8 nat buckets) and the
+ *   row's last block certifies a bracket from them; round 1 then also sums its kept tokens' exact
+ *   masses (branch exp/stats-bracket, 2026-11-29, per 32-row half): statistics 55 us against 17,
+ *   round 1 60-68 us against 27, 162 us in all against 101, and one GPU test ended by the
+ *   certificate's trap (not investigated). The histogram alone (exp/stats-hist) cost the
+ *   statistics 6.8 us a half. */
 #define CAND_BUF 2048  /* the collecting round's per-block shared list */
 __host__ __device__ constexpr bool collect_round(int round) { return round == PROB_R - 2; }
 #define ROUND_LOADS 8  /* loads in flight per thread */
