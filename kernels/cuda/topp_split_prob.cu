@@ -272,7 +272,7 @@ __device__ __forceinline__ void finish_round(const topp_plan &plan, round_counte
  * - No round 0 at all: the statistics pass histograms each tile's logits (1/8 nat buckets) and the
  *   row's last block certifies a bracket from them; round 1 then also sums its kept tokens' exact
  *   masses (branch exp/stats-bracket, 2026-11-29, per 32-row half): statistics 55 us against 17,
- *   round 1 60-68 us against 27, 162 us in all against 101, and one GPU test ended by the
+ *   round 1 60-68 us against 27; 162 us against 101 at 64 x 154,856; and one GPU test ended by the
  *   certificate's trap (not investigated). The histogram alone (exp/stats-hist) cost the
  *   statistics 6.8 us a half. */
 #define CAND_BUF 2048  /* the collecting round's per-block shared list */
