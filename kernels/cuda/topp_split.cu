@@ -178,7 +178,11 @@ static int topp_device_ready(topp_device_info *d, int device, char *message, siz
  * 64 x 154,856 146.4-155.3, hence the threshold and the two halves. This code, in
  * scripts/gpu-validate.sh's bench: 104.1 us at 64 x 154,856, 165.7 us flat (d59abbb); with
  * programmatic launch (fe1db54), 101.7 and 163.1 us (bbf5489). Quarters were not measured again
- * with programmatic launch. */
+ * with programmatic launch. Staggering the halves so that one's statistics overlap the other's round 0
+ * (the second half's stream waiting on an event recorded after the first half's statistics, or after
+ * its round 0) measured slower (kparity bench --reps 100, three alternating runs, 2026-11-29):
+ * 64 x 154,856 111.9-112.7 and 121.1-122.2 us against 100.2-102.4; flat 171.4-171.9 and 183.9-184.7
+ * against 156.1-156.8; 128 x 154,856 184.4-185.0 and 196.6-196.8 against 167.9-169.7. */
 #define PROB_SPLIT_ROWS 64
 static int topp_prob_split_batch(topp_device_info *dev, const kp_topp_args *a, bool *split, char *message,
                                  size_t message_len) {
