@@ -74,14 +74,19 @@ struct kp_sha256_job {
     char hex[KP_SHA256_HEX_LEN];
 };
 
-static void *job_main(void *arg) {
-    kp_sha256_job *job = arg;
+void kp_sha256_spans_hex(const void *prefix, size_t prefix_len, const kp_span *spans, size_t nspans,
+                         char hex[KP_SHA256_HEX_LEN]) {
     kp_sha256 h = {0};
     kp_error err;
     if (kp_sha256_init(&h, &err)) kp_abort(__FILE__, __LINE__, "%s", err.msg);
-    kp_sha256_update(&h, job->prefix, job->prefix_len);
-    for (size_t i = 0; i < job->nspans; i++) kp_sha256_update(&h, job->spans[i].data, job->spans[i].len);
-    kp_sha256_final_hex(&h, job->hex);
+    kp_sha256_update(&h, prefix, prefix_len);
+    for (size_t i = 0; i < nspans; i++) kp_sha256_update(&h, spans[i].data, spans[i].len);
+    kp_sha256_final_hex(&h, hex);
+}
+
+static void *job_main(void *arg) {
+    kp_sha256_job *job = arg;
+    kp_sha256_spans_hex(job->prefix, job->prefix_len, job->spans, job->nspans, job->hex);
     return NULL;
 }
 

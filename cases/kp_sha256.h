@@ -33,6 +33,9 @@ typedef struct kp_span {
     const void *data;
     size_t len;
 } kp_span;
+/* The same digest, now. */
+void kp_sha256_spans_hex(const void *prefix, size_t prefix_len, const kp_span *spans, size_t nspans,
+                         char hex[KP_SHA256_HEX_LEN]);
 typedef struct kp_sha256_job kp_sha256_job;
 #define KP_SHA256_JOB_THREAD_BYTES (1u << 20) /* smaller digests are computed in kp_sha256_job_start */
 kp_sha256_job *kp_sha256_job_start(const void *prefix, size_t prefix_len, const kp_span *spans, size_t nspans);

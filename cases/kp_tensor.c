@@ -104,12 +104,7 @@ void kp_buffer_digest(kp_dtype dtype, int ndim, const int64_t *shape, int64_t ro
     kp_span *spans;
     size_t nspans;
     const size_t n = kp_buffer_digest_parts(dtype, ndim, shape, row_stride, data, prefix, &spans, &nspans);
-    kp_sha256 h;
-    kp_error err;
-    if (kp_sha256_init(&h, &err)) kp_abort(__FILE__, __LINE__, "%s", err.msg);
-    kp_sha256_update(&h, prefix, n);
-    for (size_t r = 0; r < nspans; r++) kp_sha256_update(&h, spans[r].data, spans[r].len);
-    kp_sha256_final_hex(&h, hex);
+    kp_sha256_spans_hex(prefix, n, spans, nspans, hex);
     free(spans);
 }
 
