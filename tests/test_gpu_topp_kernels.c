@@ -478,15 +478,22 @@ Test(gpu_topp, split_prob_row_bits_do_not_depend_on_batch, .timeout = 300) {
         }
 }
 
+/* B ordinary rows of V (row r seeded seed + r) into x, top_p 0.5 on even rows and 0.95 on odd ones. */
+static void fill_alternating(float *x, float *p, int64_t B, int64_t V, uint64_t seed) {
+    for (int64_t r = 0; r < B; r++) {
+        fill_ordinary(x + r * V, V, seed + (uint64_t)r);
+        p[r] = r % 2 ? 0.95f : 0.5f;
+    }
+}
+
 Test(gpu_topp, repeat_calls_are_bit_identical, .timeout = 120) {
     enum { V = 154856, B = 64 };
     gpu g = gpu_open();
     float *x = alloc_floats(B * V), *first = alloc_floats(B * V), *y = alloc_floats(B * V), p[B];
+    fill_alternating(x, p, B, V, 900);
     for (int64_t r = 0; r < B; r++) {
         if (r % 8 == 5) fill_flat(x + r * V, V, 900 + (uint64_t)r, 1e-6);
-        else fill_ordinary(x + r * V, V, 900 + (uint64_t)r);
         if (r % 4 == 3) x[r * V + 154842] = 1e9f;
-        p[r] = r % 2 ? 0.95f : 0.5f;
     }
     for (int n = 0; n < 2; n++) {
         const kp_impl *cuda = impl_named(cuda_names[n]);
@@ -534,11 +541,8 @@ Test(gpu_topp, cuda_graph_replay_matches_direct_run, .timeout = 120) {
     for (int k = 0; k < 2; k++) {
         const int64_t B = shapes[k][0], V = shapes[k][1];
         float *x = alloc_floats(B * V), *direct = alloc_floats(B * V), *y = alloc_floats(B * V), p[64];
-        for (int64_t r = 0; r < B; r++) {
-            fill_ordinary(x + r * V, V, 4242 + (uint64_t)r);
-            if (r == 2) x[r * V + 13] = 1e9f;
-            p[r] = r % 2 ? 0.95f : 0.5f;
-        }
+        fill_alternating(x, p, B, V, 4242);
+        x[2 * V + 13] = 1e9f;
         for (int n = 0; n < 2; n++) {
             const kp_impl *cuda = impl_named(cuda_names[n]);
             gpu_call c = gpu_prepare(&g, cuda, x, x, p, B, V, V);
@@ -574,10 +578,7 @@ Test(gpu_topp, first_call_under_capture_replays_to_a_direct_run, .timeout = 120)
     for (int k = 0; k < 2; k++) {
         const int64_t B = shapes[k][0], V = shapes[k][1];
         float *x = alloc_floats(B * V), *captured = alloc_floats(B * V), *direct = alloc_floats(B * V), p[64];
-        for (int64_t r = 0; r < B; r++) {
-            fill_ordinary(x + r * V, V, 777 + (uint64_t)r);
-            p[r] = r % 2 ? 0.95f : 0.5f;
-        }
+        fill_alternating(x, p, B, V, 777);
         gpu_call c = gpu_prepare(&g, cuda, x, x, p, B, V, V);
         cudaGraphExec_t exec = capture_call(&g, cuda, &c, modes[k], "a first call");
         CUDA_OK(cudaMemset(c.d_y, 0, sizeof(float) * B * V));
