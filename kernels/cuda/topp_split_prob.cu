@@ -512,7 +512,10 @@ int topp_prob_fused_rows(topp_device_info *dev, int64_t vocab, int64_t batch, bo
  * 118.4 us, against 117.3-118.5 for 9 tiles in other runs of the same session (flat rows: 195.5, 176.1
  * and 173.2 against 180.1-181.6). Rounds 0-2 and the mask as one persistent launch, resident blocks
  * taking (row, slice, phase) items by ticket and waiting on the row's previous phase (branch
- * exp/persistent-rounds): 141.6 us against 108.4 (32 rows, one stream: 84.4 against 80.4). */
+ * exp/persistent-rounds): 141.6 us against 108.4 (32 rows, one stream: 84.4 against 80.4). A timing
+ * cut, not an algorithm (2026-11-29, 70e826f, three alternating runs): without the launches of round 2,
+ * the mask and the select, which leave an ordinary row as round 1 finished it, 64 x 154,856 took
+ * 100.2-101.8 us against 99.4-100.9, so folding them into round 1 would gain nothing there. */
 int topp_prob_launch(topp_plan plan, const kp_topp_args *a, topp_device_info *dev, int sm_count, cudaStream_t stream,
                      char *message, size_t message_len) {
     /* split_prob: enough programs per row to give every SM KP_TOPP_BLOCKS_PER_SM of them; the tiles
