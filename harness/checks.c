@@ -35,7 +35,6 @@ int kp_case_ctx_open(kp_case_ctx *ctx, const kp_case_spec *cs, kp_evidence *ev, 
 }
 
 void kp_case_ctx_close(kp_case_ctx *ctx) {
-    kp_digests_settle(); /* the receipt's digests, before their buffers go */
     for (int i = 0; i < ctx->nouts; i++) ctx->fam->free_output(ctx->outs[i].out);
     ctx->fam->release(ctx->data);
     ctx->nouts = 0;

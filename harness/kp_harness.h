@@ -107,9 +107,9 @@ const char *kp_stage_name(kp_stage stage);
  * kp_digests_settle); at settle the hex lands in hex_out (if not NULL) and in obj[key] (if obj is
  * not NULL), added now with a placeholder so the receipt keeps its key order. kp_digest_record adds
  * obj[key] for the digest bound for hex_out, now if it has settled. kp_digests_settle waits for
- * every digest started and fills every place. Only the run's thread calls these; a case settles
- * before it frees its buffers and before its receipt is written (kp_case_ctx_close, the family's
- * release and free_output). */
+ * every digest started and fills every place. Only the run's thread calls these; a family settles
+ * before it frees a buffer a digest may read (its release and free_output, whoever calls them), and
+ * the runner before it writes a case's receipt. */
 void kp_digest_start(const void *prefix, size_t prefix_len, const kp_span *spans, size_t nspans, char *hex_out,
                      cJSON *obj, const char *key);
 void kp_digest_record(cJSON *obj, const char *key, const char *hex_out);
