@@ -206,18 +206,14 @@ static int topp_prob_halves(const topp_plan &plan, const kp_topp_args *a, topp_d
     TOPP_CUDA_CHECK(cudaStreamWaitEvent(dev->half, dev->fork, 0));
     for (int h = 0; h < 2; h++) {
         const int64_t row = h ? first : 0;
-        kp_topp_args part = *a;
+        kp_topp_args part = *a; /* topp_prob_launch reads its batch and vocab; the pointers go in p */
         part.batch = h ? a->batch - first : first;
-        part.logits = a->logits + row * a->row_stride;
-        part.out = a->out + row * a->row_stride;
-        part.top_p = a->top_p + row;
-        part.workspace = static_cast<char *>(a->workspace) + row * per_row; /* 16-byte aligned: row is even */
-        part.workspace_bytes = a->workspace_bytes - (size_t)(row * per_row);
         topp_plan p = plan;
-        p.logits = part.logits;
-        p.out = part.out;
-        p.top_p = part.top_p;
-        p.stats = static_cast<topp_stats *>(part.workspace);
+        p.logits = a->logits + row * a->row_stride;
+        p.out = a->out + row * a->row_stride;
+        p.top_p = a->top_p + row;
+        /* the half's share of the workspace, 16-byte aligned: row is even */
+        p.stats = reinterpret_cast<topp_stats *>(static_cast<char *>(a->workspace) + row * per_row);
         const int rc = topp_prob_launch(p, &part, dev, sm_count, h ? dev->half : stream, message, message_len);
         if (rc != KP_RUN_OK) return rc;
     }
