@@ -15,8 +15,8 @@
  * far from both ends of the exponent range. Below 2^-100, or for NaN / infinite e, both results are
  * below the floor, NaN or above every pivot, so every test the kernels make on them agrees. A GPU test
  * (test_gpu_topp_kernels: division_matches_ieee_wherever_it_counts) checks every e from 2^-100 to 1
- * against `/` for 173 values of z (0 of 1.2e11 quotients differed on an H200), with a planted variant
- * (e * y, no correction) that must differ. */
+ * against `/` for 173 values of z, with a planted variant (e * y, no correction) that must differ
+ * (its result on an H200: README, Measured). */
 #ifndef KP_TOPP_DIV_CUH
 #define KP_TOPP_DIV_CUH
 

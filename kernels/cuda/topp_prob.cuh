@@ -18,6 +18,11 @@ static_assert(KP_TOPP_TILE == 8 * TOPP_THREADS, "tile_stats_warp: a lane stands 
 enum { CNT_LEVEL = 0, CNT_STATS = 1, CNT_ROUND = 2, CNT_CAND = CNT_ROUND + PROB_R, CNT_MASKED, CNT_WORDS = 8 };
 static_assert(CNT_MASKED < CNT_WORDS, "a counter per round, the candidates' and the mask's flag");
 
+/* split_prob's reads of the logits carry L2 eviction priorities (l2_policy_keep, l2_policy_drop,
+ * kp_cuda.cuh): the statistics and round 0 read a row with evict_last, so that round 1, the last pass
+ * over most rows, finds it in L2; round 1 and the mask read it with evict_first, which also leaves no
+ * line of it at evict_last once the call is done, and write the outputs with .cs stores. */
+
 /* A place for each thread that gets here together, consecutive from *count (a counter in shared or
  * global memory): one atomic per group of such threads, the places in a varying order. */
 __device__ __forceinline__ unsigned claim_slot(unsigned *count) {
@@ -35,9 +40,8 @@ __device__ __forceinline__ void append_index(uint32_t *list, unsigned *count, un
 
 /* The last program of a row to get here returns true (for the whole block), after every other
  * program's global writes and atomics are visible to it (the fence-then-count pattern). Each counter
- * is zeroed by the launcher's memset and used once per call. Fencing in thread 0 alone, after the
- * barrier (as cooperative groups' grid barrier does), measured the same on an H200 (64 x 154,856:
- * 118.1-118.3 us against 117.4-118.4, three alternating runs). */
+ * is zeroed by the launcher's memset and used once per call. Every thread fences: fencing in thread 0
+ * alone, after the barrier, was no faster (measured variants: README, Measured). */
 __device__ __forceinline__ bool last_program_of_row(unsigned *counter, int slices) {
     __shared__ int last;
     __threadfence();
@@ -91,10 +95,9 @@ __device__ __forceinline__ void start_search_warp(Fetch fetch, int pieces, float
  * that tree does, so the record is the same bits. Valid in lane 0. */
 #define STATS_LANE (KP_TOPP_TILE / 32) /* tokens per lane of a tile */
 /* The fused kernel's statistics (the split path's prob_stats_kernel runs a block per tile). get(q)
- * is called twice per token, once for max/min/count and once for the sums. When the split path also
- * ran this, one warp per staged tile, holding the 64 tokens in registers took 88-128 registers and
- * measured slower on an H200 (ncu, 64 x 154,856: 31.9 us against 28.9 us), and so did reading the
- * first pass as float4s from the staged tile (64 x 154,856: 126.0 us against 124.1, same run). */
+ * is called twice per token, once for max/min/count and once for the sums: holding a lane's 64
+ * tokens in registers, or reading the first pass as float4s, was slower (measured variants: README,
+ * Measured). */
 template <typename Get>
 __device__ __forceinline__ topp_stats tile_stats_warp(Get get) {
     auto token = [&](int q) { return get(q); }; /* token 8u + j = lane + 32j + 256u */
@@ -150,19 +153,10 @@ static __device__ __noinline__ void prob_band(float z, uint32_t lo, uint32_t hi,
 }
 
 /* Adds fix-mass v (< 2^63) to a bucket exactly with native 32-bit shared atomics: the low word's
- * carry goes to the high word. Integer sums, so the order of the adds cannot change a bit.
- * Round 0 adding each prob's 24-bit significand as two 12-bit halves with reductions instead (no
- * returned value; a word per bucket, exponent parity and half, exact while a program has under 2^20
- * tokens) measured slower on an H200: round 0 39.2 us against 35.8, 64 x 154,856 123.4-123.6 us
- * against 119.5-121.2 (same run; ncu, kparity bench). Nor did fewer adds help: raising round 0's lo
- * from the floor to tau = (1 - delta - P) / finite (the tokens at or below it cannot hold 1 - P of
- * the mass) left half the ordinary profile's tokens out of its buckets and measured the same
- * (120.4-121.1 us against 120.4-120.8; round 0 36.5 us). Round 0's time is its per-token exp and
- * division, not these atomics. Nor did one 64-bit atomicAdd per token in round 0 (no run merging;
- * sm_90 has no native 64-bit shared add, so it compiles to a compare-and-swap loop,
- * ATOMS.CAST.SPIN.64): 126.1-127.0 us at 64 x 154,856 against 100.4-112.3, 32 rows 81.5-81.8 against
- * 71.9-72.2; with a warp whose tokens share one bucket adding once, 127.6-132.0 (H200, 2026-11-29,
- * kparity bench --reps 100, three alternating runs). */
+ * carry goes to the high word. Integer sums, so the order of the adds cannot change a bit. Round 0's
+ * time is its per-token exp and division, not these atomics: split-significand reductions, fewer
+ * adds and 64-bit atomics (a compare-and-swap loop on sm_90) were no faster (measured variants:
+ * README, Measured). */
 __device__ __forceinline__ void bucket_add(unsigned *lo_word, unsigned *hi_word, unsigned long long v) {
     const unsigned v_lo = (unsigned)v;
     const unsigned old = atomicAdd(lo_word, v_lo);

@@ -159,10 +159,8 @@ __global__ void __launch_bounds__(FUSED_THREADS, 2) prob_fused_kernel(topp_plan 
         return;
     }
     /* Each warp gathers its members in its own part of the counts' and sums' words (free since the
-     * last cluster barrier) and appends them to the row's list with one atomic per flush. Against a
-     * global atomic per warp and token group, on an H200: flat 4 x 131,072 60.1-60.6 us against
-     * 65.1-65.2 (kparity bench), and the mask of flat 64 x 154,856 in clusters of 2 blocks 34 us
-     * against 52 (branch exp/fused-partial). */
+     * last cluster barrier) and appends them to the row's list with one atomic per flush, not a global
+     * atomic per warp and token group, which was slower (measured variants: README, Measured). */
     constexpr int WARP_LIST = HIST_WORDS / FUSED_WARPS;
     static_assert(WARP_LIST >= 64 && 2 * (PROB_F + 1) >= HIST_WORDS, "a warp's share holds two groups of 32 members");
     uint32_t *const wkey = sh.hist_words + warp * WARP_LIST;

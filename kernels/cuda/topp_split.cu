@@ -3,7 +3,7 @@
  * more may run its second half on a stream of the impl's own, forked from and joined back into
  * args->stream with events); no host sync; graph-capturable. split_prob launches each kernel after
  * its first with programmatic dependent launch on a device that runs sm_90 code (pdl_wait,
- * topp_cuda.cuh), so a launch's latency hides behind the previous kernel's last blocks.
+ * kp_cuda.cuh), so a launch's latency hides behind the previous kernel's last blocks.
  *
  * split_logit (unchanged, vLLM's small-batch split pipeline with its defect): a 1-D grid of
  * batch * S programs (256 threads, program row * S + slice), S = the largest power of two <= 32 with
@@ -72,8 +72,9 @@
  * (topp_div.cuh), the same bits wherever a kernel looks at them.
  *
  * Files: this one holds the checks, the workspace, the per-device driver answers and the two kp_impl
- * objects; topp_cuda.cuh the plan, the lane and tree helpers and error reporting; topp_split_logit.cu
- * the incumbent; topp_prob.cuh split_prob's shared device steps; topp_split_prob.cu its split kernels
+ * objects; topp_cuda.cuh the plan and the lane and tree helpers; kp_cuda.cuh the generic CUDA
+ * helpers (error reporting, programmatic launch, hinted and strided loads); topp_split_logit.cu the
+ * incumbent; topp_prob.cuh split_prob's shared device steps; topp_split_prob.cu its split kernels
  * and launches; topp_prob_fused.cu and topp_prob_select.cu its fused and select kernels;
  * topp_div.cuh the division. */
 #include <mutex>
@@ -116,25 +117,28 @@ static size_t topp_workspace(int algo, const kp_topp_args *a) {
 /* Shape and pointer checks shared by supports() and run(); the message names the field. */
 static int topp_check(const char *name, const kp_topp_args *a, char *message, size_t message_len) {
     const int ns = KP_RUN_NOT_SUPPORTED;
-    if (!a) return topp_fail(message, message_len, ns, "%s: args is NULL", name);
-    if (!a->logits) return topp_fail(message, message_len, ns, "%s: logits is NULL", name);
-    if (!a->out) return topp_fail(message, message_len, ns, "%s: out is NULL", name);
-    if (!a->top_p) return topp_fail(message, message_len, ns, "%s: top_p is NULL", name);
-    if (a->batch <= 0) return topp_fail(message, message_len, ns, "%s: batch %lld <= 0", name, (long long)a->batch);
-    if (a->vocab <= 0) return topp_fail(message, message_len, ns, "%s: vocab %lld <= 0", name, (long long)a->vocab);
+    if (!a) return kp_cuda_fail_msg(message, message_len, ns, "%s: args is NULL", name);
+    if (!a->logits) return kp_cuda_fail_msg(message, message_len, ns, "%s: logits is NULL", name);
+    if (!a->out) return kp_cuda_fail_msg(message, message_len, ns, "%s: out is NULL", name);
+    if (!a->top_p) return kp_cuda_fail_msg(message, message_len, ns, "%s: top_p is NULL", name);
+    if (a->batch <= 0)
+        return kp_cuda_fail_msg(message, message_len, ns, "%s: batch %lld <= 0", name, (long long)a->batch);
+    if (a->vocab <= 0)
+        return kp_cuda_fail_msg(message, message_len, ns, "%s: vocab %lld <= 0", name, (long long)a->vocab);
     if (a->row_stride < a->vocab)
-        return topp_fail(message, message_len, ns, "%s: row_stride %lld < vocab %lld", name,
-                         (long long)a->row_stride, (long long)a->vocab);
-    if (a->sm_count < 0) return topp_fail(message, message_len, ns, "%s: sm_count %d < 0", name, (int)a->sm_count);
+        return kp_cuda_fail_msg(message, message_len, ns, "%s: row_stride %lld < vocab %lld", name,
+                                (long long)a->row_stride, (long long)a->vocab);
+    if (a->sm_count < 0)
+        return kp_cuda_fail_msg(message, message_len, ns, "%s: sm_count %d < 0", name, (int)a->sm_count);
     if (a->vocab > INT32_MAX - KP_TOPP_TILE)
-        return topp_fail(message, message_len, ns, "%s: vocab %lld above the 32-bit token index limit %d", name,
-                         (long long)a->vocab, INT32_MAX - KP_TOPP_TILE);
+        return kp_cuda_fail_msg(message, message_len, ns, "%s: vocab %lld above the 32-bit token index limit %d",
+                                name, (long long)a->vocab, INT32_MAX - KP_TOPP_TILE);
     if (a->batch > INT32_MAX / KP_TOPP_MAX_SLICES)
-        return topp_fail(message, message_len, ns, "%s: batch %lld above the grid limit %d", name,
-                         (long long)a->batch, INT32_MAX / KP_TOPP_MAX_SLICES);
+        return kp_cuda_fail_msg(message, message_len, ns, "%s: batch %lld above the grid limit %d", name,
+                                (long long)a->batch, INT32_MAX / KP_TOPP_MAX_SLICES);
     if ((a->batch - 1) > (INT64_MAX / (int64_t)sizeof(float) - a->vocab) / a->row_stride)
-        return topp_fail(message, message_len, ns, "%s: batch %lld x row_stride %lld overflows", name,
-                         (long long)a->batch, (long long)a->row_stride);
+        return kp_cuda_fail_msg(message, message_len, ns, "%s: batch %lld x row_stride %lld overflows", name,
+                                (long long)a->batch, (long long)a->row_stride);
     return KP_RUN_OK;
 }
 
@@ -154,13 +158,13 @@ static topp_device_info topp_devices[TOPP_MAX_DEVICES];
 static int topp_device_ready(topp_device_info *d, int device, char *message, size_t message_len) {
     if (d->ready) return KP_RUN_OK;
     *d = topp_device_info{};
-    TOPP_CUDA_CHECK(cudaDeviceGetAttribute(&d->sm_count, cudaDevAttrMultiProcessorCount, device));
+    KP_CUDA_CHECK(cudaDeviceGetAttribute(&d->sm_count, cudaDevAttrMultiProcessorCount, device));
     cudaError_t e = cudaSuccess;
     d->sm90 = prob_fused_has_clusters(&e);
-    TOPP_CUDA_CHECK(e);
+    KP_CUDA_CHECK(e);
     const int sel_bytes = (int)(topp_level_cap(LEVEL_CAP) < SEL_CAP_MAX ? topp_level_cap(LEVEL_CAP) : SEL_CAP_MAX) * 4;
-    TOPP_CUDA_CHECK(prob_select_set_limit(sel_bytes));
-    if (d->sm90) TOPP_CUDA_CHECK(prob_fused_set_limits());
+    KP_CUDA_CHECK(prob_select_set_limit(sel_bytes));
+    if (d->sm90) KP_CUDA_CHECK(prob_fused_set_limits());
     d->ready = true;
     return KP_RUN_OK;
 }
@@ -170,19 +174,9 @@ static int topp_device_ready(topp_device_info *d, int device, char *message, siz
  * into it with events (so the call stays ordered on its stream and graph-capturable). Each half is a
  * call of its own on its rows and its share of the workspace (rows are independent, and a row's bits
  * do not depend on its batch), and the two chains of launches overlap: one half's row tails and
- * small launches run beside the other's passes. Measured on an H200 (kparity bench --reps 100, two
- * alternating runs against one stream, with a first build that split from 32 rows and did not ask
- * about the fused path, which splits these shapes alike): 64 x 154,856 108.4-111.3 us against
- * 117.4-118.0; flat 64 x 154,856 164.9-167.8 against 180.1-181.1; 128 x 154,856 174.5-175.4 against
- * 196.0-196.9; but 32 x 154,856 in halves of 16 rows 82.8 against 77.8-79.2, and four quarters at
- * 64 x 154,856 146.4-155.3, hence the threshold and the two halves. This code, in
- * scripts/gpu-validate.sh's bench: 104.1 us at 64 x 154,856, 165.7 us flat (d59abbb); with
- * programmatic launch (fe1db54), 101.7 and 163.1 us (bbf5489). Quarters were not measured again
- * with programmatic launch. Staggering the halves so that one's statistics overlap the other's round 0
- * (the second half's stream waiting on an event recorded after the first half's statistics, or after
- * its round 0) measured slower (kparity bench --reps 100, three alternating runs, 2026-11-29):
- * 64 x 154,856 111.9-112.7 and 121.1-122.2 us against 100.2-102.4; flat 171.4-171.9 and 183.9-184.7
- * against 156.1-156.8; 128 x 154,856 184.4-185.0 and 196.6-196.8 against 167.9-169.7. */
+ * small launches run beside the other's passes. From 64 rows and in two halves, started together:
+ * halves of 16 rows, four quarters and staggered halves were slower (measured variants: README,
+ * Measured). */
 #define PROB_SPLIT_ROWS 64
 static int topp_prob_split_batch(topp_device_info *dev, const kp_topp_args *a, bool *split, char *message,
                                  size_t message_len) {
@@ -197,13 +191,13 @@ static int topp_prob_split_batch(topp_device_info *dev, const kp_topp_args *a, b
 static int topp_prob_halves(const topp_plan &plan, const kp_topp_args *a, topp_device_info *dev, int sm_count,
                             cudaStream_t stream, char *message, size_t message_len) {
     if (!dev->half) {
-        TOPP_CUDA_CHECK(cudaStreamCreateWithFlags(&dev->half, cudaStreamNonBlocking));
-        TOPP_CUDA_CHECK(cudaEventCreateWithFlags(&dev->fork, cudaEventDisableTiming));
-        TOPP_CUDA_CHECK(cudaEventCreateWithFlags(&dev->join, cudaEventDisableTiming));
+        KP_CUDA_CHECK(cudaStreamCreateWithFlags(&dev->half, cudaStreamNonBlocking));
+        KP_CUDA_CHECK(cudaEventCreateWithFlags(&dev->fork, cudaEventDisableTiming));
+        KP_CUDA_CHECK(cudaEventCreateWithFlags(&dev->join, cudaEventDisableTiming));
     }
     const int64_t first = topp_prob_first_half(a->batch), per_row = topp_workspace_per_row(ALGO_SPLIT_PROB, a->vocab);
-    TOPP_CUDA_CHECK(cudaEventRecord(dev->fork, stream));
-    TOPP_CUDA_CHECK(cudaStreamWaitEvent(dev->half, dev->fork, 0));
+    KP_CUDA_CHECK(cudaEventRecord(dev->fork, stream));
+    KP_CUDA_CHECK(cudaStreamWaitEvent(dev->half, dev->fork, 0));
     for (int h = 0; h < 2; h++) {
         const int64_t row = h ? first : 0;
         kp_topp_args part = *a; /* topp_prob_launch reads its batch and vocab; the pointers go in p */
@@ -217,8 +211,8 @@ static int topp_prob_halves(const topp_plan &plan, const kp_topp_args *a, topp_d
         const int rc = topp_prob_launch(p, &part, dev, sm_count, h ? dev->half : stream, message, message_len);
         if (rc != KP_RUN_OK) return rc;
     }
-    TOPP_CUDA_CHECK(cudaEventRecord(dev->join, dev->half));
-    TOPP_CUDA_CHECK(cudaStreamWaitEvent(stream, dev->join, 0));
+    KP_CUDA_CHECK(cudaEventRecord(dev->join, dev->half));
+    KP_CUDA_CHECK(cudaStreamWaitEvent(stream, dev->join, 0));
     return KP_RUN_OK;
 }
 
@@ -229,16 +223,16 @@ static int topp_cuda_run(const char *name, const void *vargs, char *message, siz
     if (rc != KP_RUN_OK) return rc;
     const size_t need = topp_workspace(ALGO, a);
     if (!a->workspace)
-        return topp_fail(message, message_len, KP_RUN_FAILED, "%s: workspace is NULL but %zu bytes are needed", name,
-                         need);
+        return kp_cuda_fail_msg(message, message_len, KP_RUN_FAILED, "%s: workspace is NULL but %zu bytes are needed",
+                                name, need);
     if (a->workspace_bytes < need)
-        return topp_fail(message, message_len, KP_RUN_FAILED, "%s: workspace_bytes %zu < %zu needed", name,
-                         a->workspace_bytes, need);
+        return kp_cuda_fail_msg(message, message_len, KP_RUN_FAILED, "%s: workspace_bytes %zu < %zu needed", name,
+                                a->workspace_bytes, need);
     if (reinterpret_cast<uintptr_t>(a->workspace) % 16 != 0)
-        return topp_fail(message, message_len, KP_RUN_FAILED, "%s: workspace is not 16-byte aligned", name);
+        return kp_cuda_fail_msg(message, message_len, KP_RUN_FAILED, "%s: workspace is not 16-byte aligned", name);
 
     int device = 0;
-    TOPP_CUDA_CHECK(cudaGetDevice(&device));
+    KP_CUDA_CHECK(cudaGetDevice(&device));
     std::lock_guard<std::mutex> hold(topp_devices_lock);
     topp_device_info scratch = {}; /* a device past the table is asked on every call */
     topp_device_info *dev = device < TOPP_MAX_DEVICES ? &topp_devices[device] : &scratch;

@@ -407,12 +407,12 @@ int topp_logit_launch(topp_plan plan, const kp_topp_args *a, int sm_count, cudaS
     plan.parts = reinterpret_cast<topp_part *>(plan.stats + a->batch * plan.piece_cap);
     const unsigned programs = (unsigned)(a->batch * plan.slices);
     topp_stats_kernel<<<programs, TOPP_THREADS, 0, stream>>>(plan);
-    TOPP_LAUNCH_CHECK("topp_stats_kernel");
+    KP_LAUNCH_CHECK("topp_stats_kernel");
     for (int round = 0; round < rounds; round++) {
         topp_round_kernel<<<programs, TOPP_THREADS, 0, stream>>>(plan, round);
-        TOPP_LAUNCH_CHECK("topp_round_kernel");
+        KP_LAUNCH_CHECK("topp_round_kernel");
     }
     topp_mask_kernel<<<programs, TOPP_THREADS, 0, stream>>>(plan);
-    TOPP_LAUNCH_CHECK("topp_mask_kernel");
+    KP_LAUNCH_CHECK("topp_mask_kernel");
     return KP_RUN_OK;
 }

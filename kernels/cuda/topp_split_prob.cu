@@ -4,23 +4,13 @@
 
 #include "topp_prob.cuh"
 
-/* Step 1, one warp per tile and no block barriers (tile_stats_warp). A whole, 16-byte aligned tile
- * is first copied into the warp's part of shared memory with async copies (16 of 16 bytes per lane
- * in flight: one round trip to DRAM), and tile_stats_warp's two passes read it there (the same
- * tokens, the same bits); reading both passes from global memory took 37.4 us against 32.9 us
- * staged (ncu, H200, 64 x 154,856, same run). The warp that finishes a row's last tile (a fence,
- * then a counter) starts the row's search and stores round 0's state. */
 /* Step 1, one 256-thread block per tile: thread t reads tokens t, t + 256, ... (8 loads in flight),
  * max / min / count are reduced block-wide (order-free), thread t sums its tokens' exps in order and
  * warp_tree_sum combines the 256 sums: topp_stats_kernel's record for a 2048-token piece, bit for bit.
  * The block that finishes a row's last tile (a fence, then a counter) starts the row's search.
- * One warp per tile, the tile staged in shared memory by async copies, took 29.9 us against 26.4 us
- * (ncu, H200, 64 x 154,856, same run): at 8 KiB of shared memory a warp, an SM held 28 tiles, so
- * 4,864 tiles ran in 1.3 waves. Also measured and not kept (ncu, H200, one 32-row half of 64 x
- * 154,856, 2026-11-29): a whole tile loaded without the per-token bound (the offsets folded into the
- * loads), 5.73 million warp instructions against 6.80 and the same time, 16.7-17.0 us against
- * 16.7-17.9; a block taking two tiles, the second's loads in flight while the first is reduced,
- * 17.9-18.2 us. The pass waits on its loads and its blocks' ends, not on issue. */
+ * A block, not a warp, per tile: a warp's tile staged in shared memory (8 KiB) left too few tiles
+ * on an SM at once. The pass waits on its loads and its blocks' ends, not on issue, so fewer
+ * instructions or more loads in flight gained nothing (measured variants: README, Measured). */
 __global__ void __launch_bounds__(TOPP_THREADS) prob_stats_kernel(topp_plan plan, long long tiles) {
     __shared__ float sum_buf[TOPP_THREADS], max_w[TOPP_THREADS / 32], min_w[TOPP_THREADS / 32];
     __shared__ int count_w[TOPP_THREADS / 32];
@@ -93,7 +83,7 @@ __device__ void mask_pieces(const topp_plan &plan, const kp_topp_search &s, int6
     float *y = plan.out + row * plan.row_stride;
     const int begin = min(first * plan.piece_len, plan.vocab), end = min(last * plan.piece_len, plan.vocab);
     if (begin >= end) return;
-    const uint64_t drop = l2_policy_drop(); /* the row's last read (topp_cuda.cuh) */
+    const uint64_t drop = l2_policy_drop(); /* the row's last read (topp_prob.cuh) */
     auto load = [&](int i) { return ld_hint(x + i, drop); };
     if (s.mode == KP_TOPP_COPY) { /* bits, NaN payloads included */
         const uint32_t *xb = reinterpret_cast<const uint32_t *>(x);
@@ -221,10 +211,8 @@ __device__ __forceinline__ void finish_round(const topp_plan &plan, round_counte
      * a few thousand tokens, and no launch. It runs the last round over the list (a row still
      * searching), stores the decided state in the last round's place, so prob_round_kernel<PROB_R - 1>
      * passes it on, and writes the listed tokens' outputs (mask_listed). This tail is a chain of
-     * dependent global reads, about 7.5 us at 64 x 154,856; spreading it over the next launches
-     * (prob_round_kernel<2>'s programs each counting a share of the list, the mask's each writing a
-     * share) took round 1 from 44.6 to 37.1 us but round 2 from 2.7 to 10.8 and the mask from 3.2 to
-     * 6.8: 123.6-124.1 us against 119.7-119.9 (H200, same run). */
+     * dependent global reads; spreading it over the next launches cost them more than it saved
+     * round 1 (measured variants: README, Measured). */
     const unsigned listed = round == PROB_R - 2 ? __ldcg(plan.counts + row * CNT_WORDS + CNT_CAND) : 0u;
     if (round != PROB_R - 2 || listed > 3u * (unsigned)plan.level_cap) {
         if (t == 0) plan.search[row * (PROB_R + 1) + round + 1] = *s;
@@ -257,24 +245,9 @@ __device__ __forceinline__ void finish_round(const topp_plan &plan, round_counte
     mask_listed(plan, *s, row, cand, listed, pairs, below, above);
 }
 
-/* Round 0 measured on an H200 at 64 x 154,856 (ncu, same session): 35.5 us, and 14.6 us with no
- * per-token work at all (a timing cut, not an algorithm); its flush's global atomics cost 1.2 us. Not
- * kept:
- * - Counting only the tokens above a raised lo, gathered per warp so that 32 probs are computed at a
- *   time (a ballot and a shared ring), with lo from row counts the statistics pass took (branch
- *   exp/anchor-floor): round 0 28.7 us, but the counting cost the statistics pass 6 to 13 us, 150.0-
- *   150.7 us in all against 117.3-118.2.
- * - The same queue with lo raised only by finite * lo <= 1 - delta - P (a quarter to a half of the
- *   ordinary rows' tokens stay above it): round 0 36.5 us; flat rows 198.0-198.9 us against
- *   180.2-181.0.
- * - A per-thread loop over its own tokens in the band, lo from per-tile counts (branch
- *   exp/stats-floor): round 0 47.5 us; with every prob computed as below, 33.8 us.
- * - No round 0 at all: the statistics pass histograms each tile's logits (1/8 nat buckets) and the
- *   row's last block certifies a bracket from them; round 1 then also sums its kept tokens' exact
- *   masses (branch exp/stats-bracket, 2026-11-29, per 32-row half): statistics 55 us against 17,
- *   round 1 60-68 us against 27; 162 us against 101 at 64 x 154,856; and one GPU test ended by the
- *   certificate's trap (not investigated). The histogram alone (exp/stats-hist) cost the
- *   statistics 6.8 us a half. */
+/* Round 0 takes the start's bracket (lo from the row's smallest prob) and computes every prob in it:
+ * a raised lo, or no round 0 at all (a bracket certified by the statistics pass), cost the statistics
+ * pass or round 1 more than round 0 saved (measured variants: README, Measured). */
 #define CAND_BUF 2048  /* the collecting round's per-block shared list */
 __host__ __device__ constexpr bool collect_round(int round) { return round == PROB_R - 2; }
 #define ROUND_LOADS 8  /* loads in flight per thread */
@@ -352,8 +325,8 @@ __global__ void __launch_bounds__(TOPP_THREADS, 5) prob_round_kernel(topp_plan p
     };
     /* The buckets are integer sums, so which thread takes which token cannot change a bit: a row
      * whose slice starts 16-byte aligned (in the output too, for round 1) is read as float4s
-     * (ROUND_LOADS4 in flight per thread). Issuing rounds 0 and 1's first loads before the state is
-     * read measured slower (H200, 64 x 154,856: 125.3-126.2 us against 124.3-124.4, same run). */
+     * (ROUND_LOADS4 in flight per thread). The first loads wait for the state: issuing them before it
+     * is read was slower (measured variants: README, Measured). */
     const float *xs = x + begin;
     float *ys = y + begin;
     const int count = end - begin;
@@ -370,7 +343,7 @@ __global__ void __launch_bounds__(TOPP_THREADS, 5) prob_round_kernel(topp_plan p
                                                         make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY));
             if constexpr (ROUND == 0) { /* the first bracket holds nearly every token: their probs first, with no
                                  branch between them, then the counts (add_prob's own test is exact, the
-                                 band only saves work; what else was measured: above the kernel) */
+                                 band only saves work; measured variants: README, Measured) */
                 float p[4 * ROUND_LOADS4];
 #pragma unroll
                 for (int u = 0; u < ROUND_LOADS4; u++) {
@@ -460,14 +433,10 @@ __global__ void __launch_bounds__(TOPP_THREADS) prob_mask_kernel(topp_plan plan)
  * memory bytes. *cluster = 0, and the split kernels run instead, when the code the device runs was
  * built for an architecture without clusters (before sm_90), when a row does not fit (more than
  * FUSED_MAX_CLUSTER x FUSED_MAX_TILES tiles) or when the device cannot hold every row's cluster at
- * once: a fused row is one long chain of cluster barriers (about 40 us on an H200 at 131,072 tokens),
- * fast while all rows run side by side, slower than the split kernels once rows queue in waves
- * (measured: 64 x 154,856 took 237 us fused, 166 us split). Both paths give the same bits.
- * Measured and not kept (branch exp/fused-partial, H200, 2026-11-29): a fused path for batches that
- * fit only partly, each block holding up to 24 of its tiles and reading the rest again every pass
- * (64 x 154,856: clusters of 2 blocks of 1024 threads, 128 blocks): 105.2 us against 106.7-112.6 for
- * the two-stream split path, flat rows 156.4 against 165.1, 32 rows 80.3 against 78.0. One block per
- * SM leaves each round's sums and decision (about 3.7 us) and the rows' tails uncovered. */
+ * once: a fused row is one long chain of cluster barriers, fast while all rows run side by side,
+ * slower than the split kernels once rows queue in waves. Both paths give the same bits. No fused
+ * path for batches that fit only partly: one block per SM leaves each round's sums and decision and
+ * the rows' tails uncovered (measured variants: README, Measured). */
 static int topp_fused_plan(topp_device_info *d, int tiles, int64_t batch, int *cluster, int *tiles_per_block,
                            size_t *bytes, char *message, size_t message_len) {
     *cluster = 0;
@@ -480,7 +449,7 @@ static int topp_fused_plan(topp_device_info *d, int tiles, int64_t batch, int *c
     const size_t smem = prob_fused_smem(t);
     if (!d->active_plus_one[c][t]) {
         int active = 0;
-        TOPP_CUDA_CHECK(prob_fused_max_active(&active, c, smem));
+        KP_CUDA_CHECK(prob_fused_max_active(&active, c, smem));
         d->active_plus_one[c][t] = active + 1;
     }
     if (d->active_plus_one[c][t] - 1 < batch) return KP_RUN_OK;
@@ -501,21 +470,10 @@ int topp_prob_fused_rows(topp_device_info *dev, int64_t vocab, int64_t batch, bo
 }
 
 /* The launches of one call: plan has the run's pointers and the workspace's start (topp_cuda_run);
- * dev is the device's cached answers (held under topp_split.cu's lock). Measured on an H200 at
- * 64 x 154,856 and not kept: an L2 access-policy window (persisting) over the logits on the
- * statistics and rounds 0-1, 120.4-121.2 us against 119.8-120.6 (the context's 11.8 MB persisting
- * limit; raised to its 39.3 MB maximum: 150.7-151.2 us); every kernel's shared-memory carveout at its
- * maximum, 124.9-125.3 against 120.7-121.3. Branch exp/approx-bracket keeps a bracket for round 0
- * from token counts alone (no expf), which lost: the counting pass cost 26 us, as much as a full
- * pass, and round 0 then had to add the kept tokens' masses itself (124.9 us against 120.7). Programs
- * of 1, 2 and 4 tiles instead of 9 (4,864, 2,432 and 1,216 programs against 576): 170.5, 130.9 and
- * 118.4 us, against 117.3-118.5 for 9 tiles in other runs of the same session (flat rows: 195.5, 176.1
- * and 173.2 against 180.1-181.6). Rounds 0-2 and the mask as one persistent launch, resident blocks
- * taking (row, slice, phase) items by ticket and waiting on the row's previous phase (branch
- * exp/persistent-rounds): 141.6 us against 108.4 (32 rows, one stream: 84.4 against 80.4). A timing
- * cut, not an algorithm (2026-11-29, 70e826f, three alternating runs): without the launches of round 2,
- * the mask and the select, which leave an ordinary row as round 1 finished it, 64 x 154,856 took
- * 100.2-101.8 us against 99.4-100.9, so folding them into round 1 would gain nothing there. */
+ * dev is the device's cached answers (held under topp_split.cu's lock). The default shared-memory
+ * carveout, no L2 persistence window, about KP_TOPP_BLOCKS_PER_SM programs per SM and a launch per
+ * pass: the alternatives tried were slower, and folding round 2, the mask and the select into round 1
+ * would gain nothing on ordinary rows (measured variants: README, Measured). */
 int topp_prob_launch(topp_plan plan, const kp_topp_args *a, topp_device_info *dev, int sm_count, cudaStream_t stream,
                      char *message, size_t message_len) {
     /* split_prob: enough programs per row to give every SM KP_TOPP_BLOCKS_PER_SM of them; the tiles
@@ -537,34 +495,32 @@ int topp_prob_launch(topp_plan plan, const kp_topp_args *a, topp_device_info *de
     const size_t sel_bytes = (size_t)plan.sel_cap * sizeof(uint32_t);
     const long long tiles = (long long)a->batch * plan.piece_count; /* prob_stats_kernel's blocks */
     if (tiles > INT32_MAX)
-        return topp_fail(message, message_len, KP_RUN_NOT_SUPPORTED,
-                         "topp.split_prob@cuda: batch %lld x %d tiles of %d tokens above the grid limit %d",
-                         (long long)a->batch, plan.piece_count, KP_TOPP_TILE, INT32_MAX);
+        return kp_cuda_fail_msg(message, message_len, KP_RUN_NOT_SUPPORTED,
+                                "topp.split_prob@cuda: batch %lld x %d tiles of %d tokens above the grid limit %d",
+                                (long long)a->batch, plan.piece_count, KP_TOPP_TILE, INT32_MAX);
     int cluster = 0, tiles_per_block = 0;
     size_t fused_bytes = 0;
     int rc = topp_fused_plan(dev, plan.piece_count, a->batch, &cluster, &tiles_per_block, &fused_bytes, message,
                              message_len);
     if (rc != KP_RUN_OK) return rc;
     if (cluster) { /* one cluster per row, the row in shared memory */
-        TOPP_CUDA_CHECK(prob_fused_launch(plan, cluster, tiles_per_block, a->batch, fused_bytes, stream));
-        TOPP_LAUNCH_CHECK("prob_fused_kernel");
-        TOPP_CUDA_CHECK(prob_select_launch(plan, a->batch, sel_bytes, dev->sm90, stream));
+        KP_CUDA_CHECK(prob_fused_launch(plan, cluster, tiles_per_block, a->batch, fused_bytes, stream));
+        KP_LAUNCH_CHECK("prob_fused_kernel");
+        KP_CUDA_CHECK(prob_select_launch(plan, a->batch, sel_bytes, dev->sm90, stream));
         return KP_RUN_OK;
     }
     /* Every launch after the statistics (and the select after the fused kernel) is programmatic
-     * (launch_after, pdl_wait). Measured on an H200 (kparity bench --reps 100, three alternating runs
-     * against the same code launched plainly): 64 x 154,856 100.6-102.1 us against 106.5-108.3;
-     * 32 x 154,856 72.0-72.5 against 78.5-79.8; 4 x 131,072 32.8-32.9 against 34.6-35.0; 1 x 154,856
-     * 35.8-36.1 against 37.9-38.1. The statistics follow the memset, which is not a kernel. */
-    TOPP_CUDA_CHECK(cudaMemsetAsync(plan.hist, 0, (size_t)(a->batch * topp_zeroed_per_row()), stream));
+     * (launch_after, pdl_wait), so each launch's latency hides behind the kernel before it (measured:
+     * README, Measured). The statistics follow the memset, which is not a kernel. */
+    KP_CUDA_CHECK(cudaMemsetAsync(plan.hist, 0, (size_t)(a->batch * topp_zeroed_per_row()), stream));
     prob_stats_kernel<<<(unsigned)tiles, TOPP_THREADS, 0, stream>>>(plan, tiles);
-    TOPP_LAUNCH_CHECK("prob_stats_kernel");
+    KP_LAUNCH_CHECK("prob_stats_kernel");
     const unsigned programs = (unsigned)(a->batch * plan.slices);
     static_assert(PROB_R == 3, "one prob_round_kernel instance per round");
-    TOPP_CUDA_CHECK(launch_after(dev->sm90, prob_round_kernel<0>, programs, TOPP_THREADS, 0, stream, plan));
-    TOPP_CUDA_CHECK(launch_after(dev->sm90, prob_round_kernel<1>, programs, TOPP_THREADS, 0, stream, plan));
-    TOPP_CUDA_CHECK(launch_after(dev->sm90, prob_round_kernel<2>, programs, TOPP_THREADS, 0, stream, plan));
-    TOPP_CUDA_CHECK(launch_after(dev->sm90, prob_mask_kernel, programs, TOPP_THREADS, 0, stream, plan));
-    TOPP_CUDA_CHECK(prob_select_launch(plan, a->batch, sel_bytes, dev->sm90, stream));
+    KP_CUDA_CHECK(launch_after(dev->sm90, prob_round_kernel<0>, programs, TOPP_THREADS, 0, stream, plan));
+    KP_CUDA_CHECK(launch_after(dev->sm90, prob_round_kernel<1>, programs, TOPP_THREADS, 0, stream, plan));
+    KP_CUDA_CHECK(launch_after(dev->sm90, prob_round_kernel<2>, programs, TOPP_THREADS, 0, stream, plan));
+    KP_CUDA_CHECK(launch_after(dev->sm90, prob_mask_kernel, programs, TOPP_THREADS, 0, stream, plan));
+    KP_CUDA_CHECK(prob_select_launch(plan, a->batch, sel_bytes, dev->sm90, stream));
     return KP_RUN_OK;
 }
