@@ -1,5 +1,5 @@
 /* kp_case.c: parsing, formatting and typed reads of canonical case names.
- * Family rules live in one file per family (topp_case.c); this file dispatches to them. */
+ * Family rules live in one file per family; case_families.c dispatches to them. */
 #include "kp_case.h"
 
 #include <errno.h>
@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "topp_case.h"
 
 static int key_char(char ch) { return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_'; }
 static int value_char(char ch) {
@@ -191,9 +190,4 @@ void kp_format_number(double v, char *buf, size_t len) {
         }
     }
     snprintf(buf, len, "%s", shortest);
-}
-
-int kp_case_normalize(kp_case *c, kp_error *err) {
-    if (strcmp(c->family, "topp") == 0) return kp_topp_case_normalize(c, err);
-    return kp_fail(err, KP_EXIT_USAGE, "case family '%s' is unknown (known: topp)", c->family);
 }

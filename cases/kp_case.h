@@ -40,6 +40,25 @@ int kp_case_num(const kp_case *c, const char *key, double *out, kp_error *err);
  * 1e9 -> "1e9", 0.95 -> "0.95", 1e-8 -> "1e-8", 1666666666.6666667 -> "1666666666.6666667". */
 void kp_format_number(double v, char *buf, size_t len);
 
+/* One row of the case-family table (cases/case_families.c): what the cases stage knows of a family.
+ * A family's own file (cases/<family>_case.c) defines its row. */
+typedef struct kp_case_family {
+    const char *name;              /* the family in case names */
+    const char *generator_version; /* recorded in every receipt; bumped whenever an input's bytes change */
+    const char *fields_help;       /* one line for `kparity list`: the fields and profiles */
+    /* Check a case against the family's rules, apply defaults and rewrite every value canonically. */
+    int (*normalize)(kp_case *c, kp_error *err);
+} kp_case_family;
+
+/* The family of that name, or NULL. */
+const kp_case_family *kp_case_family_find(const char *name);
+int kp_case_family_count(void);
+const kp_case_family *kp_case_family_at(int i);
+/* Every family's name, comma-separated, for error messages ("known: ..."). */
+void kp_case_family_names(char *buf, size_t len);
+/* Add a family after the built-in rows (a test's own family); KP_EXIT_USAGE for a name already known. */
+int kp_case_family_register(const kp_case_family *f, kp_error *err);
+
 /* Check a case against its family's rules, fill defaults' effects, and rewrite every value in
  * canonical form, so two spellings of one case get one name. Unknown family or key, a missing
  * or mistyped field: exit class 2 naming the field. */

@@ -11,6 +11,21 @@
 #include <time.h>
 #include <unistd.h>
 
+static const char *const result_names[KP_RESULT_COUNT] = {"PASSED", "NOT_SUPPORTED", "NOT_RUN", "INCORRECT", "FAILED"};
+
+const char *kp_result_name(kp_result r) { return r >= 0 && r < KP_RESULT_COUNT ? result_names[r] : "FAILED"; }
+
+int kp_result_parse(const char *name) {
+    for (int r = 0; name && r < KP_RESULT_COUNT; r++)
+        if (strcmp(name, result_names[r]) == 0) return r;
+    return -1;
+}
+
+int kp_cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
 int kp_fail(kp_error *err, int code, const char *fmt, ...) {
     if (err) {
         va_list ap;

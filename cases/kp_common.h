@@ -17,6 +17,20 @@ enum {
     KP_EXIT_SKIP = 77      /* nothing could run */
 };
 
+/* Result vocabulary, everywhere (CLI, receipts, JUnit, report), ordered by severity: a case's result
+ * is the worst of its checks'. The one definition of these names (DESIGN.md "Checks and results"). */
+typedef enum kp_result {
+    KP_PASSED = 0,
+    KP_NOT_SUPPORTED, /* the impl refuses the shape */
+    KP_NOT_RUN,       /* no device, filtered out, the gate's time ran out */
+    KP_INCORRECT,     /* it ran and broke a declared check */
+    KP_FAILED,        /* launch or runtime error, crash, timeout */
+    KP_RESULT_COUNT
+} kp_result;
+const char *kp_result_name(kp_result r);
+/* The result a name spells; -1 when it is none of the vocabulary. */
+int kp_result_parse(const char *name);
+
 /* One error path: functions return 0 or an exit class and fill a kp_error. */
 typedef struct kp_error {
     int code;
@@ -25,7 +39,7 @@ typedef struct kp_error {
 
 /* Record an error and return its code, so `return kp_fail(err, KP_EXIT_USAGE, ...)` reads as one step. */
 int kp_fail(kp_error *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/* Prefix context ("case topp(...): ") to an error already recorded. */
+/* Prefix context ("cases[3]: ") to an error already recorded. */
 void kp_error_prefix(kp_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Programmer errors: abort with file and line; stays on in release builds. */
@@ -46,6 +60,9 @@ int kp_mul_size(size_t a, size_t b, size_t *out);
 int kp_thread_count(void);
 /* Run fn(ctx, i) for i in [0, n) over kp_thread_count() threads, items handed out in order. */
 void kp_parallel_for(int64_t n, void (*fn)(void *ctx, int64_t i), void *ctx);
+
+/* qsort comparator for doubles, ascending. */
+int kp_cmp_double(const void *a, const void *b);
 
 /* Monotonic seconds. */
 double kp_now(void);

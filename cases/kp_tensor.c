@@ -18,7 +18,7 @@ const char *kp_dtype_name(kp_dtype t) { return dtypes[t].name; }
 const char *kp_dtype_npy(kp_dtype t) { return dtypes[t].npy; }
 size_t kp_dtype_size(kp_dtype t) { return dtypes[t].size; }
 
-size_t kp_tensor_bytes_for(kp_dtype dtype, int ndim, const int64_t *shape, int64_t row_stride) {
+static size_t bytes_for(kp_dtype dtype, int ndim, const int64_t *shape, int64_t row_stride) {
     size_t rows = 1, bytes;
     for (int d = 0; d + 1 < ndim; d++) {
         if (shape[d] < 0 || !kp_mul_size(rows, (size_t)shape[d], &rows)) return 0;
@@ -31,16 +31,18 @@ size_t kp_tensor_bytes_for(kp_dtype dtype, int ndim, const int64_t *shape, int64
 }
 
 int kp_tensor_alloc(kp_tensor *t, const char *name, kp_dtype dtype, int ndim, const int64_t *shape,
-                    int64_t row_stride, kp_error *err) {
-    KP_ASSERT(ndim >= 1 && ndim <= KP_MAX_DIMS);
+                    int64_t row_stride, int64_t slices, kp_error *err) {
+    KP_ASSERT(ndim >= 1 && ndim <= KP_MAX_DIMS && slices >= 0);
     memset(t, 0, sizeof *t);
     snprintf(t->name, sizeof t->name, "%s", name);
     t->dtype = dtype;
     t->ndim = ndim;
     for (int d = 0; d < ndim; d++) t->shape[d] = shape[d];
-    t->row_stride = row_stride > 0 ? row_stride : shape[ndim - 1];
-    size_t bytes = kp_tensor_bytes_for(dtype, ndim, shape, t->row_stride);
-    if (bytes == 0 && kp_tensor_rows(t) * t->row_stride != 0)
+    t->row_stride = row_stride;
+    int empty = 0;
+    for (int d = 1; d < ndim; d++) empty |= shape[d] == 0;
+    size_t bytes, slice = kp_tensor_slice_bytes(t);
+    if ((slice == 0 && !empty) || !kp_mul_size(slice, (size_t)slices, &bytes))
         return kp_fail(err, KP_EXIT_USAGE, "tensor %s: shape overflows the address space", name);
     t->data = kp_calloc(1, bytes, name, err);
     return t->data ? 0 : err->code;
@@ -59,8 +61,26 @@ int64_t kp_tensor_rows(const kp_tensor *t) {
 
 int64_t kp_tensor_cols(const kp_tensor *t) { return t->shape[t->ndim - 1]; }
 
-size_t kp_tensor_bytes(const kp_tensor *t) {
-    return kp_tensor_bytes_for(t->dtype, t->ndim, t->shape, t->row_stride);
+int64_t kp_tensor_stride(const kp_tensor *t) { return t->row_stride > 0 ? t->row_stride : kp_tensor_cols(t); }
+
+size_t kp_tensor_slice_bytes(const kp_tensor *t) {
+    if (t->ndim == 1) return dtypes[t->dtype].size;
+    int64_t one[KP_MAX_DIMS];
+    for (int d = 0; d < t->ndim; d++) one[d] = d ? t->shape[d] : 1;
+    return bytes_for(t->dtype, t->ndim, one, t->row_stride);
+}
+
+void kp_tensor_copy_dense(const kp_tensor *t, int64_t first, int64_t n, void *dst) {
+    const size_t esize = dtypes[t->dtype].size;
+    if (t->ndim == 1) {
+        memcpy(dst, (const unsigned char *)t->data + (size_t)first * esize, (size_t)n * esize);
+        return;
+    }
+    const int64_t per_slice = kp_tensor_rows(t) / (t->shape[0] ? t->shape[0] : 1), cols = kp_tensor_cols(t);
+    const size_t row_bytes = (size_t)cols * esize, stride_bytes = (size_t)kp_tensor_stride(t) * esize;
+    const unsigned char *src = (const unsigned char *)t->data + (size_t)(first * per_slice) * stride_bytes;
+    unsigned char *to = dst;
+    for (int64_t r = 0; r < n * per_slice; r++) memcpy(to + (size_t)r * row_bytes, src + (size_t)r * stride_bytes, row_bytes);
 }
 
 static void put_le64(unsigned char *p, uint64_t v) {
@@ -106,8 +126,4 @@ void kp_buffer_digest(kp_dtype dtype, int ndim, const int64_t *shape, int64_t ro
     const size_t n = kp_buffer_digest_parts(dtype, ndim, shape, row_stride, data, prefix, &spans, &nspans);
     kp_sha256_spans_hex(prefix, n, spans, nspans, hex);
     free(spans);
-}
-
-void kp_tensor_digest(const kp_tensor *t, char hex[KP_SHA256_HEX_LEN]) {
-    kp_buffer_digest(t->dtype, t->ndim, t->shape, t->row_stride, t->data, hex);
 }

@@ -19,8 +19,6 @@ enum { SLOT_TAIL = 0, SLOT_HEAD = 1, SLOT_TIES = 2, SLOT_NEGINF = 3, SLOT_NAN = 
 #define NAN_DEFAULT 1
 #define SPREAD_DEFAULT 1e-6
 
-const char *kp_topp_profile_name(kp_topp_profile p) { return profile_names[p]; }
-
 static const char *const known_keys[] = {"batch", "vocab", "seed", "top_p", "profile", "stride",
                                          "force_token", "force_value", "tie_count", "neginf_frac", "nan_count", "spread"};
 
@@ -161,6 +159,14 @@ int kp_topp_case_normalize(kp_case *c, kp_error *err) {
     }
     return 0;
 }
+
+const kp_case_family kp_topp_case_family = {
+    .name = "topp",
+    .generator_version = KP_TOPP_GENERATOR_VERSION,
+    .fields_help = "batch vocab seed top_p profile [stride]; profiles: ordinary forced ties flat neginf nan; "
+                   "top_p: number in (0,1] or mixed",
+    .normalize = kp_topp_case_normalize,
+};
 
 float kp_topp_case_row_top_p(const kp_topp_case *tc, int64_t row) {
     return tc->top_p_mixed ? mixed_top_p[row % 8] : (float)tc->top_p;

@@ -60,7 +60,9 @@ typedef struct kp_topp_case {
 #define KP_TOPP_PAD_BITS 0x7fc0deadu
 #define KP_TOPP_GENERATOR_VERSION "topp/v1"
 
-const char *kp_topp_profile_name(kp_topp_profile p);
+/* topp's row of the case-family table (cases/case_families.c). */
+extern const kp_case_family kp_topp_case_family;
+
 /* Validate fields, rewrite values canonically, drop fields equal to their defaults. */
 int kp_topp_case_normalize(kp_case *c, kp_error *err);
 /* Read a case (normalized or not) into typed fields; errors name the field. */

@@ -10,18 +10,7 @@
 #include "../cases/kp_sha256.h"
 #include "kp_device.h"
 #include "kp_harness.h"
-
-static const char *const result_names[] = {"PASSED", "NOT_SUPPORTED", "NOT_RUN", "INCORRECT", "FAILED"};
-static const char *const check_names[] = {"exact", "rule", "repeat", "batch", "expect"};
-
-const char *kp_result_name(kp_result r) { return result_names[r]; }
-const char *kp_check_name(kp_check_kind k) { return check_names[k]; }
-
-static int parse_check_kind(const char *s, kp_check_kind *out) {
-    for (int k = 0; k < 5; k++)
-        if (!strcmp(s, check_names[k])) return *out = (kp_check_kind)k, 0;
-    return -1;
-}
+#include "kp_launch.h"
 
 static char *read_text(const char *path, size_t *len, kp_error *err) {
     FILE *f = fopen(path, "rb");
@@ -34,7 +23,10 @@ static char *read_text(const char *path, size_t *len, kp_error *err) {
     size_t got;
     while (buf && (got = fread(buf + n, 1, cap - n, f)) > 0) {
         n += got;
-        if (n == cap) buf = realloc(buf, (cap *= 2) + 1);
+        if (n < cap) continue;
+        char *grown = realloc(buf, (cap *= 2) + 1);
+        if (!grown) free(buf);
+        buf = grown;
     }
     fclose(f);
     if (!buf) {
@@ -69,14 +61,19 @@ static int resolve_impl(const char *declared, const char *where, const kp_impl *
     return kp_fail(err, KP_EXIT_USAGE, "%s: impl '%s' is unknown (registered: %s)", where, declared, known);
 }
 
-static int impl_ref(kp_config *cfg, const char *text, const char *where, const kp_impl **impl, char role[32],
-                    kp_error *err) {
-    for (int i = 0; i < cfg->nroles; i++)
-        if (!strcmp(cfg->roles[i].role, text)) {
-            *impl = cfg->roles[i].impl;
-            snprintf(role, 32, "%s", text);
-            return 0;
-        }
+/* An impl a check names: a role of the case's family ("<family>.candidate"), a role ("candidate"),
+ * or an impl's name. */
+static int impl_ref(const kp_config *cfg, const kp_family *fam, const char *text, const char *where, const kp_impl **impl,
+                    char role[64], kp_error *err) {
+    char qualified[160];
+    snprintf(qualified, sizeof qualified, "%s.%s", fam->name, text);
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < cfg->nroles; i++)
+            if (!strcmp(cfg->roles[i].role, pass ? text : qualified)) {
+                *impl = cfg->roles[i].impl;
+                snprintf(role, 64, "%s", cfg->roles[i].role);
+                return 0;
+            }
     role[0] = '\0';
     return resolve_impl(text, where, impl, err);
 }
@@ -96,85 +93,189 @@ static int want_number(const cJSON *v, const char *where, double *out, kp_error 
     return 0;
 }
 
-/* Reads a check's parameter from the check, else from the config's "defaults"; never from code. */
-static const cJSON *param(const cJSON *check, const cJSON *defaults, const char *key) {
-    const cJSON *v = member(check, key);
-    return v ? v : (defaults ? member(defaults, key) : NULL);
+static bool listed(const char *const *list, const char *s) {
+    for (int i = 0; list && list[i]; i++)
+        if (!strcmp(list[i], s)) return true;
+    return false;
 }
 
-static int rule_params(const cJSON *check, const cJSON *defaults, const char *where, kp_check_spec *s, kp_error *err) {
-    char at[640];
-    const cJSON *tp = param(check, defaults, "tie_policy"), *band = param(check, defaults, "band");
-    const char *text = NULL;
-    snprintf(at, sizeof at, "%.300s.tie_policy", where);
-    if (!tp) return kp_fail(err, KP_EXIT_USAGE, "%s: required (in the check or in \"defaults\")", at);
-    if (want_string(tp, at, &text, err)) return err->code;
-    if (kp_tie_policy_parse(text, &s->tie_policy))
-        return kp_fail(err, KP_EXIT_USAGE, "%s: '%s' is unknown (minimal_index, inclusive)", at, text);
-    snprintf(at, sizeof at, "%.300s.band", where);
-    if (!band) return kp_fail(err, KP_EXIT_USAGE, "%s: required (in the check or in \"defaults\")", at);
-    if (want_number(band, at, &s->band, err)) return err->code;
-    if (!(s->band >= 0.0 && s->band < 0.5)) return kp_fail(err, KP_EXIT_USAGE, "%s: %g is outside [0, 0.5)", at, s->band);
+static void join_list(const char *const *list, char *buf, size_t len) {
+    buf[0] = '\0';
+    for (int i = 0; list && list[i]; i++) {
+        size_t n = strlen(buf);
+        snprintf(buf + n, len - n, "%s%s", i ? ", " : "", list[i]);
+    }
+}
+
+/* The fields a check of this kind takes (an expect check: its own and those of the check it expects). */
+static bool field_allowed(const kp_family *fam, kp_check_kind kind, kp_check_kind of, const char *key) {
+    static const char *const tolerance_keys[] = {"atol", "rtol", "nmse", "cosine", "ulp", "tensors", NULL};
+    if (!strcmp(key, "check")) return true;
+    if (kind == KP_CHECK_EXPECT) {
+        if (!strcmp(key, "of") || !strcmp(key, "result") || !strcmp(key, "defect")) return true;
+        kind = of;
+    }
+    switch (kind) {
+    case KP_CHECK_EXACT: return !strcmp(key, "impls") || listed(fam->param_keys, key);
+    case KP_CHECK_RULE: return !strcmp(key, "impl") || listed(fam->param_keys, key);
+    case KP_CHECK_TOLERANCE: return !strcmp(key, "impl") || listed(tolerance_keys, key);
+    case KP_CHECK_REPEAT: return !strcmp(key, "impl") || !strcmp(key, "runs");
+    case KP_CHECK_BATCH: return !strcmp(key, "impl");
+    case KP_CHECK_EXPECT:
+    case KP_CHECK_KIND_COUNT: break;
+    }
+    return false;
+}
+
+/* A tolerance field for one output tensor: from "tensors".<tensor>, else the check, else "defaults". */
+static const cJSON *tolerance_field(const cJSON *per_tensor, const kp_param_reader *r, const char *key, const char *tensor,
+                                    char *at, size_t len) {
+    const cJSON *v = per_tensor ? member(per_tensor, key) : NULL;
+    if (v) snprintf(at, len, "%.300s.tensors.%.40s.%s", r->where, tensor, key);
+    else snprintf(at, len, "%.300s.%s", r->where, key);
+    return v ? v : kp_param_get(r, key);
+}
+
+static int tolerance_number(const cJSON *v, const char *at, bool *has, double *out, kp_error *err) {
+    if (!v) return 0;
+    if (want_number(v, at, out, err)) return err->code;
+    if (!(*out >= 0 && *out < 1e300)) return kp_fail(err, KP_EXIT_USAGE, "%s: %g must be a finite number >= 0", at, *out);
+    if (has) *has = true;
     return 0;
 }
 
-static int parse_check(kp_config *cfg, const cJSON *check, const cJSON *defaults, const char *where, kp_check_spec *s,
-                       kp_error *err) {
+static int parse_tolerance(const kp_family *fam, const kp_param_reader *r, kp_check_spec *s, kp_error *err) {
+    char at[480];
+    const cJSON *tensors = kp_param_get(r, "tensors");
+    snprintf(at, sizeof at, "%.300s.tensors", r->where);
+    if (tensors && !cJSON_IsObject(tensors))
+        return kp_fail(err, KP_EXIT_USAGE, "%s: expected an object of output tensor: thresholds", at);
+    for (const cJSON *t = tensors ? tensors->child : NULL; t; t = t->next) {
+        char known[256];
+        join_list(fam->tolerance_outputs, known, sizeof known);
+        if (!listed(fam->tolerance_outputs, t->string))
+            return kp_fail(err, KP_EXIT_USAGE, "%s.%s: not an output the %s reference gives (%s)", at, t->string, fam->name, known);
+        if (!cJSON_IsObject(t)) return kp_fail(err, KP_EXIT_USAGE, "%s.%s: expected an object of thresholds", at, t->string);
+        for (const cJSON *m = t->child; m; m = m->next)
+            if (strcmp(m->string, "atol") && strcmp(m->string, "rtol") && strcmp(m->string, "nmse") &&
+                strcmp(m->string, "cosine") && strcmp(m->string, "ulp"))
+                return kp_fail(err, KP_EXIT_USAGE, "%s.%s.%s: unknown field (atol, rtol, nmse, cosine, ulp)", at, t->string,
+                               m->string);
+    }
+    for (int k = 0; fam->tolerance_outputs[k]; k++) {
+        KP_ASSERT(k < KP_MAX_TENSORS);
+        const char *name = fam->tolerance_outputs[k];
+        const cJSON *mine = tensors ? member(tensors, name) : NULL;
+        kp_tolerance *tol = &s->tolerance[k];
+        const cJSON *v;
+        bool has;
+        for (int req = 0; req < 2; req++) { /* atol and rtol: required */
+            const char *key = req ? "rtol" : "atol";
+            v = tolerance_field(mine, r, key, name, at, sizeof at);
+            if (!v) return kp_fail(err, KP_EXIT_USAGE, "%s: required (in the check, \"tensors\".%s or \"defaults\")", at, name);
+            if (tolerance_number(v, at, NULL, req ? &tol->rtol : &tol->atol, err)) return err->code;
+        }
+        v = tolerance_field(mine, r, "nmse", name, at, sizeof at);
+        if (tolerance_number(v, at, &tol->has_nmse, &tol->nmse, err)) return err->code;
+        v = tolerance_field(mine, r, "cosine", name, at, sizeof at);
+        if (tolerance_number(v, at, &tol->has_cosine, &tol->cosine, err)) return err->code;
+        v = tolerance_field(mine, r, "ulp", name, at, sizeof at);
+        double ulp = 0;
+        has = false;
+        if (tolerance_number(v, at, &has, &ulp, err)) return err->code;
+        if (has && (ulp != floor(ulp) || ulp > 65535))
+            return kp_fail(err, KP_EXIT_USAGE, "%s: %g must be an integer in [0, 65535]", at, ulp);
+        tol->has_ulp = has, tol->ulp = (int64_t)ulp;
+    }
+    return 0;
+}
+
+/* The family's rule parameters: required for rule (and expect of rule); for exact, read when the
+ * config declares any of them, else the family's defaults, recorded as such. */
+static int family_params(const kp_family *fam, const kp_param_reader *r, kp_check_kind kind, kp_check_spec *s,
+                         kp_error *err) {
+    if (!fam->parse_params) return 0;
+    bool declared = false;
+    for (int i = 0; fam->param_keys && fam->param_keys[i]; i++) declared |= kp_param_get(r, fam->param_keys[i]) != NULL;
+    if (kind == KP_CHECK_EXACT && !declared) {
+        if (!fam->default_params) return 0;
+        fam->default_params(s->params);
+        s->has_params = s->params_defaulted = true;
+        return 0;
+    }
+    if (fam->parse_params(r, s->params, err)) return err->code;
+    s->has_params = true;
+    return 0;
+}
+
+static int parse_check(const kp_config *cfg, const kp_family *fam, const cJSON *check, const cJSON *defaults,
+                       const char *where, kp_check_spec *s, kp_error *err) {
     memset(s, 0, sizeof *s);
     char at[640];
-    const char *kind = NULL;
+    const char *text = NULL;
     if (!cJSON_IsObject(check)) return kp_fail(err, KP_EXIT_USAGE, "%s: expected an object", where);
     snprintf(at, sizeof at, "%.300s.check", where);
-    if (want_string(member(check, "check"), at, &kind, err)) return err->code;
-    if (parse_check_kind(kind, &s->kind))
-        return kp_fail(err, KP_EXIT_USAGE, "%s: '%s' is unknown (exact, rule, repeat, batch, expect)", at, kind);
-    for (const cJSON *m = check->child; m; m = m->next) {
-        static const char *const allowed[] = {"check", "impl", "impls", "tie_policy", "band", "runs", "of", "result", "defect"};
-        int ok = 0;
-        for (size_t i = 0; i < sizeof allowed / sizeof *allowed; i++) ok |= !strcmp(m->string, allowed[i]);
-        if (!ok) return kp_fail(err, KP_EXIT_USAGE, "%s.%s: unknown field", where, m->string);
+    if (want_string(member(check, "check"), at, &text, err)) return err->code;
+    int kind = kp_check_parse(text);
+    if (kind < 0)
+        return kp_fail(err, KP_EXIT_USAGE, "%s: '%s' is unknown (exact, rule, tolerance, repeat, batch, expect)", at, text);
+    s->kind = (kp_check_kind)kind;
+    kp_check_kind inner = s->kind;
+    if (s->kind == KP_CHECK_EXPECT) {
+        snprintf(at, sizeof at, "%.300s.of", where);
+        if (want_string(member(check, "of"), at, &text, err)) return err->code;
+        int of = kp_check_parse(text);
+        if (of != KP_CHECK_RULE && of != KP_CHECK_TOLERANCE && of != KP_CHECK_REPEAT && of != KP_CHECK_BATCH)
+            return kp_fail(err, KP_EXIT_USAGE, "%s: '%s' must be rule, tolerance, repeat or batch", at, text);
+        inner = s->of = (kp_check_kind)of;
     }
+    for (const cJSON *m = check->child; m; m = m->next)
+        if (!field_allowed(fam, s->kind, s->of, m->string))
+            return kp_fail(err, KP_EXIT_USAGE, "%s.%s: unknown field for a%s %s check of family %s", where, m->string,
+                           s->kind == KP_CHECK_EXACT || s->kind == KP_CHECK_EXPECT ? "n" : "", kp_check_name(s->kind),
+                           fam->name);
+    snprintf(at, sizeof at, "%.300s.check", where);
+    if (inner == KP_CHECK_RULE && !fam->rule)
+        return kp_fail(err, KP_EXIT_USAGE, "%s: family %s has no rule check", at, fam->name);
+    if (inner == KP_CHECK_TOLERANCE && !fam->tolerance_outputs)
+        return kp_fail(err, KP_EXIT_USAGE, "%s: family %s's reference gives no continuous output to hold a tolerance to",
+                       at, fam->name);
     if (s->kind == KP_CHECK_EXACT) {
         const cJSON *impls = member(check, "impls");
         snprintf(at, sizeof at, "%.300s.impls", where);
         if (!cJSON_IsArray(impls) || cJSON_GetArraySize(impls) != 2)
             return kp_fail(err, KP_EXIT_USAGE, "%s: expected an array of two impls or roles", at);
         for (int i = 0; i < 2; i++) {
-            const char *text = NULL;
             snprintf(at, sizeof at, "%.300s.impls[%d]", where, i);
             if (want_string(cJSON_GetArrayItem(impls, i), at, &text, err) ||
-                impl_ref(cfg, text, at, &s->impl[i], s->role[i], err))
+                impl_ref(cfg, fam, text, at, &s->impl[i], s->role[i], err))
                 return err->code;
         }
         s->nimpl = 2;
         if (s->impl[0] == s->impl[1])
             return kp_fail(err, KP_EXIT_USAGE, "%s.impls: both name %s; exact compares two different impls", where,
                            s->impl[0]->name);
-        if (rule_params(check, defaults, where, s, err)) return err->code;
     } else {
-        const char *text = NULL;
         snprintf(at, sizeof at, "%.300s.impl", where);
-        if (want_string(member(check, "impl"), at, &text, err) || impl_ref(cfg, text, at, &s->impl[0], s->role[0], err))
+        if (want_string(member(check, "impl"), at, &text, err) || impl_ref(cfg, fam, text, at, &s->impl[0], s->role[0], err))
             return err->code;
         s->nimpl = 1;
     }
-    if (s->kind == KP_CHECK_RULE && rule_params(check, defaults, where, s, err)) return err->code;
-    if (s->kind == KP_CHECK_REPEAT) {
-        double runs = 0;
-        const cJSON *r = param(check, defaults, "runs");
-        snprintf(at, sizeof at, "%.300s.runs", where);
-        if (!r) return kp_fail(err, KP_EXIT_USAGE, "%s: required (in the check or in \"defaults\")", at);
-        if (want_number(r, at, &runs, err)) return err->code;
-        if (runs != floor(runs) || runs < 2 || runs > 1000)
-            return kp_fail(err, KP_EXIT_USAGE, "%s: %g must be an integer in [2, 1000]", at, runs);
+    for (int i = 0; i < s->nimpl; i++)
+        if (strcmp(s->impl[i]->family, fam->name))
+            return kp_fail(err, KP_EXIT_USAGE, "%s.%s: impl %s is of family %s, the case is %s%s%s%s", where,
+                           s->nimpl == 2 ? (i ? "impls[1]" : "impls[0]") : "impl", s->impl[i]->name, s->impl[i]->family,
+                           fam->name, s->role[i][0] ? " (declare a role \"" : "", s->role[i][0] ? fam->name : "",
+                           s->role[i][0] ? ".<role>\" for it)" : "");
+    const kp_param_reader r = {.check = check, .defaults = defaults, .where = where};
+    if ((inner == KP_CHECK_EXACT || inner == KP_CHECK_RULE) && family_params(fam, &r, inner, s, err)) return err->code;
+    if (inner == KP_CHECK_TOLERANCE && parse_tolerance(fam, &r, s, err)) return err->code;
+    if (inner == KP_CHECK_REPEAT) {
+        int64_t runs;
+        if (kp_param_int(&r, "runs", 2, 1000, &runs, err)) return err->code;
         s->runs = (int)runs;
     }
     if (s->kind == KP_CHECK_EXPECT) {
-        const char *text = NULL;
-        snprintf(at, sizeof at, "%.300s.of", where);
-        if (want_string(member(check, "of"), at, &text, err)) return err->code;
-        if (parse_check_kind(text, &s->of) || s->of == KP_CHECK_EXPECT || s->of == KP_CHECK_EXACT)
-            return kp_fail(err, KP_EXIT_USAGE, "%s: '%s' must be rule, repeat or batch", at, text);
         snprintf(at, sizeof at, "%.300s.result", where);
         if (want_string(member(check, "result"), at, &text, err)) return err->code;
         if (strcmp(text, "INCORRECT"))
@@ -182,18 +283,14 @@ static int parse_check(kp_config *cfg, const cJSON *check, const cJSON *defaults
         s->expect_result = KP_INCORRECT;
         const cJSON *defect = member(check, "defect");
         if (defect) {
+            char known[256];
+            join_list(fam->defects, known, sizeof known);
             snprintf(at, sizeof at, "%.300s.defect", where);
             if (want_string(defect, at, &text, err)) return err->code;
-            if (strcmp(text, "all_neginf"))
-                return kp_fail(err, KP_EXIT_USAGE, "%s: '%s' is unknown (all_neginf)", at, text);
+            if (!listed(fam->defects, text) || !fam->has_defect)
+                return kp_fail(err, KP_EXIT_USAGE, "%s: '%s' is not a defect family %s knows (%s)", at, text, fam->name,
+                               known[0] ? known : "it names none");
             snprintf(s->defect, sizeof s->defect, "%s", text);
-        }
-        if (s->of == KP_CHECK_RULE && rule_params(check, defaults, where, s, err)) return err->code;
-        if (s->of == KP_CHECK_REPEAT) {
-            const cJSON *r = param(check, defaults, "runs");
-            s->runs = cJSON_IsNumber(r) ? (int)r->valuedouble : 0;
-            if (s->runs < 2 || s->runs > 1000)
-                return kp_fail(err, KP_EXIT_USAGE, "%s.runs: required, an integer in [2, 1000]", where);
         }
     }
     /* the label names the check, its impls and the parameters that change its meaning */
@@ -204,7 +301,7 @@ static int parse_check(kp_config *cfg, const cJSON *check, const cJSON *defaults
     return 0;
 }
 
-static int parse_checks(kp_config *cfg, const cJSON *checks, const char *where, kp_case_spec *cs, kp_error *err) {
+static int parse_checks(const kp_config *cfg, const cJSON *checks, const char *where, kp_case_spec *cs, kp_error *err) {
     const cJSON *defaults = member(cfg->doc, "defaults");
     char at[640];
     if (cJSON_IsString(checks)) { /* a named check set */
@@ -221,12 +318,39 @@ static int parse_checks(kp_config *cfg, const cJSON *checks, const char *where, 
     if (!cs->checks) return err->code;
     for (int i = 0; i < cs->nchecks; i++) {
         snprintf(at, sizeof at, "%.300s[%d]", where, i);
-        if (parse_check(cfg, cJSON_GetArrayItem(checks, i), defaults, at, &cs->checks[i], err)) return err->code;
-        if (strcmp(cs->checks[i].impl[0]->family, cs->c.family))
-            return kp_fail(err, KP_EXIT_USAGE, "%s: impl %s is of family %s, the case is %s", at, cs->checks[i].impl[0]->name,
-                           cs->checks[i].impl[0]->family, cs->c.family);
+        if (parse_check(cfg, cs->fam, cJSON_GetArrayItem(checks, i), defaults, at, &cs->checks[i], err)) return err->code;
     }
     return 0;
+}
+
+static void family_names(char *buf, size_t len) {
+    buf[0] = '\0';
+    for (int i = 0; i < kp_family_count(); i++) {
+        size_t n = strlen(buf);
+        snprintf(buf + n, len - n, "%s%s", i ? ", " : "", kp_family_at(i)->name);
+    }
+}
+
+/* The distinct impls the cases name, so the launch cache is sized once, at load. */
+static void count_impls(kp_config *cfg) {
+    const kp_impl **seen = NULL;
+    int n = 0, cap = 0;
+    for (int c = 0; c < cfg->ncases; c++)
+        for (int k = 0; k < cfg->cases[c].nchecks; k++)
+            for (int i = 0; i < cfg->cases[c].checks[k].nimpl; i++) {
+                const kp_impl *impl = cfg->cases[c].checks[k].impl[i];
+                int found = 0;
+                for (int j = 0; j < n && !found; j++) found = seen[j] == impl;
+                if (found) continue;
+                if (n == cap) {
+                    const kp_impl **grown = realloc(seen, sizeof *seen * (size_t)(cap = cap ? 2 * cap : 8));
+                    if (!grown) kp_abort(__FILE__, __LINE__, "out of host memory counting impls");
+                    seen = grown;
+                }
+                seen[n++] = impl;
+            }
+    free(seen);
+    cfg->nimpls = n;
 }
 
 static int add_case(kp_config *cfg, kp_case *c, const cJSON *checks, const char *where, kp_error *err) {
@@ -234,12 +358,19 @@ static int add_case(kp_config *cfg, kp_case *c, const cJSON *checks, const char 
         kp_error_prefix(err, "%s: ", where);
         return err->code;
     }
+    const kp_family *fam = kp_family_find(c->family);
+    if (!fam) {
+        char known[256];
+        family_names(known, sizeof known);
+        return kp_fail(err, KP_EXIT_USAGE, "%s: family '%s' has cases but no harness family (known: %s)", where, c->family, known);
+    }
     kp_case_spec *grown = realloc(cfg->cases, sizeof *cfg->cases * (size_t)(cfg->ncases + 1));
     if (!grown) return kp_fail(err, KP_EXIT_ENV, "out of memory reading the config");
     cfg->cases = grown;
     kp_case_spec *cs = &cfg->cases[cfg->ncases++];
     memset(cs, 0, sizeof *cs);
     cs->c = *c;
+    cs->fam = fam;
     if (kp_case_format(c, cs->name, sizeof cs->name) < 0) return kp_fail(err, KP_EXIT_USAGE, "%s: case name too long", where);
     for (int i = 0; i + 1 < cfg->ncases; i++)
         if (!strcmp(cfg->cases[i].name, cs->name))
@@ -248,7 +379,6 @@ static int add_case(kp_config *cfg, kp_case *c, const cJSON *checks, const char 
     snprintf(at, sizeof at, "%.300s.checks", where);
     if (!checks) return kp_fail(err, KP_EXIT_USAGE, "%s: required", at);
     if (parse_checks(cfg, checks, at, cs, err)) return err->code;
-    const kp_family *fam = kp_family_find(c->family);
     int nimpl = 0;
     for (int i = 0; i < cs->nchecks; i++) nimpl += cs->checks[i].nimpl;
     cs->host_bytes = fam->estimate_bytes(c, nimpl, err);
@@ -296,7 +426,11 @@ static int expand_grid(kp_config *cfg, kp_case *base, const cJSON *grid, const c
     for (const cJSON *v = axis->child; v; v = v->next) {
         char text[64];
         kp_case c = *base;
-        if (field_text(v, at, text, sizeof text, err) || kp_case_set(&c, axis->string, text, err)) return err->code;
+        if (field_text(v, at, text, sizeof text, err)) return err->code;
+        if (kp_case_set(&c, axis->string, text, err)) {
+            kp_error_prefix(err, "%s: ", at);
+            return err->code;
+        }
         if (expand_grid(cfg, &c, grid, axis->next, checks, where, err)) return err->code;
     }
     return 0;
@@ -316,15 +450,22 @@ static int parse_case_entry(kp_config *cfg, const cJSON *entry, int index, kp_er
             kp_error_prefix(err, "%s: ", at);
             return err->code;
         }
-        if (!kp_family_find(c.family))
-            return kp_fail(err, KP_EXIT_USAGE, "%s: family '%s' is unknown (known: topp)", at, c.family);
+        if (!kp_family_find(c.family)) {
+            char known[256];
+            family_names(known, sizeof known);
+            return kp_fail(err, KP_EXIT_USAGE, "%s: family '%s' is unknown (known: %s)", at, c.family, known);
+        }
         return add_case(cfg, &c, checks, where, err);
     }
     const char *fam = NULL;
     snprintf(at, sizeof at, "%.300s.family", where);
     if (!family) return kp_fail(err, KP_EXIT_USAGE, "%s: give \"case\" (a case name) or \"family\" with \"params\"", where);
     if (want_string(family, at, &fam, err)) return err->code;
-    if (!kp_family_find(fam)) return kp_fail(err, KP_EXIT_USAGE, "%s: '%s' is unknown (known: topp)", at, fam);
+    if (!kp_family_find(fam)) {
+        char known[256];
+        family_names(known, sizeof known);
+        return kp_fail(err, KP_EXIT_USAGE, "%s: '%s' is unknown (known: %s)", at, fam, known);
+    }
     memset(&c, 0, sizeof c);
     snprintf(c.family, sizeof c.family, "%s", fam);
     const cJSON *params = member(entry, "params"), *grid = member(entry, "grid");
@@ -332,7 +473,8 @@ static int parse_case_entry(kp_config *cfg, const cJSON *entry, int index, kp_er
     for (const cJSON *p = params ? params->child : NULL; p; p = p->next) {
         char text[64];
         snprintf(at, sizeof at, "%.300s.params.%s", where, p->string);
-        if (field_text(p, at, text, sizeof text, err) || kp_case_set(&c, p->string, text, err)) {
+        if (field_text(p, at, text, sizeof text, err)) return err->code; /* its message names the field */
+        if (kp_case_set(&c, p->string, text, err)) {
             kp_error_prefix(err, "%s: ", at);
             return err->code;
         }
@@ -392,14 +534,28 @@ int kp_config_load(const char *path, kp_config *cfg, kp_error *err) {
     }
     const cJSON *impls = member(doc, "impls");
     if (!cJSON_IsObject(impls)) return kp_fail(err, KP_EXIT_USAGE, "impls: expected an object of role: impl name");
+    cfg->roles = kp_calloc((size_t)cJSON_GetArraySize(impls), sizeof *cfg->roles, "roles", err);
+    if (!cfg->roles) return err->code;
     for (const cJSON *r = impls->child; r; r = r->next) {
-        char at[64];
-        snprintf(at, sizeof at, "impls.%s", r->string);
-        if (cfg->nroles == 8) return kp_fail(err, KP_EXIT_USAGE, "impls: at most 8 roles");
+        char at[160];
+        snprintf(at, sizeof at, "impls.%.100s", r->string);
+        kp_role *role = &cfg->roles[cfg->nroles];
+        if (strlen(r->string) >= sizeof role->role) return kp_fail(err, KP_EXIT_USAGE, "%s: the role's name is too long", at);
         if (want_string(r, at, &s, err)) return err->code;
-        snprintf(cfg->roles[cfg->nroles].role, sizeof cfg->roles[0].role, "%s", r->string);
-        snprintf(cfg->roles[cfg->nroles].declared, sizeof cfg->roles[0].declared, "%s", s);
-        if (resolve_impl(s, at, &cfg->roles[cfg->nroles].impl, err)) return err->code;
+        snprintf(role->role, sizeof role->role, "%s", r->string);
+        snprintf(role->declared, sizeof role->declared, "%s", s);
+        if (resolve_impl(s, at, &role->impl, err)) return err->code;
+        /* "<family>.<role>": one family's role, so one config can hold impls of several families */
+        const char *dot = strchr(r->string, '.');
+        if (dot) {
+            char fam[32];
+            snprintf(fam, sizeof fam, "%.*s", (int)(dot - r->string < 31 ? dot - r->string : 31), r->string);
+            if (!kp_family_find(fam) || !dot[1])
+                return kp_fail(err, KP_EXIT_USAGE, "%s: a role with a '.' is '<family>.<role>', and '%s' is no family", at, fam);
+            if (strcmp(role->impl->family, fam))
+                return kp_fail(err, KP_EXIT_USAGE, "%s: impl %s is of family %s, not %s", at, role->impl->name,
+                               role->impl->family, fam);
+        }
         cfg->nroles++;
     }
     const cJSON *budget = member(doc, "budget");
@@ -438,12 +594,15 @@ int kp_config_load(const char *path, kp_config *cfg, kp_error *err) {
     int index = 0;
     for (const cJSON *e = cases->child; e; e = e->next, index++)
         if (parse_case_entry(cfg, e, index, err)) return err->code;
+    count_impls(cfg);
+    kp_launch_reserve(cfg->nimpls);
     return 0;
 }
 
 void kp_config_free(kp_config *cfg) {
     for (int i = 0; i < cfg->ncases; i++) free(cfg->cases[i].checks);
     free(cfg->cases);
+    free(cfg->roles);
     cJSON_Delete(cfg->doc);
     memset(cfg, 0, sizeof *cfg);
 }

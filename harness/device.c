@@ -423,13 +423,6 @@ void kp_timer_free(kp_timer *t) {
     free(t);
 }
 
-#ifdef KP_HAVE_CUDA
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-#endif
-
 double kp_device_copy_bandwidth(void) {
 #ifdef KP_HAVE_CUDA
     kp_error err;
@@ -459,7 +452,7 @@ double kp_device_copy_bandwidth(void) {
     cudaEventDestroy(e);
     cudaFree(a);
     cudaFree(b);
-    qsort(ms, 5, sizeof *ms, cmp_double);
+    qsort(ms, 5, sizeof *ms, kp_cmp_double);
     /* a copy reads and writes every byte */
     return ms[2] > 0 ? 2.0 * (double)bytes / (ms[2] * 1e-3) : 0;
 #else

@@ -3,7 +3,10 @@
 #ifndef KP_BENCH_H
 #define KP_BENCH_H
 
-/* impls/cases may be empty: every impl of the family that can run here, and the default shapes. */
-int kp_bench(const char **impls, int nimpl, const char **cases, int ncase, int reps);
+#include "../cases/kp_common.h"
+
+/* impls/cases may be empty: every impl that can run here, and every family's default shapes. The exit
+ * class, with err's message for the caller to print. */
+int kp_bench(const char **impls, int nimpl, const char **cases, int ncase, int reps, kp_error *err);
 
 #endif

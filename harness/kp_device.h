@@ -60,10 +60,8 @@ cJSON *kp_environment_json(void);
 /* SHA-256 of the running kparity binary (computed once). */
 const char *kp_self_sha256(void);
 
-#endif
-
-/* Timing helpers for `kparity bench` (harness/bench.c). A timer measures one launch: on a GPU with
- * CUDA events (after flushing L2 by writing a buffer twice its size), on the host by wall clock. */
+/* Timing of one launch (harness/launch.c: receipts and the bench loop): on a GPU with CUDA events
+ * (after flushing L2 by writing a buffer twice its size, when asked), on the host by wall clock. */
 typedef struct kp_timer kp_timer;
 int kp_timer_create(kp_timer **t, kp_memory memory, int flush_l2, kp_error *err);
 int kp_timer_start(kp_timer *t, kp_error *err);
@@ -71,3 +69,5 @@ int kp_timer_stop(kp_timer *t, double *microseconds, kp_error *err);
 void kp_timer_free(kp_timer *t);
 /* Device-to-device copy bandwidth in bytes/s (a 1 GiB copy, median of 5); 0 without a GPU. */
 double kp_device_copy_bandwidth(void);
+
+#endif

@@ -1,31 +1,63 @@
-/* kp_harness.h: the harness's shared vocabulary: results, check specs, the gate config, and the
- * per-family hooks the runner drives. One family = one kp_family (harness/topp_family.c). */
+/* kp_harness.h: the harness's shared vocabulary: check specs, the gate config, and the family record
+ * (kp_family): the hooks and tables by which a family plugs into machinery the harness owns.
+ *
+ * Adding a family (name it F; the files, in this order, then the one table row each):
+ *   1. cases/F_case.{h,c}       its fields, canonical form and seeded generator; defines the
+ *                               kp_case_family row, listed in cases/case_families.c.
+ *   2. reference/F_ref.{h,c}    the float64 reference written from the rule (kp_detmath.h for exp and
+ *                               compensated sums), and its judge where the family has a rule check.
+ *   3. kernels/kparity_kernel.h a kp_F_args struct; kernels/host/F_*.c and kernels/cuda/F_*.cu the
+ *                               impls, each listed in kernels/registry.c's builtin_impls.
+ *   4. harness/F_family.c       the kp_family record below: its tensors, fill_args, reference arrays
+ *                               and whichever optional hooks apply; listed in harness/families.c.
+ *   5. tests/test_reference_F.c, tests/test_kernels_host_F.c, tests/test_gpu_F_kernels.c, a defect
+ *                               plugin under tests/fixtures/, and gate configs under ci/gates/.
+ * The harness owns everything else: buffers with guard regions on the host or the device, gathering
+ * rows for batch probes, launches, timing and the bench loop, digests, export, every check and the
+ * receipts. tests/test_family_seam.c registers a small family of its own the same way. */
 #ifndef KP_HARNESS_H
 #define KP_HARNESS_H
 
 #include <cjson/cJSON.h>
+#include <stdalign.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "../cases/kp_case.h"
 #include "../cases/kp_common.h"
 #include "../cases/kp_sha256.h"
+#include "../cases/kp_tensor.h"
 #include "../kernels/kp_registry.h"
 #include "../receipts/kp_bundle.h"
-#include "../reference/topp_ref.h"
 
-/* Result vocabulary, everywhere (CLI, receipts, JUnit, report). Ordered by severity. */
-typedef enum kp_result {
-    KP_PASSED = 0,
-    KP_NOT_SUPPORTED,
-    KP_NOT_RUN,
-    KP_INCORRECT,
-    KP_FAILED
-} kp_result;
-const char *kp_result_name(kp_result r);
+#define KP_MAX_TENSORS 8     /* inputs, outputs or reference arrays of one family */
+#define KP_PARAMS_MAX 64     /* bytes of a family's parsed rule parameters */
+#define KP_ARGS_MAX 256      /* bytes of a family's kp_*_args struct */
 
-typedef enum kp_check_kind { KP_CHECK_EXACT = 0, KP_CHECK_RULE, KP_CHECK_REPEAT, KP_CHECK_BATCH, KP_CHECK_EXPECT } kp_check_kind;
+typedef enum kp_check_kind {
+    KP_CHECK_EXACT = 0,
+    KP_CHECK_RULE,
+    KP_CHECK_TOLERANCE,
+    KP_CHECK_REPEAT,
+    KP_CHECK_BATCH,
+    KP_CHECK_EXPECT,
+    KP_CHECK_KIND_COUNT
+} kp_check_kind;
 const char *kp_check_name(kp_check_kind k);
+int kp_check_parse(const char *name); /* the kind, or -1 */
+
+/* Declared bounds of a tolerance check on one output tensor (DESIGN.md "tolerance"); the effective
+ * values go into the receipt. atol and rtol are required: an element fails when
+ * |x - r| > atol + rtol * |r|. The others bound an aggregate only where declared. */
+typedef struct kp_tolerance {
+    double atol, rtol;
+    bool has_nmse, has_cosine, has_ulp;
+    double nmse, cosine; /* upper bounds of NMSE and of the cosine difference */
+    int64_t ulp;         /* upper bound of the largest bf16 ulp distance */
+} kp_tolerance;
+
+struct kp_family;
 
 /* One declared check with its effective parameters (defaults from the config already applied). */
 typedef struct kp_check_spec {
@@ -33,35 +65,42 @@ typedef struct kp_check_spec {
     kp_check_kind of;        /* expect: the check whose result is expected */
     int nimpl;               /* exact: 2, others: 1 */
     const kp_impl *impl[2];
-    char role[2][32];        /* "incumbent", "candidate", or "" when named directly */
-    kp_tie_policy tie_policy;
-    double band;
-    int runs;                /* repeat */
-    kp_result expect_result; /* expect */
-    char defect[32];         /* expect: "" or "all_neginf" (every row masked entirely) */
+    char role[2][64];        /* the role as the config names it ("candidate", "topk.candidate"), or "" */
+    /* the family's rule parameters (parse_params); exact takes them when declared, else the
+       family's defaults (params_defaulted), recorded as such */
+    bool has_params, params_defaulted;
+    alignas(max_align_t) unsigned char params[KP_PARAMS_MAX];
+    int runs;                                /* repeat */
+    kp_tolerance tolerance[KP_MAX_TENSORS];  /* tolerance: per output tensor, in the family's order */
+    kp_result expect_result;                 /* expect */
+    char defect[32];                         /* expect: "" or one of the family's defects */
     char label[200];
 } kp_check_spec;
 
 typedef struct kp_case_spec {
     kp_case c;
+    const struct kp_family *fam;
     char name[KP_CASE_NAME_MAX];
     kp_check_spec *checks;
     int nchecks;
     size_t host_bytes; /* estimate, checked against the budget before anything is allocated */
 } kp_case_spec;
 
+typedef struct kp_role {
+    char role[64];       /* as written: "candidate", or "topk.candidate" for one family's */
+    const kp_impl *impl;
+    char declared[128];  /* the name as written, e.g. "<family>.split_prob@auto" */
+} kp_role;
+
 typedef struct kp_config {
     char path[512];
     char sha256[KP_SHA256_HEX_LEN];
     char name[128];
-    struct {
-        char role[32];
-        const kp_impl *impl;
-        char declared[96]; /* the name as written, e.g. topp.split_prob@auto */
-    } roles[8];
+    kp_role *roles;
     int nroles;
     kp_case_spec *cases;
     int ncases;
+    int nimpls; /* distinct impls the cases name: the launch cache is sized for them at load */
     uint64_t host_budget;
     uint64_t device_budget; /* 0 when no GPU is used */
     double timeout_s;
@@ -73,8 +112,26 @@ typedef struct kp_config {
 int kp_config_load(const char *path, kp_config *cfg, kp_error *err);
 void kp_config_free(kp_config *cfg);
 
+/* Where a check's parameters come from: the check, else the config's "defaults" (never from code).
+ * A family's parse_params reads its fields through these; each field has one parser, and every
+ * error names the field ("cases[3].checks[1].band: ..."). */
+typedef struct kp_param_reader {
+    const cJSON *check, *defaults;
+    const char *where; /* the check's JSON path */
+} kp_param_reader;
+/* The field's value, or NULL when neither the check nor the defaults give it. */
+const cJSON *kp_param_get(const kp_param_reader *r, const char *key);
+/* A required string, one of `allowed` (NULL-terminated; NULL allows any). */
+int kp_param_string(const kp_param_reader *r, const char *key, const char *const *allowed, const char **out,
+                    kp_error *err);
+/* A required number in [lo, hi) (hi_inclusive: [lo, hi]). */
+int kp_param_number(const kp_param_reader *r, const char *key, double lo, double hi, bool hi_inclusive, double *out,
+                    kp_error *err);
+/* A required integer in [lo, hi]: 2.5, "2" and 1e300 are refused, never truncated. */
+int kp_param_int(const kp_param_reader *r, const char *key, int64_t lo, int64_t hi, int64_t *out, kp_error *err);
+
 /* Where a check's evidence goes: index lists longer than inline_limit are stored whole as .npy
- * artifacts in the bundle and named (file, digest) in the receipt's "artifacts". */
+ * artifacts in the bundle and named (file, digest) in the receipt's "artifacts" (harness/evidence.c). */
 typedef struct kp_evidence {
     kp_bundle *bundle;
     cJSON *artifacts; /* the receipt's "artifacts" array */
@@ -85,7 +142,7 @@ int kp_evidence_list(kp_evidence *ev, cJSON *obj, const char *key, const char *a
                      int64_t n, kp_error *err);
 
 /* Where the gate's wall time goes (it is on a serving host's startup path): seconds per stage,
- * summed over the run, reported in bundle.json and on stderr. */
+ * summed over the run, reported in bundle.json and on stderr (harness/stages.c). */
 typedef enum kp_stage {
     KP_STAGE_GENERATION = 0, /* seeded inputs */
     KP_STAGE_REFERENCE,      /* the float64 reference */
@@ -107,54 +164,119 @@ const char *kp_stage_name(kp_stage stage);
  * kp_digests_settle); at settle the hex lands in hex_out (if not NULL) and in obj[key] (if obj is
  * not NULL), added now with a placeholder so the receipt keeps its key order. kp_digest_record adds
  * obj[key] for the digest bound for hex_out, now if it has settled. kp_digests_settle waits for
- * every digest started and fills every place. Only the run's thread calls these; a family settles
- * before it frees a buffer a digest may read (its release and free_output, whoever calls them), and
+ * every digest started and fills every place. Only the run's thread calls these; whoever frees a
+ * buffer a digest may read settles first (the prepared case and outputs do, harness/launch.c), and
  * the runner before it writes a case's receipt. */
 void kp_digest_start(const void *prefix, size_t prefix_len, const kp_span *spans, size_t nspans, char *hex_out,
                      cJSON *obj, const char *key);
 void kp_digest_record(cJSON *obj, const char *key, const char *hex_out);
 void kp_digests_settle(void);
 
-/* Per-family hooks. `data` is the family's prepared case (inputs, lazily the reference). */
+/* What a family's prepare fills: its own state and the case's input tensors. */
+typedef struct kp_case_view {
+    void *data;         /* the family's prepared case, handed to every hook */
+    int64_t batch;      /* the case's rows */
+    int64_t rows_total; /* batch + extra rows: how many dim-0 slices each batched input holds */
+    kp_tensor inputs[KP_MAX_TENSORS];
+    int ninputs;
+} kp_case_view;
+
+/* An impl's output on some rows, on the host: the family's output tensors with shape[0] = nrows. */
+typedef struct kp_output {
+    int64_t nrows;
+    kp_tensor t[KP_MAX_TENSORS];
+    int ntensors;
+} kp_output;
+
+/* The device (or host) addresses fill_args puts into the family's kp_*_args. */
+typedef struct kp_launch_bufs {
+    const void *in[KP_MAX_TENSORS]; /* per input: batched ones hold just the rows of this run */
+    void *out[KP_MAX_TENSORS];      /* per output tensor */
+    int64_t nrows;
+    void *stream;                   /* cudaStream_t for CUDA impls, NULL for host ones */
+    int32_t sm_count;               /* 0 for host impls */
+    void *workspace;                /* NULL when the impl asked for none (or before it was asked) */
+    size_t workspace_bytes;
+} kp_launch_bufs;
+
+/* The float64 reference, as arrays the harness hashes (tag, then every array's bytes in order),
+ * exports (reference_<name>.npy) and, for arrays named like an output tensor, holds outputs to in
+ * a tolerance check. The family owns the memory. */
+typedef struct kp_reference {
+    const char *digest_tag; /* hashed first, NUL included: "kparity.reference.<family>/v1" */
+    kp_tensor arrays[KP_MAX_TENSORS];
+    int narrays;
+} kp_reference;
+
+/* A batch size at which some impl changes what it runs: batch probes straddle it (T rows, T + 1). */
+typedef struct kp_threshold {
+    int64_t rows;
+    const char *why;
+} kp_threshold;
+
+/* One family: a declaration plus hooks. The harness reads the tables; hooks marked (optional) may be
+ * NULL, and then a check that needs one is refused when the config loads, naming the family. */
 typedef struct kp_family {
-    const char *name;
-    /* Inputs for rows [0, batch + extra_rows); extra rows feed batch probes. */
-    int (*prepare)(const kp_case *c, int64_t extra_rows, void **data, kp_error *err);
+    const char *name;                      /* as in case names and impl names */
+    const kp_case_family *cases;           /* its row of the case-family table */
+    const char *reference_provider;        /* recorded in receipts, e.g. "reference.<family>@host-f64" */
+    const char *reference_rule;            /* one line: what the reference computes */
+    const char *const *bench_cases;        /* `kparity bench`'s default cases, NULL-terminated */
+    const char *const *param_keys;         /* check fields parse_params reads, NULL-terminated (or NULL) */
+    const char *const *defects;            /* `expect` defect names has_defect knows, NULL-terminated (or NULL) */
+    const char *const *tolerance_outputs;  /* outputs the reference gives in float64 for a tolerance check, in
+                                              output order from the first, NULL-terminated (or NULL: no check) */
+    const kp_threshold *thresholds;        /* batch sizes where impls switch paths (or NULL) */
+    int nthresholds;
+    size_t args_bytes;                     /* sizeof its kp_*_args, at most KP_ARGS_MAX */
+
+    /* --- required --- */
+    /* Inputs for rows [0, batch + extra_rows); extra rows only fill batch probes. */
+    int (*prepare)(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp_error *err);
     void (*release)(void *data);
-    int64_t (*batch)(const void *data);
+    /* Host bytes a case needs at most with nimpls full outputs kept; 0 on overflow. */
     size_t (*estimate_bytes)(const kp_case *c, int nimpls, kp_error *err);
-    /* Device bytes one launch of a CUDA impl needs at most (inputs, outputs and workspace of the
-     * largest batch the checks build), so a case over the device budget is refused up front. */
+    /* Device bytes one launch of a CUDA impl needs at most (inputs, outputs and workspace of the largest
+     * batch the checks build), so a case over the device budget is refused up front; 0 on overflow. */
     size_t (*estimate_device_bytes)(const kp_case *c, const kp_impl *impl, kp_error *err);
-    /* Input tensors' digests and shapes into `inputs`. */
-    void (*describe_inputs)(const void *data, cJSON *inputs);
-    /* Run an impl on the given rows (indices into the prepared rows) as one batch; output rows
-     * land in a family-owned buffer returned through *out (freed with free_output). */
-    kp_result (*run_rows)(void *data, const kp_impl *impl, const int64_t *rows, int64_t nrows, void **out,
-                          cJSON *info, kp_error *err);
-    void (*free_output)(void *out);
-    /* Logical bytes of output row i (for bitwise comparisons and per-row digests). */
-    const void *(*out_row)(const void *data, const void *out, int64_t i, size_t *bytes);
-    /* Compute the reference (once) and describe it. */
-    int (*reference)(void *data, const kp_check_spec *spec, cJSON *desc, kp_error *err);
-    /* The rule check of one impl's full-batch output. */
-    kp_result (*rule)(void *data, const kp_check_spec *spec, const void *out, const kp_impl *impl, cJSON *check,
+    /* The output tensors of a run of nrows (name, dtype, shape with shape[0] = nrows, row_stride, batched);
+     * returns how many. Padding past the last dim must stay untouched by impls: the harness checks it. */
+    int (*outputs)(const void *data, int64_t nrows, kp_tensor *t);
+    /* Fill the family's kp_*_args from the buffers (called again once the workspace is known). */
+    void (*fill_args)(const void *data, const kp_launch_bufs *b, void *args);
+    /* Compute the reference once (params: the first check's rule parameters, or NULL) and describe
+     * it as arrays. */
+    int (*reference)(void *data, const void *params, kp_reference *ref, kp_error *err);
+
+    /* --- optional --- */
+    /* Rule parameters (param_keys) into params (params_bytes); their receipt form; the defaults an
+     * exact check explains differences with when the config declares none. */
+    size_t params_bytes;
+    int (*parse_params)(const kp_param_reader *r, void *params, kp_error *err);
+    void (*describe_params)(const void *params, cJSON *out);
+    void (*default_params)(void *params);
+    /* The rule check of one impl's full-batch output: findings and summary into `check`. */
+    kp_result (*rule)(void *data, const void *params, const kp_output *out, const kp_impl *impl, cJSON *check,
                       kp_evidence *ev, kp_error *err);
-    /* Extra evidence for an exact check that found differences: per row, who meets the rule. */
-    int (*explain_exact)(void *data, const kp_check_spec *spec, const void *out_a, const void *out_b,
+    /* Extra evidence for an exact check that found differences: per differing row, who meets the rule. */
+    int (*explain_exact)(void *data, const void *params, const kp_impl *const impls[2], const kp_output *const outs[2],
                          const int64_t *rows, int64_t nrows, cJSON *rows_json, kp_evidence *ev, kp_error *err);
-    /* Whether a named defect shows on every row of this output ("all_neginf"). */
-    int (*has_defect)(void *data, const void *out, const char *defect, int64_t *rows_with);
-    /* Time an impl on the whole case: inputs uploaded once, warm-up, then `reps` timed runs (CUDA
-     * events with L2 flushed between reps on a GPU; wall clock on the host). Fills `timing` with
-     * median/min/max microseconds and bytes moved. */
-    int (*bench)(void *data, const kp_impl *impl, int reps, cJSON *timing, kp_error *err);
-    /* Write inputs, reference and outputs as .npy (kparity export). */
-    int (*export_npy)(void *data, const char *dir, const kp_impl *const *impls, const void *const *outs, int nimpls,
-                      kp_error *err);
+    /* Whether a named defect shows on every row of this output; *rows_with counts the rows that show it. */
+    int (*has_defect)(void *data, const kp_output *out, const char *defect, int64_t *rows_with);
+    /* The canonical form of one output tensor's row before any bitwise comparison (a top-k row is a
+     * set: sorted); `elems` elements of the tensor's dtype from row into canon. NULL: bits as they are. */
+    void (*canonical_row)(const void *data, int tensor, const void *row, void *canon, int64_t elems);
+    /* Bytes moved and FLOPs of one run of nrows, for GB/s and TFLOP/s in bench (NULL: not reported). */
+    double (*bytes_moved)(const void *data, int64_t nrows);
+    double (*flops)(const void *data, int64_t nrows);
 } kp_family;
 
+/* The family table (harness/families.c). */
 const kp_family *kp_family_find(const char *name);
-extern const kp_family kp_topp_family;
+int kp_family_count(void);
+const kp_family *kp_family_at(int i);
+/* Add a family after the built-in rows (a test's own family), with its case family; KP_EXIT_USAGE for a
+ * clash or an incomplete record. */
+int kp_family_register(const kp_family *fam, kp_error *err);
 
 #endif

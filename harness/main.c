@@ -15,22 +15,36 @@
 #include "kp_checks.h"
 #include "kp_device.h"
 #include "kp_harness.h"
+#include "kp_launch.h"
 #include "kp_replay.h"
 #include "kp_runner.h"
 
+/* Each subcommand's usage line: `kparity CMD --help` prints its own, exit 0. */
+static const struct {
+    const char *name, *line;
+} commands[] = {
+    {"list", "kparity list [--config FILE]                 impls and families, or a config's cases and checks"},
+    {"run", "kparity run  --config FILE [--filter TEXT] [--out DIR] [--timeout S] [--quiet] [--json]"},
+    {"gate", "kparity gate --config FILE [--out DIR] [--timeout S] [--quiet] [--json] [-- COMMAND ...]\n"
+             "                                             runs the whole config; execs COMMAND only when it passes"},
+    {"verify", "kparity verify DIR [--replay]                recheck a bundle's bytes and chain (and regenerate inputs)"},
+    {"export", "kparity export CASE --out DIR [--impl NAME]...  inputs, reference and outputs as .npy"},
+    {"bench", "kparity bench [--impl NAME]... [--case CASE]... [--reps N]   time impls (CUDA events on a GPU)"},
+};
+#define NCOMMANDS ((int)(sizeof commands / sizeof commands[0]))
+
+static void print_usage(FILE *to, const char *only) {
+    fprintf(to, "usage:\n");
+    for (int i = 0; i < NCOMMANDS; i++)
+        if (!only || !strcmp(only, commands[i].name)) fprintf(to, "  %s\n", commands[i].line);
+    fprintf(to, "options anywhere: --plugin PATH (load a plugin's impls)\n"
+                "exit codes: 0 passed, 1 incorrect, 2 usage or config error, 3 environment or kernel failure,\n"
+                "            4 timeout, 77 nothing could run\n");
+}
+
 static int usage(const char *why) {
     if (why) fprintf(stderr, "kparity: %s\n", why);
-    fprintf(stderr,
-            "usage:\n"
-            "  kparity list [--config FILE]                 impls and profiles, or a config's cases and checks\n"
-            "  kparity run  --config FILE [--filter TEXT] [--out DIR] [--timeout S] [--quiet] [--json]\n"
-            "  kparity gate --config FILE [--out DIR] [--timeout S] [--quiet] [--json] [-- COMMAND ...]\n"
-            "  kparity verify DIR [--replay]                recheck a bundle's bytes and chain (and regenerate inputs)\n"
-            "  kparity export CASE --out DIR [--impl NAME]...  inputs, reference and outputs as .npy\n"
-            "  kparity bench [--impl NAME]... [--case CASE]... [--reps N]   time impls (CUDA events on a GPU)\n"
-            "options anywhere: --plugin PATH (load a plugin's impls)\n"
-            "exit codes: 0 passed, 1 incorrect, 2 usage or config error, 3 environment or kernel failure,\n"
-            "            4 timeout, 77 nothing could run\n");
+    print_usage(stderr, NULL);
     return KP_EXIT_USAGE;
 }
 
@@ -64,7 +78,11 @@ static int cmd_list(const char *config) {
             printf("  %-28s %s%s\n", impl->name, impl->memory == KP_MEMORY_CUDA ? "cuda" : "host",
                    origin ? origin : "");
         }
-        printf("families:\n  topp  profiles: ordinary forced ties flat neginf nan; top_p: number in (0,1] or mixed\n");
+        printf("families:\n");
+        for (int i = 0; i < kp_family_count(); i++) {
+            const kp_family *fam = kp_family_at(i);
+            printf("  %-6s %s (inputs %s)\n", fam->name, fam->cases->fields_help, fam->cases->generator_version);
+        }
         printf("cuda: %s build, %d device(s)\n", kp_registry_has_cuda() ? "CUDA" : "CPU-only", kp_device_count());
         return 0;
     }
@@ -136,6 +154,10 @@ static int cmd_export(const char *name, const char *out, const char **impl_names
     kp_case c;
     if (kp_case_parse(name, &c, &err) || kp_case_normalize(&c, &err)) return fail(&err);
     const kp_family *fam = kp_family_find(c.family);
+    if (!fam) {
+        kp_fail(&err, KP_EXIT_USAGE, "%s: family %s has no harness family", name, c.family);
+        return fail(&err);
+    }
     if (mkdir(out, 0777) && errno != EEXIST) {
         kp_fail(&err, KP_EXIT_USAGE, "--out %s: cannot create: %s", out, strerror(errno));
         return fail(&err);
@@ -147,6 +169,10 @@ static int cmd_export(const char *name, const char *out, const char **impl_names
             kp_fail(&err, KP_EXIT_USAGE, "--impl %s: unknown impl", impl_names[i]);
             return fail(&err);
         }
+        if (strcmp(impls[n]->family, c.family)) {
+            kp_fail(&err, KP_EXIT_USAGE, "--impl %s: of family %s, the case is %s", impl_names[i], impls[n]->family, c.family);
+            return fail(&err);
+        }
         n++;
     }
     if (!nimpl)
@@ -154,15 +180,20 @@ static int cmd_export(const char *name, const char *out, const char **impl_names
             if (!strcmp(kp_impl_at(i)->family, c.family) &&
                 (kp_impl_at(i)->memory == KP_MEMORY_HOST || kp_device_count() > 0))
                 impls[n++] = kp_impl_at(i);
-    void *data = NULL;
-    if (fam->prepare(&c, 0, &data, &err)) return fail(&err);
-    int64_t batch = fam->batch(data), *rows = malloc(sizeof *rows * (size_t)batch);
+    kp_prepared p;
+    if (kp_prepare(fam, &c, 0, &p, &err)) return fail(&err);
+    int64_t batch = p.v.batch, *rows = malloc(sizeof *rows * (size_t)batch);
+    if (!rows) {
+        kp_prepared_release(&p);
+        kp_fail(&err, KP_EXIT_ENV, "out of host memory");
+        return fail(&err);
+    }
     for (int64_t r = 0; r < batch; r++) rows[r] = r;
-    const void *outs[16];
+    kp_output *outs[16];
     int ran = 0, rc = 0;
     for (int i = 0; i < n; i++) {
-        void *o = NULL;
-        kp_result st = fam->run_rows(data, impls[i], rows, batch, &o, NULL, &err);
+        kp_output *o = NULL;
+        kp_result st = kp_run_rows(&p, impls[i], rows, batch, &o, NULL, &err);
         if (st != KP_PASSED) {
             fprintf(stderr, "kparity: %s: %s (%s); not exported\n", impls[i]->name, err.msg, kp_result_name(st));
             rc = KP_EXIT_ENV;
@@ -171,10 +202,22 @@ static int cmd_export(const char *name, const char *out, const char **impl_names
         impls[ran] = impls[i];
         outs[ran++] = o;
     }
-    if (fam->export_npy(data, out, impls, outs, ran, &err)) rc = fail(&err);
-    else printf("%s: logits, top_p, reference and %d impl outputs written to %s\n", name, ran, out);
-    for (int i = 0; i < ran; i++) fam->free_output((void *)outs[i]);
-    fam->release(data);
+    if (kp_export_npy(&p, out, impls, outs, ran, &err)) {
+        rc = fail(&err);
+    } else {
+        char inputs[256] = "", refs[256] = "";
+        for (int k = 0; k < p.v.ninputs; k++) {
+            size_t l = strlen(inputs);
+            snprintf(inputs + l, sizeof inputs - l, "%s%s", k ? ", " : "", p.v.inputs[k].name);
+        }
+        for (int k = 0; k < p.ref.narrays; k++) {
+            size_t l = strlen(refs);
+            snprintf(refs + l, sizeof refs - l, "%s%s", k ? ", " : "", p.ref.arrays[k].name);
+        }
+        printf("%s: inputs (%s), reference (%s) and %d impl outputs written to %s\n", name, inputs, refs, ran, out);
+    }
+    for (int i = 0; i < ran; i++) kp_output_free(outs[i]);
+    kp_prepared_release(&p);
     free(rows);
     return rc;
 }
@@ -188,7 +231,7 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     const char *config = NULL, *out = NULL, *filter = NULL, *positional = NULL;
     const char *impls[32], *cases[32];
-    int nimpl = 0, ncase = 0, quiet = 0, json = 0, replay = 0, reps = 0;
+    int nimpl = 0, ncase = 0, quiet = 0, json = 0, replay = 0, reps = 0, help = 0;
     double timeout = 0;
     char **command = NULL;
     kp_error err = {0};
@@ -213,6 +256,7 @@ int main(int argc, char **argv) {
         } else if (!strcmp(a, "--quiet")) quiet = 1;
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--replay")) replay = 1;
+        else if (!strcmp(a, "--help") || !strcmp(a, "-h")) help = 1;
         else if (a[0] == '-') {
             char msg[300];
             snprintf(msg, sizeof msg, "unknown or incomplete option '%s'", a);
@@ -224,6 +268,11 @@ int main(int argc, char **argv) {
             return usage(msg);
         }
     }
+    for (int i = 0; help && i < NCOMMANDS; i++)
+        if (!strcmp(cmd, commands[i].name)) {
+            print_usage(stdout, cmd);
+            return 0;
+        }
     if (!strcmp(cmd, "list")) return cmd_list(config);
     if (!strcmp(cmd, "run")) return cmd_run(0, config, out, filter, timeout, quiet, json, NULL);
     if (!strcmp(cmd, "gate")) {
@@ -233,9 +282,12 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(cmd, "verify")) return cmd_verify(positional, replay);
     if (!strcmp(cmd, "export")) return cmd_export(positional, out, impls, nimpl);
-    if (!strcmp(cmd, "bench")) return kp_bench(impls, nimpl, cases, ncase, reps);
+    if (!strcmp(cmd, "bench")) {
+        int rc = kp_bench(impls, nimpl, cases, ncase, reps, &err);
+        return rc ? fail(&err) : 0;
+    }
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "help") || !strcmp(cmd, "-h")) {
-        usage(NULL);
+        print_usage(stdout, NULL);
         return 0;
     }
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "../receipts/kp_bundle.h"
-#include "kp_harness.h"
+#include "kp_launch.h"
 
 static int replay_receipt(const char *dir, const char *file, kp_error *err) {
     char path[1024];
@@ -30,11 +30,12 @@ static int replay_receipt(const char *dir, const char *file, kp_error *err) {
         return 0;
     }
     const kp_family *fam = rc ? NULL : kp_family_find(kc.family);
-    void *data = NULL;
-    if (!rc && fam->prepare(&kc, 0, &data, err)) rc = err->code;
+    if (!rc && !fam) rc = kp_fail(err, KP_EXIT_INCORRECT, "%s: family %s has no harness family here", file, kc.family);
+    kp_prepared p = {0};
+    if (!rc && kp_prepare(fam, &kc, 0, &p, err)) rc = err->code;
     if (!rc) {
         cJSON *now = cJSON_CreateObject();
-        fam->describe_inputs(data, now);
+        kp_describe_inputs(&p, now);
         kp_digests_settle();
         for (const cJSON *t = now->child; t && !rc; t = t->next) {
             const cJSON *was = cJSON_GetObjectItemCaseSensitive(inputs, t->string);
@@ -50,7 +51,7 @@ static int replay_receipt(const char *dir, const char *file, kp_error *err) {
     const cJSON *ref_sha = ref ? cJSON_GetObjectItemCaseSensitive(ref, "sha256") : NULL;
     if (!rc && cJSON_IsString(ref_sha)) {
         cJSON *desc = cJSON_CreateObject();
-        if (fam->reference(data, NULL, desc, err)) rc = err->code;
+        if (kp_reference_run(&p, NULL, desc, err)) rc = err->code;
         kp_digests_settle();
         const cJSON *now = cJSON_GetObjectItemCaseSensitive(desc, "sha256");
         if (!rc && (!cJSON_IsString(now) || strcmp(now->valuestring, ref_sha->valuestring)))
@@ -58,7 +59,7 @@ static int replay_receipt(const char *dir, const char *file, kp_error *err) {
                          cJSON_IsString(now) ? now->valuestring : "nothing", ref_sha->valuestring);
         cJSON_Delete(desc);
     }
-    if (data) fam->release(data);
+    kp_prepared_release(&p);
     cJSON_Delete(rec);
     return rc;
 }

@@ -11,30 +11,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "../cases/kp_rng.h"
 #include "../receipts/kp_json.h"
 #include "kp_checks.h"
 #include "kp_device.h"
-
-int kp_evidence_list(kp_evidence *ev, cJSON *obj, const char *key, const char *artifact_name, const int64_t *idx,
-                     int64_t n, kp_error *err) {
-    cJSON *o = cJSON_AddObjectToObject(obj, key);
-    kp_json_add_int(o, "count", n);
-    cJSON_AddItemToObject(o, "first", kp_json_int_array(idx, n, ev->inline_limit));
-    if (n > ev->inline_limit && ev->bundle) {
-        char digest[KP_SHA256_HEX_LEN], rel[128];
-        if (kp_bundle_add_artifact(ev->bundle, "<i8", 1, &n, idx, (size_t)n * sizeof(int64_t), digest, rel, err))
-            return err->code;
-        cJSON *a = cJSON_AddObjectToObject(o, "artifact");
-        cJSON_AddStringToObject(a, "file", rel);
-        cJSON_AddStringToObject(a, "sha256", digest);
-        cJSON *entry = cJSON_CreateObject();
-        cJSON_AddStringToObject(entry, "name", artifact_name);
-        cJSON_AddStringToObject(entry, "file", rel);
-        cJSON_AddStringToObject(entry, "sha256", digest);
-        cJSON_AddItemToArray(ev->artifacts, entry);
-    }
-    return 0;
-}
 
 /* Seconds since this process started (from /proc/self/stat), so the gate's cost on a startup path
  * includes loading, config parsing and device initialisation. */
@@ -119,8 +99,8 @@ static cJSON *case_json(const kp_case_spec *cs) {
     const char *seed = kp_case_get(&cs->c, "seed");
     cJSON_AddStringToObject(c, "seed", seed ? seed : "");
     cJSON *gen = cJSON_AddObjectToObject(c, "generator");
-    cJSON_AddStringToObject(gen, "name", "curand.philox4_32_10.legacy.host");
-    cJSON_AddStringToObject(gen, "version", "topp/v1");
+    cJSON_AddStringToObject(gen, "name", KP_GENERATOR_NAME);
+    cJSON_AddStringToObject(gen, "version", cs->fam->cases->generator_version);
     return c;
 }
 
@@ -169,16 +149,6 @@ static cJSON *meta_json(run_state *st) {
     return meta;
 }
 
-/* A check that did not run, with the reason, in the shape kp_check_run writes. */
-static kp_result not_run_check(cJSON *chk, const kp_check_spec *spec, const char *why) {
-    cJSON_AddStringToObject(chk, "check", kp_check_name(spec->kind));
-    cJSON_AddStringToObject(chk, "label", spec->label);
-    cJSON_AddStringToObject(chk, "impl", spec->impl[0]->name);
-    cJSON_AddStringToObject(chk, "result", "NOT_RUN");
-    cJSON_AddStringToObject(chk, "summary", why);
-    return KP_NOT_RUN;
-}
-
 /* A receipt for a case that did not get to run its checks. */
 static cJSON *stub_receipt(run_state *st, const kp_case_spec *cs, kp_result result, const char *reason) {
     cJSON *receipt = cJSON_CreateObject();
@@ -187,11 +157,7 @@ static cJSON *stub_receipt(run_state *st, const kp_case_spec *cs, kp_result resu
     cJSON *checks = cJSON_AddArrayToObject(receipt, "checks");
     for (int k = 0; k < cs->nchecks; k++) {
         cJSON *chk = cJSON_CreateObject();
-        cJSON_AddStringToObject(chk, "check", kp_check_name(cs->checks[k].kind));
-        cJSON_AddStringToObject(chk, "label", cs->checks[k].label);
-        cJSON_AddStringToObject(chk, "impl", cs->checks[k].impl[0]->name);
-        cJSON_AddStringToObject(chk, "result", kp_result_name(result));
-        cJSON_AddStringToObject(chk, "summary", reason);
+        kp_check_stub(&cs->checks[k], result, reason, chk);
         cJSON_AddItemToArray(checks, chk);
     }
     cJSON_AddStringToObject(receipt, "result", kp_result_name(result));
@@ -293,9 +259,9 @@ int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err
                     kp_result r;
                     if (st.timeout > 0 && kp_now() - st.t_start > st.timeout) {
                         timed_out = 1;
-                        r = not_run_check(chk, &cs->checks[k], "the gate's timeout passed");
+                        kp_check_stub(&cs->checks[k], r = KP_NOT_RUN, "the gate's timeout passed", chk);
                     } else if (kp_device_lost()) {
-                        r = not_run_check(chk, &cs->checks[k], "the device was lost to a sticky CUDA error");
+                        kp_check_stub(&cs->checks[k], r = KP_NOT_RUN, "the device was lost to a sticky CUDA error", chk);
                     } else {
                         r = kp_check_run(&ctx, &cs->checks[k], chk);
                         any_ran |= r != KP_NOT_RUN;
@@ -335,9 +301,8 @@ int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err
             const cJSON *r = cJSON_GetObjectItemCaseSensitive(chk, "result");
             snprintf(row->label, sizeof row->label, "%s", cJSON_IsString(l) ? l->valuestring : "?");
             snprintf(row->figure, sizeof row->figure, "%s", cJSON_IsString(s) ? s->valuestring : "");
-            row->result = KP_FAILED;
-            for (int x = 0; x <= KP_FAILED; x++)
-                if (cJSON_IsString(r) && !strcmp(r->valuestring, kp_result_name((kp_result)x))) row->result = (kp_result)x;
+            const int parsed = kp_result_parse(cJSON_IsString(r) ? r->valuestring : NULL);
+            row->result = parsed < 0 ? KP_FAILED : (kp_result)parsed;
         }
         kp_digests_settle(); /* none is pending past kp_case_ctx_close; a receipt never holds a placeholder */
         pthread_mutex_lock(&st.lock);

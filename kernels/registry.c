@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../cases/kp_case.h"
 #include "../cases/kp_sha256.h"
 #include "kp_registry.h"
 
@@ -30,8 +31,6 @@ typedef struct plugin_entry {
 /* Loading is meant for startup, before any run: the registry is not locked. */
 static plugin_entry *plugin_entries;
 static int plugin_count;
-
-static const char *const known_families[] = {"topp", "moe", "topk", "mla"};
 
 int kp_impl_count(void) { return BUILTIN_COUNT + plugin_count; }
 
@@ -94,12 +93,12 @@ static int check_plugin_impl(const char *path, const kp_impl *impls, int i, kp_e
     if (impl->abi != KP_ABI_VERSION)
         return kp_fail(err, KP_EXIT_USAGE, "plugin %s: impl %d: field abi is %u, this kparity speaks ABI %u", path, i,
                        impl->abi, KP_ABI_VERSION);
-    int family_known = 0;
-    for (size_t f = 0; impl->family && f < sizeof known_families / sizeof known_families[0]; f++)
-        if (strcmp(impl->family, known_families[f]) == 0) family_known = 1;
-    if (!family_known)
-        return kp_fail(err, KP_EXIT_USAGE, "plugin %s: impl %d: field family is '%s', expected topp, moe, topk or mla",
-                       path, i, impl->family ? impl->family : "(null)");
+    if (!impl->family || !kp_case_family_find(impl->family)) { /* one list of families: cases/case_families.c */
+        char known[256];
+        kp_case_family_names(known, sizeof known);
+        return kp_fail(err, KP_EXIT_USAGE, "plugin %s: impl %d: field family is '%s', expected a family kparity knows (%s)",
+                       path, i, impl->family ? impl->family : "(null)", known);
+    }
     if (!impl->name)
         return kp_fail(err, KP_EXIT_USAGE, "plugin %s: impl %d: field name is NULL", path, i);
     if (!impl_name_ok(impl->family, impl->name))

@@ -2,70 +2,14 @@
  * that classifies any output mask against it. Written from the rule alone, never from a kernel. */
 #include "topp_ref.h"
 
+#include "kp_detmath.h"
+
 #include <math.h> /* isnan, isinf, fabs only: no transcendental, so every IEEE machine agrees */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- exp from + - * / only ---------------------------------------------------------------- */
-
-/* fdlibm's e_exp.c scheme (< 1 ulp): x = k ln2 + r, |r| <= ln2/2, with ln2_hi's low bits zero so
- * k * ln2_hi is exact; a rational form of exp(r); then an exact scale by 2^k. */
-static const double ln2_hi = 0x1.62e42feep-1, ln2_lo = 0x1.a39ef35793c76p-33;
-static const double inv_ln2 = 0x1.71547652b82fep+0;
-static const double exp_p1 = 0x1.555555555553ep-3, exp_p2 = -0x1.6c16c16bebd93p-9,
-                    exp_p3 = 0x1.1566aaf25de2cp-14, exp_p4 = -0x1.bbd41c5d26bf1p-20,
-                    exp_p5 = 0x1.6376972bea4dp-25;
-static const double exp_overflow = 0x1.62e42fefa39efp+9;    /* ~709.78: above, exp is +inf */
-static const double exp_underflow = -0x1.74910d52d3051p+9;  /* ~-745.13: below, exp rounds to 0 */
-
-static double pow2_exact(int k) { /* 2^k, k in [-1022, 1023], built from the exponent bits */
-    uint64_t bits = (uint64_t)(k + 1023) << 52;
-    double d;
-    memcpy(&d, &bits, sizeof d);
-    return d;
-}
-
-double kp_exp_det(double x) {
-    if (isnan(x)) return x;
-    if (x > exp_overflow) return INFINITY;
-    if (x < exp_underflow) return 0.0; /* includes -inf */
-    double ax = fabs(x);
-    if (ax < 0x1p-28) return 1.0 + x;
-    int k = 0;
-    double hi = x, lo = 0.0, r = x;
-    if (ax > 0.5 * ln2_hi) {
-        k = (int)(inv_ln2 * x + (x < 0 ? -0.5 : 0.5));
-        hi = x - k * ln2_hi;
-        lo = k * ln2_lo;
-        r = hi - lo;
-    }
-    double t = r * r;
-    double c = r - t * (exp_p1 + t * (exp_p2 + t * (exp_p3 + t * (exp_p4 + t * exp_p5))));
-    if (k == 0) return 1.0 - ((r * c) / (c - 2.0) - r);
-    double y = 1.0 - ((lo - (r * c) / (2.0 - c)) - hi);
-    if (k == 1024) return y * 2.0 * 0x1p1023;
-    if (k >= -1021) return y * pow2_exact(k); /* y >= 0.5, so the product stays normal and exact */
-    return y * pow2_exact(k + 1000) * 0x1p-1000; /* one rounding, into the subnormal range */
-}
-
 /* ---- shared pieces ------------------------------------------------------------------------ */
-
-/* Neumaier's compensated sum: the running value s + c is what every C_t and mass reports. */
-typedef struct nsum {
-    double s, c;
-} nsum;
-
-static void nsum_add(nsum *a, double x) {
-    double t = a->s + x;
-    if (fabs(a->s) >= fabs(x))
-        a->c += (a->s - t) + x;
-    else
-        a->c += (x - t) + a->s;
-    a->s = t;
-}
-
-static double nsum_value(const nsum *a) { return a->s + a->c; }
 
 static uint32_t float_bits(float v) {
     uint32_t b;
@@ -202,13 +146,13 @@ static void reference_row(void *vctx, int64_t r) {
     }
     uint64_t *tmp = items + n;
 
-    nsum z = {0, 0};
+    kp_nsum z = {0, 0};
     for (int64_t i = 0; i < V; i++) {
         if (!isfinite(x[i])) continue;
         prob[i] = kp_exp_det((double)x[i] - (double)max_logit);
-        nsum_add(&z, prob[i]);
+        kp_nsum_add(&z, prob[i]);
     }
-    row->z = nsum_value(&z);
+    row->z = kp_nsum_value(&z);
     int64_t m = 0;
     for (int64_t i = 0; i < V; i++) {
         if (isnan(x[i]) || x[i] == -INFINITY) continue;
@@ -221,13 +165,13 @@ static void reference_row(void *vctx, int64_t r) {
     /* One walk in rule order: C_t before each step, keep while C_t < top_p (a prefix, even if a
      * rounding ever made C_t dip), and note where the boundary's run of equal keys starts. */
     const uint32_t posinf_key = rule_key(INFINITY);
-    nsum run = {0, 0};
+    kp_nsum run = {0, 0};
     int keeping = 1;
     int64_t kept = 0, last_kept = -1, run_start = 0, group_start = 0, band_count = 0;
     double run_start_c = 0.0, group_start_c = 0.0, kept_mass = 0.0;
     for (int64_t pos = 0; pos < n; pos++) {
         int64_t i = item_index(items[pos]);
-        double c_t = nsum_value(&run);
+        double c_t = kp_nsum_value(&run);
         if (pos > 0 && item_key(items[pos]) != item_key(items[pos - 1])) {
             run_start = pos;
             run_start_c = c_t;
@@ -245,8 +189,8 @@ static void reference_row(void *vctx, int64_t r) {
         } else {
             keeping = 0;
         }
-        nsum_add(&run, prob[i]);
-        if (keeping) kept_mass = nsum_value(&run);
+        kp_nsum_add(&run, prob[i]);
+        if (keeping) kept_mass = kp_nsum_value(&run);
     }
     int64_t group_end = last_kept + 1;
     while (group_end < n && item_key(items[group_end]) == item_key(items[last_kept])) group_end++;
@@ -421,17 +365,17 @@ static void judge_row(void *vctx, int64_t r) {
     int64_t tail = kept - 1;
     if (ctx->policy == KP_TIE_INCLUSIVE)
         while (tail > 0 && item_key(items[tail - 1]) == item_key(items[kept - 1])) tail--;
-    nsum mass = {0, 0};
+    kp_nsum mass = {0, 0};
     double remaining = 0.0;
     for (int64_t k = 0; k < kept; k++) {
-        if (k == tail) remaining = nsum_value(&mass);
-        nsum_add(&mass, prob[item_index(items[k])]);
+        if (k == tail) remaining = kp_nsum_value(&mass);
+        kp_nsum_add(&mass, prob[item_index(items[k])]);
     }
     free(items);
 
     const double top_p = rr->top_p, band = ctx->band;
     j->kept_count = kept;
-    j->kept_mass = nsum_value(&mass);
+    j->kept_mass = kp_nsum_value(&mass);
     j->all_neginf = keepable > 0 && neginf_out == V;
     j->mass_ok = kept == keepable || j->kept_mass >= top_p - band;
     /* top_p >= 1 keeps everything by definition, so there is no smaller mask to compare with. */

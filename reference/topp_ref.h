@@ -57,10 +57,6 @@ int kp_topp_reference(const float *logits, int64_t batch, int64_t vocab, int64_t
                       const float *top_p, double band, kp_topp_ref *out, kp_error *err);
 void kp_topp_ref_free(kp_topp_ref *ref);
 
-/* exp(x) with + - * / only, so every machine gets the same bits; within 1 ulp of libm over the whole
- * double range (0 below about -745.13, +inf above about 709.78, subnormal results kept). */
-double kp_exp_det(double x);
-
 /* How one output row's mask compares with the rule. */
 typedef struct kp_topp_row_judgement {
     int64_t kept_count;        /* tokens whose output equals the input bit for bit (finite or +inf inputs) */

@@ -1,0 +1,63 @@
+/* kp_launch.h: the machinery every family shares: a prepared case (its inputs, its reference, export),
+ * runs of an impl on any rows in cached guarded buffers, output rows for comparison, and the bench loop.
+ * A family only describes tensors and fills its args (kp_family); everything here is family-blind. */
+#ifndef KP_LAUNCH_H
+#define KP_LAUNCH_H
+
+#include "kp_harness.h"
+
+/* One case, prepared: the family's inputs (rows [0, batch + extra)) and, once asked, its reference. */
+typedef struct kp_prepared {
+    const kp_family *fam;
+    kp_case c;
+    kp_case_view v;
+    uint64_t generation; /* which prepared case this is: the launch cache uploads inputs once per case */
+    bool have_ref;
+    kp_reference ref;
+    char ref_digest[KP_SHA256_HEX_LEN];
+    double ref_seconds;
+} kp_prepared;
+
+/* prepared.c */
+int kp_prepare(const kp_family *fam, const kp_case *c, int64_t extra_rows, kp_prepared *p, kp_error *err);
+void kp_prepared_release(kp_prepared *p);
+/* Each input tensor's dtype, shape and digest (of the case's rows) into `inputs`. */
+void kp_describe_inputs(const kp_prepared *p, cJSON *inputs);
+/* The reference, computed once (params: the rule parameters of the check asking first, or NULL),
+ * its digest started on a worker thread; desc (when not NULL and not described yet) gets the provider,
+ * the digest, the rule, seconds and threads. */
+int kp_reference_run(kp_prepared *p, const void *params, cJSON *desc, kp_error *err);
+/* Inputs, the reference arrays and each impl's output as .npy files under dir. */
+int kp_export_npy(kp_prepared *p, const char *dir, const kp_impl *const *impls, kp_output *const *outs, int nimpls,
+                  kp_error *err);
+
+/* launch.c */
+/* Room in the per-impl buffer cache for this many impls (the config's count, at load); it grows past
+ * that on demand, never failing mid-run for want of a slot. */
+void kp_launch_reserve(int nimpls);
+/* Run impl on rows (indices into the prepared rows) as one batch: inputs gathered into the impl's cached
+ * buffers, outputs between guard regions and filled with guard bytes, one launch, sync, every guard and
+ * the row padding checked, outputs copied back into *out (kp_output_free). info (when not NULL) gets the
+ * wall and kernel time of the launch. NOT_RUN without a device, NOT_SUPPORTED when the impl refuses. */
+kp_result kp_run_rows(kp_prepared *p, const kp_impl *impl, const int64_t *rows, int64_t nrows, kp_output **out,
+                      cJSON *info, kp_error *err);
+void kp_output_free(kp_output *o);
+/* Time impl on the whole case: inputs uploaded once, 3 warm-ups, `reps` timed runs (CUDA events with L2
+ * flushed before each on a GPU, wall clock on the host); timing gets median/min/p10/p90/max us and, where
+ * the family says, bytes and GB/s, FLOPs and TFLOP/s. The last run's output is checked like any other. */
+int kp_bench_impl(kp_prepared *p, const kp_impl *impl, int reps, cJSON *timing, kp_error *err);
+
+/* Output rows for comparisons. Row i of output tensor k as `elems` contiguous elements: in place when the
+ * tensor is dense, else copied; in the family's canonical form when `canonical` and the family has one. */
+typedef struct kp_rowbuf {
+    unsigned char *p;
+    size_t cap;
+} kp_rowbuf;
+const void *kp_output_row(const kp_prepared *p, const kp_output *o, int k, int64_t i, bool canonical, int64_t *elems,
+                          kp_rowbuf *buf);
+void kp_rowbuf_free(kp_rowbuf *b);
+/* Every output tensor's logical elements, rows in order and tensors in order within a row: what an
+ * output's digest hashes (malloc'd spans). */
+kp_span *kp_output_spans(const kp_output *o, size_t *nspans);
+
+#endif

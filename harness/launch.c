@@ -1,0 +1,431 @@
+/* launch.c: running any family's impl on any rows of a prepared case: a per-impl cache of guarded
+ * buffers, the launch, the guard and row-padding checks, the copy back into pooled host outputs,
+ * CUDA-event timing and the bench loop. Family knowledge comes only through kp_family's hooks. */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../receipts/kp_json.h"
+#include "kp_device.h"
+#include "kp_launch.h"
+
+/* One impl's buffers, kept across runs and cases: a batch check runs an impl ~140 times, and allocating,
+ * filling and uploading tens of MB each time cost more than the kernels. Buffers only grow. */
+typedef struct slot {
+    const kp_impl *impl;
+    kp_buf in[KP_MAX_TENSORS]; /* batched inputs: the rows of the run */
+    kp_buf out[KP_MAX_TENSORS];
+    kp_buf ws;
+} slot;
+
+/* Per memory kind, every input of the current prepared case (batched ones with all their rows),
+ * uploaded once per case: runs gather their rows from here, and shared inputs are read in place. */
+static struct {
+    kp_buf all[2][KP_MAX_TENSORS];
+    uint64_t all_generation[2];
+    slot *slots;
+    int nslots, cap;
+} g_cache;
+
+void kp_launch_reserve(int nimpls) {
+    if (nimpls <= g_cache.cap) return;
+    slot *grown = realloc(g_cache.slots, sizeof *grown * (size_t)nimpls);
+    if (!grown) kp_abort(__FILE__, __LINE__, "out of host memory for %d impl buffer slots", nimpls);
+    g_cache.slots = grown, g_cache.cap = nimpls;
+}
+
+/* Host outputs of POOL_MIN_BYTES or more are recycled: a batch check makes ~140 outputs per impl, and
+ * fresh 40 MB allocations cost page faults on every first touch. Those a device copies into are
+ * page-locked once (cudaHostRegister), so device outputs copy straight into them at full speed. */
+#define POOL_MAX 8
+#define POOL_MIN_BYTES ((size_t)1 << 20)
+typedef struct block {
+    unsigned char *p;
+    size_t bytes;
+    int pinned;
+} block;
+static block g_pool[POOL_MAX];
+static int g_pool_count;
+
+/* The smallest pooled block that fits, or a new one (page-locked when `pin` and large). */
+static block block_alloc(size_t bytes, int pin) {
+    int best = -1;
+    for (int i = 0; i < g_pool_count; i++)
+        if (g_pool[i].bytes >= bytes && (best < 0 || g_pool[i].bytes < g_pool[best].bytes)) best = i;
+    if (best >= 0) {
+        block b = g_pool[best];
+        g_pool[best] = g_pool[--g_pool_count];
+        return b;
+    }
+    block b = {malloc(bytes ? bytes : 1), bytes, 0};
+    b.pinned = pin && b.p && bytes >= POOL_MIN_BYTES && kp_host_register(b.p, bytes);
+    return b;
+}
+
+static void block_release(block b) {
+    if (!b.p) return;
+    if (b.bytes >= POOL_MIN_BYTES && g_pool_count < POOL_MAX) {
+        g_pool[g_pool_count++] = b;
+        return;
+    }
+    if (b.pinned) kp_host_unregister(b.p);
+    free(b.p);
+}
+
+/* A kp_output and the pooled block its tensors live in. */
+typedef struct output {
+    kp_output o;
+    block mem;
+} output;
+
+void kp_output_free(kp_output *o) {
+    if (!o) return;
+    kp_digests_settle(); /* a digest may still be reading it */
+    output *x = (output *)o;
+    block_release(x->mem);
+    free(x);
+}
+
+/* Grow a cached buffer to at least `bytes` (contents are not kept). */
+static int cache_reserve(kp_buf *b, kp_memory mem, size_t bytes, const char *name, kp_error *err) {
+    if (b->base && b->memory == mem && b->bytes >= bytes) return 0;
+    kp_buf_free(b);
+    return kp_buf_alloc(b, mem, bytes, name, err);
+}
+
+/* Bytes a tensor's `slices` slices of dim 0 take (padding included). */
+static size_t slices_bytes(const kp_tensor *t, int64_t slices) { return kp_tensor_slice_bytes(t) * (size_t)slices; }
+
+static slot *slot_for(kp_prepared *p, const kp_impl *impl, const kp_tensor *outs, int nout, kp_error *err) {
+    const kp_memory mem = impl->memory;
+    const kp_case_view *v = &p->v;
+    if (g_cache.all_generation[mem] != p->generation) {
+        g_cache.all_generation[mem] = 0;
+        for (int k = 0; k < v->ninputs; k++) {
+            const kp_tensor *t = &v->inputs[k];
+            const size_t bytes = slices_bytes(t, t->batched ? v->rows_total : t->shape[0]);
+            char name[64];
+            snprintf(name, sizeof name, "%s (all rows)", t->name);
+            if (cache_reserve(&g_cache.all[mem][k], mem, bytes, name, err) ||
+                kp_buf_upload(&g_cache.all[mem][k], t->data, bytes, name, err))
+                return NULL;
+        }
+        g_cache.all_generation[mem] = p->generation;
+    }
+    slot *sl = NULL;
+    for (int i = 0; i < g_cache.nslots && !sl; i++)
+        if (g_cache.slots[i].impl == impl) sl = &g_cache.slots[i];
+    if (!sl) {
+        if (g_cache.nslots == g_cache.cap) kp_launch_reserve(g_cache.cap ? 2 * g_cache.cap : 4);
+        sl = &g_cache.slots[g_cache.nslots++];
+        memset(sl, 0, sizeof *sl);
+        sl->impl = impl;
+    }
+    for (int k = 0; k < v->ninputs; k++)
+        if (v->inputs[k].batched &&
+            cache_reserve(&sl->in[k], mem, slices_bytes(&v->inputs[k], v->rows_total), v->inputs[k].name, err))
+            return NULL;
+    for (int k = 0; k < nout; k++)
+        if (cache_reserve(&sl->out[k], mem, slices_bytes(&outs[k], v->rows_total), outs[k].name, err)) return NULL;
+    return sl;
+}
+
+/* One launch on chosen rows, in the impl's cached slot. */
+typedef struct launch {
+    const kp_impl *impl;
+    int64_t nrows;
+    slot *slot;
+    kp_tensor outs[KP_MAX_TENSORS];
+    int nout;
+    kp_launch_bufs bufs;
+    alignas(max_align_t) unsigned char args[KP_ARGS_MAX];
+} launch;
+
+/* The guard bytes right after the `used` bytes of a cached output (up to KP_GUARD_BYTES, within the
+ * buffer; its own guard region follows). */
+static size_t guard_after(const kp_buf *out, size_t used) {
+    return out->bytes - used < KP_GUARD_BYTES ? out->bytes - used : KP_GUARD_BYTES;
+}
+
+/* Inputs gathered, outputs filled with guard bytes (so a write into row padding shows) and so are the
+ * KP_GUARD_BYTES right after them (so a write one row past the batch shows even in a larger buffer);
+ * args filled, the impl asked whether it runs the shape, its workspace allocated. */
+static kp_result launch_setup(kp_prepared *p, const kp_impl *impl, const int64_t *rows, int64_t nrows, launch *L,
+                              kp_error *err) {
+    const kp_family *fam = p->fam;
+    const kp_case_view *v = &p->v;
+    memset(L, 0, sizeof *L);
+    L->impl = impl, L->nrows = nrows;
+    const kp_memory mem = impl->memory;
+    if (mem == KP_MEMORY_CUDA && kp_device_init(err)) return KP_NOT_RUN;
+    KP_ASSERT(nrows >= 1 && nrows <= v->rows_total);
+    for (int64_t i = 0; i < nrows; i++) KP_ASSERT(rows[i] >= 0 && rows[i] < v->rows_total);
+    L->nout = fam->outputs(v->data, nrows, L->outs);
+    KP_ASSERT(L->nout >= 1 && L->nout <= KP_MAX_TENSORS);
+    slot *sl = slot_for(p, impl, L->outs, L->nout, err);
+    if (!sl) return KP_FAILED;
+    L->slot = sl;
+    for (int k = 0; k < v->ninputs; k++) {
+        const kp_tensor *t = &v->inputs[k];
+        if (!t->batched) {
+            L->bufs.in[k] = kp_buf_ptr(&g_cache.all[mem][k]);
+            continue;
+        }
+        if (kp_buf_gather_rows(&sl->in[k], &g_cache.all[mem][k], rows, nrows, kp_tensor_slice_bytes(t), t->name, err))
+            return KP_FAILED;
+        L->bufs.in[k] = kp_buf_ptr(&sl->in[k]);
+    }
+    for (int k = 0; k < L->nout; k++) {
+        const size_t used = slices_bytes(&L->outs[k], nrows);
+        if (kp_buf_fill_guard(&sl->out[k], 0, used + guard_after(&sl->out[k], used), L->outs[k].name, err))
+            return KP_FAILED;
+        L->bufs.out[k] = kp_buf_ptr(&sl->out[k]);
+    }
+    L->bufs.nrows = nrows;
+    L->bufs.stream = mem == KP_MEMORY_CUDA ? kp_device_stream() : NULL;
+    L->bufs.sm_count = mem == KP_MEMORY_CUDA ? kp_device_sm_count() : 0;
+    KP_ASSERT(fam->args_bytes <= KP_ARGS_MAX);
+    fam->fill_args(v->data, &L->bufs, L->args);
+    char message[512] = "";
+    if (impl->supports && impl->supports(L->args, message, sizeof message) != KP_RUN_OK) {
+        kp_fail(err, KP_EXIT_OK, "%s refuses this shape: %s", impl->name, message);
+        return KP_NOT_SUPPORTED;
+    }
+    const size_t ws = impl->workspace_bytes ? impl->workspace_bytes(L->args) : 0;
+    if (ws > sl->ws.bytes) {
+        kp_buf_free(&sl->ws);
+        if (kp_buf_alloc(&sl->ws, mem, ws, "workspace", err)) return KP_FAILED;
+    }
+    if (ws) {
+        L->bufs.workspace = kp_buf_ptr(&sl->ws), L->bufs.workspace_bytes = ws;
+        fam->fill_args(v->data, &L->bufs, L->args);
+    }
+    return KP_PASSED;
+}
+
+/* Launch once; for CUDA impls the launch is asynchronous (kp_sync waits). */
+static kp_result launch_run(launch *L, kp_error *err) {
+    char message[512] = "";
+    int rc = L->impl->run(L->args, message, sizeof message);
+    if (rc == KP_RUN_NOT_SUPPORTED) {
+        kp_fail(err, KP_EXIT_OK, "%s refuses this shape: %s", L->impl->name, message);
+        return KP_NOT_SUPPORTED;
+    }
+    if (rc != KP_RUN_OK) {
+        kp_fail(err, KP_EXIT_ENV, "%s failed: %s", L->impl->name, message[0] ? message : "no message");
+        return KP_FAILED;
+    }
+    return KP_PASSED;
+}
+
+/* Wait, check every guard, copy the outputs back into o's tensors and check their row padding. */
+static kp_result launch_collect(kp_prepared *p, launch *L, kp_output *o, kp_error *err) {
+    const kp_case_view *v = &p->v;
+    slot *sl = L->slot;
+    const kp_memory mem = L->impl->memory;
+    if (kp_sync(mem, err)) return KP_FAILED;
+    for (int k = 0; k < L->nout; k++) {
+        const size_t used = slices_bytes(&L->outs[k], L->nrows);
+        if (kp_buf_check_guards(&sl->out[k], L->outs[k].name, err) ||
+            kp_buf_check_range(&sl->out[k], used, guard_after(&sl->out[k], used), L->outs[k].name, err))
+            return KP_FAILED;
+    }
+    for (int k = 0; k < v->ninputs; k++)
+        if (kp_buf_check_guards(v->inputs[k].batched ? &sl->in[k] : &g_cache.all[mem][k], v->inputs[k].name, err))
+            return KP_FAILED;
+    if (L->bufs.workspace_bytes && kp_buf_check_guards(&sl->ws, "workspace", err)) return KP_FAILED;
+    for (int k = 0; k < L->nout; k++) {
+        const kp_tensor *t = &o->t[k];
+        if (kp_buf_download(&sl->out[k], t->data, slices_bytes(t, L->nrows), t->name, err)) return KP_FAILED;
+        const int64_t cols = kp_tensor_cols(t), stride = kp_tensor_stride(t), nsub = kp_tensor_rows(t);
+        if (stride == cols) continue;
+        const size_t esize = kp_dtype_size(t->dtype), pad = (size_t)(stride - cols) * esize;
+        for (int64_t r = 0; r < nsub; r++) {
+            const unsigned char *at = (const unsigned char *)t->data + ((size_t)(r * stride) + (size_t)cols) * esize;
+            for (size_t b = 0; b < pad; b++)
+                if (at[b] != KP_GUARD_BYTE) {
+                    kp_fail(err, KP_EXIT_ENV, "%s wrote into row padding of buffer '%s' (row %lld, element %lld)",
+                            L->impl->name, t->name, (long long)(r / (nsub / L->nrows)),
+                            (long long)(cols + (int64_t)(b / esize)));
+                    return KP_FAILED;
+                }
+        }
+    }
+    return KP_PASSED;
+}
+
+/* A host output for the launch's tensors: one pooled block, each tensor 64-byte aligned in it. */
+static kp_output *output_new(const launch *L, kp_error *err) {
+    size_t offset[KP_MAX_TENSORS], total = 0;
+    for (int k = 0; k < L->nout; k++) {
+        offset[k] = total;
+        total += (slices_bytes(&L->outs[k], L->nrows) + 63) & ~(size_t)63;
+    }
+    output *x = calloc(1, sizeof *x);
+    if (x) x->mem = block_alloc(total, L->impl->memory == KP_MEMORY_CUDA);
+    if (!x || !x->mem.p) {
+        free(x);
+        kp_fail(err, KP_EXIT_ENV, "out of host memory for the outputs of a batch of %lld rows", (long long)L->nrows);
+        return NULL;
+    }
+    x->o.nrows = L->nrows, x->o.ntensors = L->nout;
+    for (int k = 0; k < L->nout; k++) {
+        x->o.t[k] = L->outs[k];
+        x->o.t[k].data = x->mem.p + offset[k];
+    }
+    return &x->o;
+}
+
+static kp_result run_rows_timed(kp_prepared *p, const kp_impl *impl, const int64_t *rows, int64_t nrows,
+                                kp_output **outp, cJSON *info, kp_error *err) {
+    *outp = NULL;
+    launch L;
+    kp_result r = launch_setup(p, impl, rows, nrows, &L, err);
+    kp_output *o = r == KP_PASSED ? output_new(&L, err) : NULL;
+    if (r == KP_PASSED && !o) r = KP_FAILED;
+    kp_timer *timer = NULL; /* CUDA events around the launch alone, for the receipt (bench flushes L2 too) */
+    double t0 = kp_now(), kernel_us = -1;
+    if (r == KP_PASSED && info && impl->memory == KP_MEMORY_CUDA &&
+        (kp_timer_create(&timer, impl->memory, 0, err) || kp_timer_start(timer, err)))
+        r = KP_FAILED;
+    if (r == KP_PASSED) r = launch_run(&L, err);
+    if (r == KP_PASSED && timer && kp_timer_stop(timer, &kernel_us, err)) r = KP_FAILED;
+    if (r == KP_PASSED) r = launch_collect(p, &L, o, err);
+    const double seconds = kp_now() - t0;
+    kp_timer_free(timer);
+    if (info && r == KP_PASSED) {
+        kp_json_add_double(info, "wall_us", seconds * 1e6);
+        cJSON_AddStringToObject(info, "wall_note", "one launch, sync, guard checks and copy back; kparity bench times kernels");
+        if (kernel_us >= 0) {
+            kp_json_add_double(info, "kernel_us", kernel_us);
+            cJSON_AddStringToObject(info, "kernel_note", "CUDA events around the first launch (cold: no warm-up)");
+        }
+        kp_json_add_int(info, "workspace_bytes", (int64_t)L.bufs.workspace_bytes);
+    }
+    if (r != KP_PASSED) {
+        kp_output_free(o);
+        return r;
+    }
+    *outp = o;
+    return KP_PASSED;
+}
+
+kp_result kp_run_rows(kp_prepared *p, const kp_impl *impl, const int64_t *rows, int64_t nrows, kp_output **out,
+                      cJSON *info, kp_error *err) {
+    const double t0 = kp_now();
+    kp_result r = run_rows_timed(p, impl, rows, nrows, out, info, err);
+    kp_stage_add(KP_STAGE_KERNELS, kp_now() - t0);
+    return r;
+}
+
+int kp_bench_impl(kp_prepared *p, const kp_impl *impl, int reps, cJSON *timing, kp_error *err) {
+    const int64_t B = p->v.batch;
+    int64_t *rows = malloc(sizeof *rows * (size_t)B);
+    double *us = malloc(sizeof *us * (size_t)reps);
+    if (!rows || !us) {
+        free(rows), free(us);
+        return kp_fail(err, KP_EXIT_ENV, "out of host memory");
+    }
+    for (int64_t r = 0; r < B; r++) rows[r] = r;
+    launch L;
+    kp_timer *timer = NULL;
+    kp_output *o = NULL;
+    int rc = 0;
+    if (launch_setup(p, impl, rows, B, &L, err) != KP_PASSED) rc = err->code ? err->code : KP_EXIT_ENV;
+    if (!rc) rc = kp_timer_create(&timer, impl->memory, 1, err);
+    for (int w = 0; !rc && w < 3; w++) /* warm-up: first-launch costs stay out of the figures */
+        if (launch_run(&L, err) != KP_PASSED || kp_sync(impl->memory, err)) rc = err->code ? err->code : KP_EXIT_ENV;
+    for (int i = 0; !rc && i < reps; i++)
+        if (kp_timer_start(timer, err) || launch_run(&L, err) != KP_PASSED || kp_timer_stop(timer, &us[i], err))
+            rc = err->code ? err->code : KP_EXIT_ENV;
+    if (!rc && (!(o = output_new(&L, err)) || launch_collect(p, &L, o, err) != KP_PASSED))
+        rc = err->code ? err->code : KP_EXIT_ENV;
+    if (!rc) {
+        qsort(us, (size_t)reps, sizeof *us, kp_cmp_double);
+        const double median = us[reps / 2];
+        kp_json_add_int(timing, "reps", reps);
+        kp_json_add_double(timing, "median_us", median);
+        kp_json_add_double(timing, "min_us", us[0]);
+        kp_json_add_double(timing, "p10_us", us[reps / 10]);
+        kp_json_add_double(timing, "p90_us", us[reps - 1 - reps / 10]);
+        kp_json_add_double(timing, "max_us", us[reps - 1]);
+        const double bytes = p->fam->bytes_moved ? p->fam->bytes_moved(p->v.data, B) : 0;
+        const double flops = p->fam->flops ? p->fam->flops(p->v.data, B) : 0;
+        if (bytes > 0) {
+            kp_json_add_double(timing, "bytes", bytes);
+            kp_json_add_double(timing, "gb_per_s", bytes / (median * 1e-6) / 1e9);
+        }
+        if (flops > 0) {
+            kp_json_add_double(timing, "flops", flops);
+            kp_json_add_double(timing, "tflop_per_s", flops / (median * 1e-6) / 1e12);
+        }
+        cJSON_AddStringToObject(timing, "method", impl->memory == KP_MEMORY_CUDA
+                                                      ? "CUDA events around one launch, L2 flushed before each rep, 3 warm-ups"
+                                                      : "wall clock around one call, 3 warm-ups");
+    }
+    kp_output_free(o);
+    kp_timer_free(timer);
+    free(rows), free(us);
+    return rc;
+}
+
+/* ---- output rows ----------------------------------------------------------------------------- */
+
+static unsigned char *rowbuf_reserve(kp_rowbuf *b, size_t bytes) {
+    if (b->cap < bytes) {
+        unsigned char *grown = realloc(b->p, bytes);
+        if (!grown) kp_abort(__FILE__, __LINE__, "out of host memory for a %zu-byte output row", bytes);
+        b->p = grown, b->cap = bytes;
+    }
+    return b->p;
+}
+
+void kp_rowbuf_free(kp_rowbuf *b) {
+    free(b->p);
+    b->p = NULL, b->cap = 0;
+}
+
+const void *kp_output_row(const kp_prepared *p, const kp_output *o, int k, int64_t i, bool canonical, int64_t *elems,
+                          kp_rowbuf *buf) {
+    const kp_tensor *t = &o->t[k];
+    const size_t esize = kp_dtype_size(t->dtype);
+    const int64_t cols = kp_tensor_cols(t), stride = kp_tensor_stride(t);
+    const int64_t nsub = t->ndim == 1 ? 1 : kp_tensor_rows(t) / o->nrows; /* last-dim rows per batch row */
+    const int64_t per_row = t->ndim == 1 ? 1 : nsub * cols;
+    const unsigned char *row = (const unsigned char *)t->data + kp_tensor_slice_bytes(t) * (size_t)i;
+    const bool canon = canonical && p->fam->canonical_row;
+    *elems = per_row;
+    if (stride == cols && !canon) return row;
+    unsigned char *dense = rowbuf_reserve(buf, 2 * (size_t)per_row * esize);
+    if (stride == cols) memcpy(dense, row, (size_t)per_row * esize);
+    else
+        for (int64_t s = 0; s < nsub; s++)
+            memcpy(dense + (size_t)(s * cols) * esize, row + (size_t)(s * stride) * esize, (size_t)cols * esize);
+    if (!canon) return dense;
+    unsigned char *out = dense + (size_t)per_row * esize;
+    p->fam->canonical_row(p->v.data, k, dense, out, per_row);
+    return out;
+}
+
+kp_span *kp_output_spans(const kp_output *o, size_t *nspans) {
+    size_t n = 0;
+    for (int k = 0; k < o->ntensors; k++) n += (size_t)(o->t[k].ndim == 1 ? o->nrows : kp_tensor_rows(&o->t[k]));
+    kp_span *spans = malloc(sizeof *spans * (n ? n : 1));
+    if (!spans) kp_abort(__FILE__, __LINE__, "out of host memory for an output digest");
+    size_t at = 0;
+    for (int64_t i = 0; i < o->nrows; i++)
+        for (int k = 0; k < o->ntensors; k++) {
+            const kp_tensor *t = &o->t[k];
+            const size_t esize = kp_dtype_size(t->dtype);
+            const unsigned char *row = (const unsigned char *)t->data + kp_tensor_slice_bytes(t) * (size_t)i;
+            if (t->ndim == 1) {
+                spans[at++] = (kp_span){row, esize};
+                continue;
+            }
+            const int64_t nsub = kp_tensor_rows(t) / o->nrows, cols = kp_tensor_cols(t), stride = kp_tensor_stride(t);
+            for (int64_t s = 0; s < nsub; s++) spans[at++] = (kp_span){row + (size_t)(s * stride) * esize, (size_t)cols * esize};
+        }
+    *nspans = at;
+    return spans;
+}

@@ -1,0 +1,116 @@
+/* prepared.c: one case, prepared for every check: the family generates its inputs; here they are
+ * described and hashed, the reference is computed once and hashed, and all of it can be exported. */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../receipts/kp_json.h"
+#include "../receipts/kp_npy.h"
+#include "kp_launch.h"
+
+static uint64_t g_generation;
+
+int kp_prepare(const kp_family *fam, const kp_case *c, int64_t extra_rows, kp_prepared *p, kp_error *err) {
+    memset(p, 0, sizeof *p);
+    p->fam = fam;
+    p->c = *c;
+    p->generation = ++g_generation;
+    const double t0 = kp_now();
+    int rc = fam->prepare(c, extra_rows, &p->v, err);
+    kp_stage_add(KP_STAGE_GENERATION, kp_now() - t0);
+    if (rc) return rc;
+    KP_ASSERT(p->v.ninputs > 0 && p->v.ninputs <= KP_MAX_TENSORS && p->v.rows_total >= p->v.batch + extra_rows);
+    for (int k = 0; k < p->v.ninputs; k++) KP_ASSERT(!p->v.inputs[k].batched || p->v.inputs[k].shape[0] == p->v.batch);
+    return 0;
+}
+
+void kp_prepared_release(kp_prepared *p) {
+    if (!p->fam) return;
+    kp_digests_settle(); /* digests may still be reading the inputs or the reference */
+    p->fam->release(p->v.data);
+    memset(p, 0, sizeof *p);
+}
+
+void kp_describe_inputs(const kp_prepared *p, cJSON *inputs) {
+    for (int k = 0; k < p->v.ninputs; k++) {
+        const kp_tensor *t = &p->v.inputs[k];
+        cJSON *o = cJSON_AddObjectToObject(inputs, t->name);
+        cJSON_AddStringToObject(o, "dtype", kp_dtype_name(t->dtype));
+        cJSON *s = cJSON_AddArrayToObject(o, "shape");
+        for (int d = 0; d < t->ndim; d++) cJSON_AddItemToArray(s, kp_json_int(t->shape[d]));
+        if (t->ndim > 1) kp_json_add_int(o, "row_stride", kp_tensor_stride(t));
+        unsigned char prefix[KP_TENSOR_PREFIX_MAX];
+        kp_span *rows;
+        size_t nrows;
+        const size_t n = kp_buffer_digest_parts(t->dtype, t->ndim, t->shape, t->row_stride, t->data, prefix, &rows, &nrows);
+        kp_digest_start(prefix, n, rows, nrows, NULL, o, "sha256"); /* kp_buffer_digest's hex, at settle */
+        free(rows);
+    }
+}
+
+int kp_reference_run(kp_prepared *p, const void *params, cJSON *desc, kp_error *err) {
+    if (!p->have_ref) {
+        const double t0 = kp_now();
+        int rc = p->fam->reference(p->v.data, params, &p->ref, err);
+        if (rc) return rc;
+        p->ref_seconds = kp_now() - t0;
+        kp_stage_add(KP_STAGE_REFERENCE, p->ref_seconds);
+        p->have_ref = true;
+        KP_ASSERT(p->ref.narrays > 0 && p->ref.narrays <= KP_MAX_TENSORS && p->ref.digest_tag);
+        /* every array's bytes after the tag (hashed on a worker thread into ref_digest): the arrays are
+           dense and machine-independent, so the digest is too */
+        kp_span parts[KP_MAX_TENSORS];
+        for (int k = 0; k < p->ref.narrays; k++) {
+            const kp_tensor *a = &p->ref.arrays[k];
+            KP_ASSERT(a->row_stride == 0 || a->row_stride == kp_tensor_cols(a));
+            parts[k] = (kp_span){a->data, kp_tensor_slice_bytes(a) * (size_t)a->shape[0]};
+        }
+        kp_digest_start(p->ref.digest_tag, strlen(p->ref.digest_tag) + 1, parts, (size_t)p->ref.narrays, p->ref_digest,
+                        NULL, NULL);
+    }
+    if (desc && !cJSON_GetObjectItemCaseSensitive(desc, "sha256")) {
+        cJSON_AddStringToObject(desc, "provider", p->fam->reference_provider);
+        kp_digest_record(desc, "sha256", p->ref_digest);
+        if (p->fam->reference_rule) cJSON_AddStringToObject(desc, "rule", p->fam->reference_rule);
+        kp_json_add_double(desc, "seconds", p->ref_seconds);
+        kp_json_add_int(desc, "threads", kp_thread_count());
+    }
+    return 0;
+}
+
+/* t's first n slices of dim 0, densely, as dir/name.npy. */
+static int write_npy(const char *dir, const char *name, const kp_tensor *t, int64_t n, kp_error *err) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s.npy", dir, name);
+    kp_tensor dense = *t;
+    dense.shape[0] = n;
+    dense.row_stride = 0;
+    const size_t bytes = kp_tensor_slice_bytes(&dense) * (size_t)n;
+    void *buf = kp_alloc(bytes, "export", err);
+    if (!buf) return err->code;
+    kp_tensor_copy_dense(t, 0, n, buf);
+    int rc = kp_npy_write(path, kp_dtype_npy(t->dtype), t->ndim, dense.shape, buf, bytes, err);
+    free(buf);
+    return rc;
+}
+
+int kp_export_npy(kp_prepared *p, const char *dir, const kp_impl *const *impls, kp_output *const *outs, int nimpls,
+                  kp_error *err) {
+    int rc = 0;
+    for (int k = 0; !rc && k < p->v.ninputs; k++) rc = write_npy(dir, p->v.inputs[k].name, &p->v.inputs[k], p->v.inputs[k].shape[0], err);
+    if (!rc) rc = kp_reference_run(p, NULL, NULL, err);
+    for (int k = 0; !rc && k < p->ref.narrays; k++) {
+        char name[96];
+        snprintf(name, sizeof name, "reference_%s", p->ref.arrays[k].name);
+        rc = write_npy(dir, name, &p->ref.arrays[k], p->ref.arrays[k].shape[0], err);
+    }
+    for (int i = 0; !rc && i < nimpls; i++)
+        for (int k = 0; !rc && k < outs[i]->ntensors; k++) {
+            char name[256];
+            if (outs[i]->ntensors == 1) snprintf(name, sizeof name, "%s", impls[i]->name);
+            else snprintf(name, sizeof name, "%s.%s", impls[i]->name, outs[i]->t[k].name);
+            rc = write_npy(dir, name, &outs[i]->t[k], outs[i]->nrows, err);
+        }
+    return rc;
+}

@@ -1,0 +1,230 @@
+/* tolerance.c: the tolerance check (DESIGN.md "Checks"): continuous outputs against the float64
+ * reference. NaN and +-inf positions must match first; then, over the finite pairs, max abs, max rel,
+ * NMSE, cosine difference and a bf16 ulp histogram, each bounded where the config declares it, with
+ * every row's worst element listed. f32 and bf16 outputs. */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../receipts/kp_json.h"
+#include "../reference/kp_detmath.h"
+#include "kp_checks.h"
+
+static double element(const void *row, kp_dtype dt, int64_t i) {
+    if (dt == KP_BF16) {
+        uint32_t bits = (uint32_t)((const uint16_t *)row)[i] << 16;
+        float f;
+        memcpy(&f, &bits, sizeof f);
+        return f;
+    }
+    if (dt == KP_F64) return ((const double *)row)[i];
+    return ((const float *)row)[i];
+}
+
+/* 0 finite, 1 NaN, 2 +inf, 3 -inf */
+static int value_class(double v) { return isnan(v) ? 1 : isinf(v) ? (v > 0 ? 2 : 3) : 0; }
+
+/* v rounded to bf16 (through f32, to nearest even), as an integer that orders like the value. */
+static int32_t bf16_ordinal(double v) {
+    float f = (float)v;
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    const int32_t h = (int32_t)(bits >> 16);
+    return (h & 0x8000) ? -(h & 0x7fff) : h;
+}
+
+#define ULP_BUCKETS 8
+static const char *const ulp_bucket_names[ULP_BUCKETS] = {"0", "1", "2", "3-4", "5-8", "9-16", "17-64", ">64"};
+static int ulp_bucket(int64_t d) {
+    return d <= 2 ? (int)d : d <= 4 ? 3 : d <= 8 ? 4 : d <= 16 ? 5 : d <= 64 ? 6 : 7;
+}
+
+typedef struct worst {
+    int64_t index;
+    double value, reference, excess; /* excess: |x - r| - (atol + rtol |r|) */
+} worst;
+
+/* One tensor's comparison: the metrics, the index lists and every row's worst element. */
+typedef struct tensor_result {
+    int64_t elements, finite, zero_reference, nonfinite_bad, over;
+    int64_t *nonfinite_idx, *over_idx;
+    double max_abs, max_rel;
+    int64_t max_abs_at, max_rel_at, max_ulp;
+    kp_nsum see, srr, sxr, sxx;
+    int64_t ulp_hist[ULP_BUCKETS];
+    worst *per_row;
+} tensor_result;
+
+static const kp_tensor *reference_array(const kp_prepared *p, const char *name) {
+    for (int k = 0; k < p->ref.narrays; k++)
+        if (!strcmp(p->ref.arrays[k].name, name)) return &p->ref.arrays[k];
+    return NULL;
+}
+
+static int compare_tensor(const kp_prepared *p, const kp_output *o, int k, const kp_tolerance *tol, tensor_result *t,
+                          kp_error *err) {
+    memset(t, 0, sizeof *t);
+    const kp_tensor *ref = reference_array(p, o->t[k].name);
+    if (!ref || ref->dtype != KP_F64 || ref->shape[0] != o->nrows || kp_tensor_slice_bytes(ref) / 8 == 0)
+        return kp_fail(err, KP_EXIT_ENV, "tolerance: the reference has no float64 array '%s' of %lld rows", o->t[k].name,
+                       (long long)o->nrows);
+    const kp_dtype dt = o->t[k].dtype;
+    if (dt != KP_F32 && dt != KP_BF16)
+        return kp_fail(err, KP_EXIT_ENV, "tolerance: output '%s' is %s; the check reads f32 and bf16", o->t[k].name,
+                       kp_dtype_name(dt));
+    kp_rowbuf buf = {0};
+    int64_t per_row;
+    kp_output_row(p, o, k, 0, false, &per_row, &buf);
+    if ((size_t)per_row != kp_tensor_slice_bytes(ref) / 8) {
+        kp_rowbuf_free(&buf);
+        return kp_fail(err, KP_EXIT_ENV, "tolerance: output '%s' has %lld elements a row, its reference %zu", o->t[k].name,
+                       (long long)per_row, kp_tensor_slice_bytes(ref) / 8);
+    }
+    const int64_t n = o->nrows * per_row;
+    t->nonfinite_idx = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+    t->over_idx = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+    t->per_row = calloc((size_t)o->nrows, sizeof *t->per_row);
+    if (!t->nonfinite_idx || !t->over_idx || !t->per_row) {
+        kp_rowbuf_free(&buf);
+        return kp_fail(err, KP_EXIT_ENV, "out of host memory for a tolerance check");
+    }
+    t->max_abs_at = t->max_rel_at = -1;
+    for (int64_t r = 0; r < o->nrows; r++) {
+        const void *row = kp_output_row(p, o, k, r, false, &per_row, &buf);
+        const double *rr = (const double *)ref->data + r * per_row;
+        worst *w = &t->per_row[r];
+        w->index = -1, w->excess = -INFINITY;
+        for (int64_t i = 0; i < per_row; i++) {
+            const int64_t at = r * per_row + i;
+            const double x = element(row, dt, i), y = rr[i];
+            t->elements++;
+            if (value_class(x) != value_class(y)) {
+                t->nonfinite_idx[t->nonfinite_bad++] = at;
+                if (w->excess < INFINITY) *w = (worst){at, x, y, INFINITY};
+                continue;
+            }
+            if (value_class(x)) continue; /* the same non-finite value on both sides */
+            t->finite++;
+            const double d = fabs(x - y), allowed = tol->atol + tol->rtol * fabs(y), excess = d - allowed;
+            if (d > t->max_abs || t->max_abs_at < 0) t->max_abs = d, t->max_abs_at = at;
+            if (y == 0) t->zero_reference++;
+            else if (d / fabs(y) > t->max_rel || t->max_rel_at < 0) t->max_rel = d / fabs(y), t->max_rel_at = at;
+            if (excess > 0) t->over_idx[t->over++] = at;
+            if (excess > w->excess) *w = (worst){at, x, y, excess};
+            kp_nsum_add(&t->see, (x - y) * (x - y));
+            kp_nsum_add(&t->srr, y * y);
+            kp_nsum_add(&t->sxr, x * y);
+            kp_nsum_add(&t->sxx, x * x);
+            const int32_t a = bf16_ordinal(x), b = bf16_ordinal(y);
+            const int64_t u = a > b ? (int64_t)a - b : (int64_t)b - a;
+            t->ulp_hist[ulp_bucket(u)]++;
+            if (u > t->max_ulp) t->max_ulp = u;
+        }
+    }
+    kp_rowbuf_free(&buf);
+    return 0;
+}
+
+static void add_bound(cJSON *obj, const char *key, bool has, double v) {
+    if (has) kp_json_add_double(obj, key, v);
+    else cJSON_AddNullToObject(obj, key);
+}
+
+kp_result kp_tolerance_check(const kp_prepared *p, const kp_check_spec *spec, const kp_output *o, cJSON *chk,
+                             kp_evidence *ev) {
+    kp_error err = {0};
+    cJSON *f = cJSON_AddObjectToObject(chk, "findings");
+    cJSON *tensors = cJSON_AddArrayToObject(f, "tensors");
+    char summary[1024] = "";
+    size_t used = 0;
+    bool bad = false;
+    for (int k = 0; k < o->ntensors && p->fam->tolerance_outputs && p->fam->tolerance_outputs[k]; k++) {
+        const kp_tolerance *tol = &spec->tolerance[k];
+        tensor_result t;
+        if (compare_tensor(p, o, k, tol, &t, &err)) {
+            free(t.nonfinite_idx), free(t.over_idx), free(t.per_row);
+            cJSON_AddStringToObject(chk, "summary", err.msg);
+            return KP_FAILED;
+        }
+        const double srr = kp_nsum_value(&t.srr), see = kp_nsum_value(&t.see);
+        const double nmse = srr > 0 ? see / srr : (see > 0 ? INFINITY : 0.0);
+        const double denom = kp_nsum_value(&t.sxx) + srr;
+        const double cosine = denom > 0 ? 1.0 - 2.0 * kp_nsum_value(&t.sxr) / denom : 0.0;
+        const bool nmse_bad = tol->has_nmse && !(nmse <= tol->nmse);
+        const bool cos_bad = tol->has_cosine && !(cosine <= tol->cosine);
+        const bool ulp_bad = tol->has_ulp && t.max_ulp > tol->ulp;
+        const bool tensor_bad = t.nonfinite_bad || t.over || nmse_bad || cos_bad || ulp_bad;
+        bad |= tensor_bad;
+
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddItemToArray(tensors, e);
+        cJSON_AddStringToObject(e, "tensor", o->t[k].name);
+        cJSON_AddStringToObject(e, "dtype", kp_dtype_name(o->t[k].dtype));
+        cJSON_AddStringToObject(e, "result", tensor_bad ? "INCORRECT" : "PASSED");
+        kp_json_add_int(e, "elements", t.elements);
+        kp_json_add_int(e, "finite_pairs", t.finite);
+        char name[160];
+        snprintf(name, sizeof name, "tolerance.%s.nonfinite_mismatch", o->t[k].name);
+        if (kp_evidence_list(ev, e, "nonfinite_mismatch", name, t.nonfinite_idx, t.nonfinite_bad, &err)) bad = true;
+        snprintf(name, sizeof name, "tolerance.%s.over", o->t[k].name);
+        if (kp_evidence_list(ev, e, "over_tolerance", name, t.over_idx, t.over, &err)) bad = true;
+        cJSON *m = cJSON_AddObjectToObject(e, "metrics");
+        kp_json_add_double(m, "max_abs", t.max_abs);
+        kp_json_add_int(m, "max_abs_at", t.max_abs_at);
+        kp_json_add_double(m, "max_rel", t.max_rel);
+        kp_json_add_int(m, "max_rel_at", t.max_rel_at);
+        kp_json_add_int(m, "zero_reference", t.zero_reference);
+        kp_json_add_double(m, "nmse", nmse);
+        kp_json_add_double(m, "cosine_diff", cosine);
+        kp_json_add_int(m, "max_bf16_ulp", t.max_ulp);
+        cJSON *h = cJSON_AddObjectToObject(m, "bf16_ulp_histogram");
+        for (int b = 0; b < ULP_BUCKETS; b++) kp_json_add_int(h, ulp_bucket_names[b], t.ulp_hist[b]);
+        cJSON *rows = cJSON_AddArrayToObject(e, "worst_per_row");
+        for (int64_t r = 0; r < o->nrows; r++) {
+            const worst *w = &t.per_row[r];
+            cJSON *row = cJSON_CreateObject();
+            cJSON_AddItemToArray(rows, row);
+            kp_json_add_int(row, "row", r);
+            kp_json_add_int(row, "index", w->index);
+            if (w->index < 0) continue;
+            kp_json_add_double(row, "value", w->value);
+            kp_json_add_double(row, "reference", w->reference);
+            kp_json_add_double(row, "abs", fabs(w->value - w->reference));
+            kp_json_add_double(row, "excess", w->excess);
+        }
+        int n = snprintf(summary + used, sizeof summary - used,
+                         "%s%s: %lld/%lld over atol %g + rtol %g|r|, %lld NaN/inf misplaced; max abs %.3g, NMSE %.3g, "
+                         "cosine diff %.3g, max %lld bf16 ulp%s%s%s",
+                         used ? "; " : "", o->t[k].name, (long long)t.over, (long long)t.elements, tol->atol, tol->rtol,
+                         (long long)t.nonfinite_bad, t.max_abs, nmse, cosine, (long long)t.max_ulp,
+                         nmse_bad ? "; NMSE over its bound" : "", cos_bad ? "; cosine diff over its bound" : "",
+                         ulp_bad ? "; ulp over its bound" : "");
+        if (n > 0) used += (size_t)n < sizeof summary - used ? (size_t)n : sizeof summary - used - 1;
+        free(t.nonfinite_idx), free(t.over_idx), free(t.per_row);
+    }
+    if (err.msg[0]) {
+        cJSON_AddStringToObject(chk, "summary", err.msg);
+        return KP_FAILED;
+    }
+    cJSON_AddStringToObject(chk, "summary", summary);
+    return bad ? KP_INCORRECT : KP_PASSED;
+}
+
+void kp_tolerance_describe(const kp_family *fam, const kp_check_spec *spec, cJSON *params) {
+    cJSON *per = cJSON_AddObjectToObject(params, "tolerance");
+    for (int k = 0; fam->tolerance_outputs && fam->tolerance_outputs[k]; k++) {
+        const kp_tolerance *tol = &spec->tolerance[k];
+        cJSON *t = cJSON_AddObjectToObject(per, fam->tolerance_outputs[k]);
+        kp_json_add_double(t, "atol", tol->atol);
+        kp_json_add_double(t, "rtol", tol->rtol);
+        add_bound(t, "nmse", tol->has_nmse, tol->nmse);
+        add_bound(t, "cosine", tol->has_cosine, tol->cosine);
+        if (tol->has_ulp) kp_json_add_int(t, "ulp", tol->ulp);
+        else cJSON_AddNullToObject(t, "ulp");
+    }
+    cJSON_AddStringToObject(params, "element_rule", "|x - r| <= atol + rtol * |r|, after NaN and +-inf positions match; "
+                                                    "null: not bounded (reported only)");
+}
