@@ -15,7 +15,6 @@
 #include "kp_json.h"
 #include "kp_npy.h"
 
-#define ZERO_DIGEST "0000000000000000000000000000000000000000000000000000000000000000"
 
 struct kp_bundle {
     char *dir;
@@ -25,13 +24,7 @@ struct kp_bundle {
     int finished;
 };
 
-static const char *const vocabulary[] = {"PASSED", "INCORRECT", "FAILED", "NOT_RUN", "NOT_SUPPORTED"};
-
-static int in_vocabulary(const char *s) {
-    for (size_t i = 0; s && i < sizeof vocabulary / sizeof vocabulary[0]; i++)
-        if (strcmp(s, vocabulary[i]) == 0) return 1;
-    return 0;
-}
+static int in_vocabulary(const char *s) { return kp_result_parse(s) >= 0; }
 
 static char *join(const char *dir, const char *rel) {
     char *p = NULL;
@@ -90,7 +83,7 @@ int kp_bundle_open(kp_bundle **out, const char *dir, kp_error *err) {
     }
     size_t n = strlen(b->dir);
     while (n > 1 && b->dir[n - 1] == '/') b->dir[--n] = '\0';
-    memcpy(b->prev, ZERO_DIGEST, KP_SHA256_HEX_LEN);
+    memcpy(b->prev, KP_ZERO_DIGEST, KP_SHA256_HEX_LEN);
     /* Making the two subfolders is also the writability check: it is the first write into `dir`. */
     const char *subs[] = {"receipts", "artifacts"};
     for (int i = 0; i < 2; i++) {
@@ -108,7 +101,6 @@ int kp_bundle_open(kp_bundle **out, const char *dir, kp_error *err) {
     return 0;
 }
 
-const char *kp_bundle_dir(const kp_bundle *b) { return b->dir; }
 
 int kp_bundle_add_artifact(kp_bundle *b, const char *descr, int ndim, const int64_t *shape, const void *data,
                            size_t data_bytes, char digest[KP_SHA256_HEX_LEN], char relpath[128], kp_error *err) {

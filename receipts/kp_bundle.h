@@ -4,11 +4,11 @@
  * Receipt shape (schema "kparity.receipt/v1") as the bundle reads it; the harness fills the rest:
  *   { "schema", "index", "case": {"name", "family", ...}, "result": "PASSED|INCORRECT|FAILED|NOT_RUN|NOT_SUPPORTED",
  *     "reasons": [str], "duration_s",
- *     "checks": [ {"check", "label", "impl", "result", "summary", "key_figure" (optional), ...} ],
+ *     "checks": [ {"check", "label", "impl", "result", "summary", ...} ],
  *     "artifacts": [ {"name", "file": "artifacts/<sha256>.npy", "sha256"} ],
  *     "chain": {"prev": "<sha256 of the previous receipt file, 64 zeros for the first>"} }
- * The bundle sets "index" and "chain" itself. Results are the DESIGN.md vocabulary; the reports show
- * a check's "key_figure" (string or number) where given, else its "summary". */
+ * The bundle sets "index" and "chain" itself. Results are the DESIGN.md vocabulary (kp_result in
+ * cases/kp_common.h); the reports show each check's "summary". */
 #ifndef KP_BUNDLE_H
 #define KP_BUNDLE_H
 
@@ -21,10 +21,12 @@
 
 typedef struct kp_bundle kp_bundle;
 
+/* The chain's start: the "previous receipt" digest of a bundle's first receipt. */
+#define KP_ZERO_DIGEST "0000000000000000000000000000000000000000000000000000000000000000"
+
 /* Create `dir` (it must not exist, or be an empty folder; its parent must exist) with receipts/ and
  * artifacts/. KP_EXIT_USAGE naming the path and the reason when it cannot be created or written. */
 int kp_bundle_open(kp_bundle **out, const char *dir, kp_error *err);
-const char *kp_bundle_dir(const kp_bundle *b);
 
 /* Store an array as artifacts/<sha256>.npy (content addressed; the same bytes are stored once).
  * `digest` receives the file's SHA-256, `relpath` its path inside the bundle. */

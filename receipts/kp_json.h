@@ -34,7 +34,7 @@ int kp_json_value_int(const cJSON *item, int64_t *out);
 /* Parse `len` bytes of JSON (one value, only whitespace after it, no NUL inside), keeping each
  * number's original text in its node's valuestring (the node stays a cJSON_Number), so ints read
  * back exactly and kp_json_print writes numbers back as they were read. NULL on a syntax error,
- * with *error_offset (if given) at the byte where parsing stopped. Free with cJSON_Delete. */
+ * with *error_offset (if given) at the byte where parsing ended. Free with cJSON_Delete. */
 cJSON *kp_json_parse(const char *text, size_t len, size_t *error_offset);
 
 /* cJSON_Print's indented layout with every number exact: raw numbers and parsed number text as they

@@ -135,20 +135,24 @@ static void put_md(text_buf *b, const char *s) { put_text(b, s, md_byte); }
 
 /* --- one item per check (or per receipt without checks) --- */
 
-static const char *const result_names[] = {"PASSED", "INCORRECT", "FAILED", "NOT_RUN", "NOT_SUPPORTED"};
+/* The reports' order of the results (kp_common.h holds their one spelling): passes, then what broke,
+ * then what did not run; colours in the same order. */
 #define N_RESULTS 5
+static const kp_result display_order[N_RESULTS] = {KP_PASSED, KP_INCORRECT, KP_FAILED, KP_NOT_RUN, KP_NOT_SUPPORTED};
 static const char *const result_colors[] = {"#2e7d32", "#c62828", "#ef6c00", "#9e9e9e", "#78909c"};
+#define RESULT_NAME(i) kp_result_name(display_order[i])
 
 static int result_index(const char *r) {
+    const int parsed = kp_result_parse(r);
     for (int i = 0; i < N_RESULTS; i++)
-        if (r && strcmp(r, result_names[i]) == 0) return i;
+        if (parsed == (int)display_order[i]) return i;
     return 2; /* the bundle refuses other results; count a stray one as an error, never as a pass */
 }
 
 typedef struct {
     const char *case_name, *file, *impl, *label, *result;
     int row; /* which receipt */
-    char *summary, *key_figure;
+    char *summary;
 } item;
 
 static const char *str_member(const cJSON *obj, const char *key, const char *fallback) {
@@ -168,21 +172,9 @@ static char *join_reasons(const cJSON *reasons) {
     return finish_buf(&b);
 }
 
-static char *key_figure_text(const cJSON *check, const char *summary) {
-    const cJSON *k = cJSON_GetObjectItemCaseSensitive(check, "key_figure");
-    if (cJSON_IsString(k)) return strdup(k->valuestring);
-    if (cJSON_IsNumber(k) || cJSON_IsRaw(k)) {
-        char *printed = kp_json_print(k), *copy = printed ? strdup(printed) : NULL;
-        cJSON_free(printed);
-        return copy;
-    }
-    return strdup(summary);
-}
-
 static void free_items(item *items, size_t n) {
     for (size_t i = 0; i < n; i++) {
         free(items[i].summary);
-        free(items[i].key_figure);
     }
     free(items);
 }
@@ -214,15 +206,13 @@ static item *collect_items(const cJSON *rows, size_t *count) {
                 it->label = str_member(check, "label", str_member(check, "check", "check"));
                 it->result = str_member(check, "result", "FAILED");
                 it->summary = strdup(str_member(check, "summary", ""));
-                it->key_figure = it->summary ? key_figure_text(check, it->summary) : NULL;
             } else {
                 it->impl = "";
                 it->label = "case";
                 it->result = str_member(row, "result", "FAILED");
                 it->summary = join_reasons(cJSON_GetObjectItemCaseSensitive(row, "reasons"));
-                it->key_figure = it->summary ? strdup(it->summary) : NULL;
             }
-            if (!it->summary || !it->key_figure) goto oom;
+            if (!it->summary) goto oom;
         }
         row_no++;
     }
@@ -244,7 +234,7 @@ static void put_counts(text_buf *b, const size_t counts[N_RESULTS]) {
     int any = 0;
     for (int r = 0; r < N_RESULTS; r++) {
         if (!counts[r]) continue;
-        printf_(b, "%s%zu %s", any ? ", " : "", counts[r], result_names[r]);
+        printf_(b, "%s%zu %s", any ? ", " : "", counts[r], RESULT_NAME(r));
         any = 1;
     }
     if (!any) puts_(b, "nothing ran");
@@ -279,7 +269,7 @@ char *kp_report_junit(const cJSON *rows) {
         const char *tag = r == 1 ? "failure" : r == 2 ? "error" : "skipped";
         printf_(&b, "<%s message=\"", tag);
         put_xml(&b, it->summary);
-        printf_(&b, "\" type=\"%s\"", result_names[r]);
+        printf_(&b, "\" type=\"%s\"", RESULT_NAME(r));
         if (r >= 3) {
             puts_(&b, "/>\n");
         } else {
@@ -313,7 +303,7 @@ char *kp_report_summary_md(const cJSON *rows, const char *verdict, int exit_code
     put_counts(&b, counts);
     puts_(&b, ".\n\n| case | impl | check | result | key figure |\n| --- | --- | --- | --- | --- |\n");
     for (size_t i = 0; i < n; i++) {
-        const char *cells[] = {items[i].case_name, items[i].impl, items[i].label, items[i].result, items[i].key_figure};
+        const char *cells[] = {items[i].case_name, items[i].impl, items[i].label, items[i].result, items[i].summary};
         for (int c = 0; c < 5; c++) {
             puts_(&b, "| ");
             put_md(&b, cells[c]);
@@ -357,7 +347,7 @@ static void put_svg(text_buf *b, const cJSON *rows, const item *items, size_t n)
                "aria-label=\"check results per case\">\n", width, top + block * n_rows + 8);
     for (int r = 0; r < N_RESULTS; r++) /* legend */
         printf_(b, "<rect x=\"%d\" y=\"6\" width=\"12\" height=\"12\" fill=\"%s\"/><text x=\"%d\" y=\"16\">%s</text>\n",
-                10 + r * 140, result_colors[r], 26 + r * 140, result_names[r]);
+                10 + r * 140, result_colors[r], 26 + r * 140, RESULT_NAME(r));
     int row_no = 0;
     const cJSON *row;
     cJSON_ArrayForEach(row, rows) {
@@ -373,7 +363,7 @@ static void put_svg(text_buf *b, const cJSON *rows, const item *items, size_t n)
             if (!counts[r]) continue;
             double w = (double)bar_max * (double)counts[r] / (double)max_per_row;
             printf_(b, "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"14\" fill=\"%s\"><title>%zu %s</title></rect>\n",
-                    x, y + 17, w, result_colors[r], counts[r], result_names[r]);
+                    x, y + 17, w, result_colors[r], counts[r], RESULT_NAME(r));
             x += w;
         }
         printf_(b, "<text x=\"%.1f\" y=\"%d\">%zu check%s</text>\n", x + 6, y + 29, total, total == 1 ? "" : "s");
@@ -399,7 +389,7 @@ char *kp_report_html(const cJSON *rows, const char *verdict, int exit_code) {
               "th, td { border: 1px solid #bdbdbd; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }\n"
               "td.case { font-family: monospace; word-break: break-all; max-width: 40em; }\n"
               "svg text { font-family: monospace; font-size: 11px; }\n");
-    for (int r = 0; r < N_RESULTS; r++) printf_(&b, ".r-%s { color: %s; font-weight: bold; }\n", result_names[r], result_colors[r]);
+    for (int r = 0; r < N_RESULTS; r++) printf_(&b, ".r-%s { color: %s; font-weight: bold; }\n", RESULT_NAME(r), result_colors[r]);
     puts_(&b, "</style>\n</head>\n<body>\n<h1>kparity verdict: <span class=\"r-");
     put_xml(&b, verdict);
     puts_(&b, "\">");
@@ -420,10 +410,10 @@ char *kp_report_html(const cJSON *rows, const char *verdict, int exit_code) {
         put_xml(&b, it->impl);
         puts_(&b, "</td><td>");
         put_xml(&b, it->label);
-        printf_(&b, "</td><td class=\"r-%s\">", result_names[result_index(it->result)]);
+        printf_(&b, "</td><td class=\"r-%s\">", RESULT_NAME(result_index(it->result)));
         put_xml(&b, it->result);
         puts_(&b, "</td><td>");
-        put_xml(&b, it->key_figure);
+        put_xml(&b, it->summary);
         puts_(&b, "</td><td>");
         put_xml(&b, it->file);
         puts_(&b, "</td></tr>\n");

@@ -13,7 +13,6 @@
 #include "kp_json.h"
 #include "kp_npy.h"
 
-#define ZERO_DIGEST "0000000000000000000000000000000000000000000000000000000000000000"
 
 typedef struct {
     char *path;
@@ -193,7 +192,7 @@ static int check_bundle_json(const manifest *m, kp_error *err) {
     free(path);
     if (rc) return kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: bundle.json: not valid JSON", m->dir);
     const cJSON *list = cJSON_GetObjectItemCaseSensitive(doc, "receipts"), *entry;
-    char prev[KP_SHA256_HEX_LEN] = ZERO_DIGEST;
+    char prev[KP_SHA256_HEX_LEN] = KP_ZERO_DIGEST;
     int64_t index = 0;
     if (!same(str_at(doc, "schema"), "kparity.bundle/v1") || !cJSON_IsArray(list))
         rc = kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: bundle.json: not a kparity.bundle/v1 document with a receipts list",
