@@ -28,6 +28,14 @@ const char *kpt_cuda_plugin(void) {
 #endif
 }
 
+const char *kpt_scale_plugin(void) {
+#ifdef KPT_SCALE_PLUGIN
+    return env_or("KPT_SCALE_PLUGIN", KPT_SCALE_PLUGIN);
+#else
+    return env_or("KPT_SCALE_PLUGIN", "");
+#endif
+}
+
 static char *slurp_fd(int fd) {
     size_t cap = 1 << 16, len = 0;
     char *buf = malloc(cap + 1);

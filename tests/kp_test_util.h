@@ -11,6 +11,8 @@
 char *kpt_binary(void);
 const char *kpt_source_dir(void);
 const char *kpt_cuda_plugin(void);
+/* $KPT_SCALE_PLUGIN, else the build's plugin of the test family `scale` (tests/fixtures/scale/). */
+const char *kpt_scale_plugin(void);
 
 /* A fresh scratch folder per test: TestSuite(name, .init = kpt_dir_setup, .fini = kpt_dir_teardown)
  * and use kpt_dir. */

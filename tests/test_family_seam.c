@@ -1,0 +1,247 @@
+/* test_family_seam.c: a family is one file per stage plus one table row. The test family `scale`
+ * (tests/fixtures/scale/: scale_case.c, scale_ref.c, scale_impls.c built as a plugin, scale_family.c)
+ * is registered here through the same table as the built-in ones (kp_family_register) and runs through
+ * exact, tolerance, repeat and batch: clean impls pass and each planted defect is caught by its check.
+ * The gate runs in this process, as kparity's main would run it. */
+#define _GNU_SOURCE
+#include <cjson/cJSON.h>
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../harness/kp_harness.h"
+#include "../harness/kp_replay.h"
+#include "../harness/kp_runner.h"
+#include "kp_test_util.h"
+
+extern const kp_family kpt_scale_family; /* tests/fixtures/scale/scale_family.c */
+
+/* The table row: what a built-in family has in harness/families.c and cases/case_families.c; and its
+ * impls, from their plugin (loaded here once: the configs below each run in this one process). */
+static void register_scale(void) {
+    kpt_dir_setup();
+    kp_error err = {0};
+    cr_assert_eq(kp_family_register(&kpt_scale_family, &err), 0, "%s", err.msg);
+    cr_assert_eq(kp_plugin_load(kpt_scale_plugin(), &err), 0, "%s", err.msg);
+}
+
+TestSuite(family_seam, .init = register_scale, .fini = kpt_dir_teardown, .timeout = 120);
+
+#define CASE "scale(cols=300,rows=6,seed=5,stride=301)"
+
+/* A config with `checks` on CASE (the scale plugin's impls are loaded); returns its path. */
+static char *config(const char *name, const char *defaults, const char *checks) {
+    char *path, *body;
+    cr_assert(asprintf(&path, "%s/%s.json", kpt_dir, name) > 0);
+    cr_assert(asprintf(&body,
+                       "{\"schema\":\"kparity.gate/v1\",\"name\":\"%s\","
+                       "\"impls\":{\"scale.candidate\":\"scale.f32@host\"},\"defaults\":{%s},"
+                       "\"cases\":[{\"case\":\"" CASE "\",\"checks\":%s}]}",
+                       name, defaults, checks) > 0);
+    cr_assert_eq(kpt_write(path, body, strlen(body)), 0);
+    free(body);
+    return path;
+}
+
+/* Load and run a config in this process; returns the exit class and case 1's receipt. */
+static int run(const char *cfg_path, const char *name, cJSON **receipt, char **bundle) {
+    kp_config cfg;
+    kp_error err = {0};
+    int rc = kp_config_load(cfg_path, &cfg, &err);
+    if (rc) {
+        kp_config_free(&cfg);
+        cr_log_info("config: %s", err.msg);
+        return rc;
+    }
+    cr_assert(asprintf(bundle, "%s/%s", kpt_dir, name) > 0);
+    kp_run_options opt = {.out_dir = *bundle, .quiet = 1, .command = "run"};
+    fflush(stdout);
+    rc = kp_run_config(&cfg, &opt, &err);
+    kp_config_free(&cfg);
+    if (receipt) *receipt = kpt_receipt(*bundle, 1);
+    return rc;
+}
+
+static const cJSON *at(const cJSON *obj, const char *path) { /* "checks.0.findings" */
+    char buf[256], *save = NULL;
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *key = strtok_r(buf, ".", &save); key && obj; key = strtok_r(NULL, ".", &save))
+        obj = (key[0] >= '0' && key[0] <= '9') ? cJSON_GetArrayItem(obj, atoi(key)) : cJSON_GetObjectItemCaseSensitive(obj, key);
+    cr_assert_not_null(obj, "no %s", path);
+    return obj;
+}
+static const char *str(const cJSON *obj, const char *path) { return cJSON_GetStringValue(at(obj, path)); }
+static double num(const cJSON *obj, const char *path) {
+    const cJSON *v = at(obj, path);
+    cr_assert(cJSON_IsNumber(v), "%s is not a number", path);
+    return v->valuedouble;
+}
+
+#define TOL "\"atol\":1e-30,\"rtol\":1e-6,\"tensors\":{\"y_bf16\":{\"rtol\":0.0039,\"ulp\":0}}"
+
+Test(family_seam, the_row_is_in_the_tables_and_a_bad_row_is_refused) {
+    cr_assert_eq(kp_family_find("scale"), &kpt_scale_family);
+    cr_assert_not_null(kp_case_family_find("scale"));
+    kp_error err = {0};
+    cr_assert_eq(kp_family_register(&kpt_scale_family, &err), KP_EXIT_USAGE, "a second row of one name");
+    kp_family broken = kpt_scale_family;
+    broken.name = "scale2";
+    cr_assert_eq(kp_family_register(&broken, &err), KP_EXIT_USAGE, "its case family carries another name");
+    kp_case_family cases = *kpt_scale_family.cases;
+    cases.name = "scale2";
+    broken.cases = &cases;
+    broken.fill_args = NULL;
+    cr_assert_eq(kp_family_register(&broken, &err), KP_EXIT_USAGE, "a required hook is missing");
+    cr_assert(strstr(err.msg, "required hook"), "%s", err.msg);
+    /* and every built-in row passes the same test */
+    for (int i = 0; i < kp_family_count(); i++) {
+        const kp_family *f = kp_family_at(i);
+        cr_assert(f->prepare && f->release && f->estimate_bytes && f->estimate_device_bytes && f->outputs && f->fill_args &&
+                  f->reference && f->args_bytes && f->args_bytes <= KP_ARGS_MAX && f->params_bytes <= KP_PARAMS_MAX &&
+                  f->cases && !strcmp(f->cases->name, f->name), "%s", f->name);
+    }
+}
+
+Test(family_seam, clean_impls_pass_exact_tolerance_repeat_and_batch_and_the_bundle_replays) {
+    char *cfg = config("clean", TOL ",\"runs\":3",
+                       "[{\"check\":\"exact\",\"impls\":[\"candidate\",\"scale.twin@host\"]},"
+                       "{\"check\":\"tolerance\",\"impl\":\"candidate\"},{\"check\":\"repeat\",\"impl\":\"candidate\"},"
+                       "{\"check\":\"batch\",\"impl\":\"candidate\"}]");
+    cJSON *rec;
+    char *bundle;
+    cr_assert_eq(run(cfg, "clean", &rec, &bundle), 0);
+    for (int k = 0; k < 4; k++) {
+        char path[32];
+        snprintf(path, sizeof path, "checks.%d.result", k);
+        cr_assert_str_eq(str(rec, path), "PASSED", "check %d: %s", k, str(rec, path));
+    }
+    cr_assert_str_eq(str(rec, "case.generator.version"), "scale/v1", "each receipt names its own family's generator");
+    cr_assert_str_eq(str(rec, "reference.provider"), "reference.scale@host-f64");
+    cr_assert_str_eq(str(rec, "impls.0.role"), "scale.candidate", "a role of one family");
+    /* the tolerance receipt holds the effective thresholds and every metric, per output tensor */
+    cr_assert_eq(num(rec, "checks.1.params.tolerance.y.rtol"), 1e-6);
+    cr_assert(cJSON_IsNull(at(rec, "checks.1.params.tolerance.y.nmse")), "an undeclared bound is null, not defaulted");
+    cr_assert_eq(num(rec, "checks.1.params.tolerance.y_bf16.rtol"), 0.0039);
+    cr_assert_eq(num(rec, "checks.1.params.tolerance.y_bf16.ulp"), 0);
+    cr_assert_eq(num(rec, "checks.1.params.tolerance.y_bf16.atol"), 1e-30, "the check's atol where the tensor has none");
+    const char *metrics[] = {"max_abs", "max_rel", "nmse", "cosine_diff", "max_bf16_ulp", "bf16_ulp_histogram"};
+    for (int t = 0; t < 2; t++)
+        for (size_t m = 0; m < sizeof metrics / sizeof *metrics; m++) {
+            char path[96];
+            snprintf(path, sizeof path, "checks.1.findings.tensors.%d.metrics.%s", t, metrics[m]);
+            at(rec, path);
+        }
+    cr_assert_eq(num(rec, "checks.1.findings.tensors.0.elements"), 6 * 300);
+    cr_assert(num(rec, "checks.1.findings.tensors.0.finite_pairs") < 6 * 300, "the planted NaN and inf are not metrics");
+    cr_assert_eq(cJSON_GetArraySize(at(rec, "checks.1.findings.tensors.0.worst_per_row")), 6);
+    /* the batch probes straddle the family's threshold and say so */
+    const cJSON *probes = at(rec, "checks.3.findings.probes");
+    int straddling = 0;
+    for (const cJSON *p = probes->child; p; p = p->next)
+        if (cJSON_GetObjectItemCaseSensitive(p, "straddles")) {
+            straddling++;
+            cr_assert_eq(num(p, "straddles.0.threshold"), 4);
+            cr_assert_str_eq(str(p, "straddles.0.side"), num(p, "batch") == 4 ? "at" : "above");
+        }
+    cr_assert_eq(straddling, 2);
+    kp_error err = {0};
+    cr_assert_eq(kp_bundle_verify(bundle, &err), 0, "%s", err.msg);
+    cr_assert_eq(kp_replay_bundle(bundle, &err), 0, "%s", err.msg);
+    cJSON_Delete(rec);
+}
+
+Test(family_seam, tolerance_catches_one_element_past_its_bound) {
+    char *cfg = config("perturb", TOL, "[{\"check\":\"tolerance\",\"impl\":\"scale.perturb@host\"}]");
+    cJSON *rec;
+    char *bundle;
+    cr_assert_eq(run(cfg, "perturb", &rec, &bundle), 1);
+    cr_assert_str_eq(str(rec, "checks.0.result"), "INCORRECT");
+    cr_assert_str_eq(str(rec, "checks.0.findings.tensors.0.result"), "INCORRECT");
+    cr_assert_eq(num(rec, "checks.0.findings.tensors.0.over_tolerance.count"), 1);
+    cr_assert_eq(num(rec, "checks.0.findings.tensors.0.over_tolerance.first.0"), 1 * 300 + 2, "row 1, column 2");
+    cr_assert_eq(num(rec, "checks.0.findings.tensors.0.worst_per_row.1.index"), 1 * 300 + 2);
+    cr_assert_eq(num(rec, "checks.0.findings.tensors.0.nonfinite_mismatch.count"), 0);
+    cJSON_Delete(rec);
+}
+
+Test(family_seam, tolerance_catches_a_moved_nan_before_any_metric) {
+    char *cfg = config("nanmove", TOL, "[{\"check\":\"tolerance\",\"impl\":\"scale.nanmove@host\"}]");
+    cJSON *rec;
+    char *bundle;
+    cr_assert_eq(run(cfg, "nanmove", &rec, &bundle), 1);
+    for (int t = 0; t < 2; t++) { /* the NaN left column 0 of row 0 for column 1, in both outputs */
+        char path[96];
+        snprintf(path, sizeof path, "checks.0.findings.tensors.%d.nonfinite_mismatch.count", t);
+        cr_assert_eq(num(rec, path), 2, "tensor %d", t);
+        snprintf(path, sizeof path, "checks.0.findings.tensors.%d.nonfinite_mismatch.first.1", t);
+        cr_assert_eq(num(rec, path), 1);
+    }
+    cJSON_Delete(rec);
+}
+
+Test(family_seam, exact_names_the_differing_element_per_tensor) {
+    char *cfg = config("exact", "", "[{\"check\":\"exact\",\"impls\":[\"candidate\",\"scale.perturb@host\"]}]");
+    cJSON *rec;
+    char *bundle;
+    cr_assert_eq(run(cfg, "exact", &rec, &bundle), 1);
+    cr_assert_eq(num(rec, "checks.0.findings.rows_differ"), 1);
+    cr_assert_eq(num(rec, "checks.0.findings.per_row.0.row"), 1);
+    cr_assert_eq(num(rec, "checks.0.findings.per_row.0.differ.y.count"), 1);
+    cr_assert_eq(num(rec, "checks.0.findings.per_row.0.differ.y.first.0"), 2);
+    cr_assert_null(cJSON_GetObjectItemCaseSensitive(at(rec, "checks.0.params"), "tie_policy"), "a family without rule "
+                                                                                              "parameters records none");
+    cJSON_Delete(rec);
+}
+
+Test(family_seam, repeat_catches_run_to_run_variation) {
+    char *cfg = config("varies", "\"runs\":4", "[{\"check\":\"repeat\",\"impl\":\"scale.varies@host\"}]");
+    cJSON *rec;
+    char *bundle;
+    cr_assert_eq(run(cfg, "varies", &rec, &bundle), 1);
+    cr_assert_eq(num(rec, "checks.0.findings.distinct_outputs"), 4);
+    cr_assert_eq(cJSON_GetArraySize(at(rec, "checks.0.findings.rows_varying")), 1);
+    cJSON_Delete(rec);
+}
+
+Test(family_seam, batch_catches_a_switch_at_the_declared_threshold) {
+    char *cfg = config("batchy", "", "[{\"check\":\"batch\",\"impl\":\"scale.batchy@host\"}]");
+    cJSON *rec;
+    char *bundle;
+    cr_assert_eq(run(cfg, "batchy", &rec, &bundle), 1);
+    cr_assert_str_eq(str(rec, "checks.0.result"), "INCORRECT");
+    cr_assert_eq(num(rec, "checks.0.findings.vacuous_probes"), 0);
+    /* the full batch (6) truncates; alone (1), the halves (3) and the 4-row probe round, 5 rows truncate */
+    const cJSON *probes = at(rec, "checks.0.findings.probes");
+    for (const cJSON *p = probes->child; p; p = p->next) {
+        const int64_t batch = (int64_t)num(p, "batch");
+        const int differ = cJSON_GetArraySize(at(p, "rows_differ"));
+        if (batch <= 4) cr_assert(differ > 0, "%s: a probe below the switch must differ", str(p, "probe"));
+        else cr_assert_eq(differ, 0, "%s", str(p, "probe"));
+        if (differ) cr_assert(num(p, "rows_differ.0.elements.y_bf16.count") > 0, "the bf16 tensor is named");
+    }
+    cJSON_Delete(rec);
+}
+
+Test(family_seam, a_tolerance_config_is_checked_before_anything_runs) {
+    struct {
+        const char *defaults, *checks, *needle;
+    } bad[] = {
+        {"\"rtol\":1e-6", "[{\"check\":\"tolerance\",\"impl\":\"candidate\"}]", "checks[0].atol: required"},
+        {TOL, "[{\"check\":\"tolerance\",\"impl\":\"candidate\",\"tensors\":{\"z\":{\"atol\":1}}}]", "tensors.z: not an output"},
+        {TOL, "[{\"check\":\"tolerance\",\"impl\":\"candidate\",\"ulp\":1.5}]", "checks[0].ulp: 1.5 must be an integer"},
+        {TOL, "[{\"check\":\"tolerance\",\"impl\":\"candidate\",\"atol\":-1}]", "checks[0].atol: -1 must be a finite number"},
+        {TOL, "[{\"check\":\"rule\",\"impl\":\"candidate\"}]", "family scale has no rule check"},
+        {TOL, "[{\"check\":\"tolerance\",\"impl\":\"candidate\",\"band\":1e-6}]", "checks[0].band: unknown field"},
+        {TOL, "[{\"check\":\"expect\",\"impl\":\"candidate\",\"of\":\"batch\",\"result\":\"INCORRECT\",\"defect\":\"x\"}]",
+         "checks[0].defect: 'x' is not a defect family scale knows"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char *cfg = config("bad", bad[i].defaults, bad[i].checks);
+        kp_config c;
+        kp_error err = {0};
+        cr_assert_eq(kp_config_load(cfg, &c, &err), KP_EXIT_USAGE, "case %zu loaded", i);
+        cr_assert(strstr(err.msg, bad[i].needle), "case %zu: %s", i, err.msg);
+        kp_config_free(&c);
+    }
+}
