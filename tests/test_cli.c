@@ -7,6 +7,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <cjson/cJSON.h>
+
 #include "kp_test_util.h"
 
 TestSuite(cli, .init = kpt_dir_setup, .fini = kpt_dir_teardown, .timeout = 300);
@@ -218,4 +220,67 @@ Test(cli, list_shows_impls_and_a_configs_cases) {
     int cases = 0;
     for (const char *p = out; (p = strstr(p, "\ntopp(")); p++) cases++;
     cr_assert_eq(cases, 12, "the seed's contract has 12 cases:\n%s", out);
+}
+
+/* One parser per field: a fractional run count is refused wherever it is given, naming the field. */
+Test(cli, runs_must_be_an_integer_in_every_check_that_reads_it) {
+    expect_usage(HEAD "\"cases\":[{\"case\":\"topp(batch=2,profile=ordinary,seed=1,top_p=0.9,vocab=300)\",\"checks\":"
+                      "[{\"check\":\"repeat\",\"impl\":\"candidate\",\"runs\":2.5}]}]}",
+                 "cases[0].checks[0].runs: 2.5 must be an integer");
+    expect_usage(HEAD "\"cases\":[{\"case\":\"topp(batch=2,profile=ordinary,seed=1,top_p=0.9,vocab=300)\",\"checks\":"
+                      "[{\"check\":\"expect\",\"impl\":\"candidate\",\"of\":\"repeat\",\"result\":\"INCORRECT\",\"runs\":2.5}]}]}",
+                 "cases[0].checks[0].runs: 2.5 must be an integer");
+    expect_usage(HEAD "\"defaults\":{\"runs\":2.5},\"cases\":[{\"case\":\"topp(batch=2,profile=ordinary,seed=1,top_p=0.9,"
+                      "vocab=300)\",\"checks\":[{\"check\":\"expect\",\"impl\":\"candidate\",\"of\":\"repeat\",\"result\":"
+                      "\"INCORRECT\"}]}]}",
+                 "cases[0].checks[0].runs: 2.5 must be an integer");
+    expect_usage(HEAD "\"cases\":[{\"case\":\"topp(batch=2,profile=ordinary,seed=1,top_p=0.9,vocab=300)\",\"checks\":"
+                      "[{\"check\":\"repeat\",\"impl\":\"candidate\",\"runs\":\"3\"}]}]}",
+                 "cases[0].checks[0].runs: expected an integer");
+}
+
+/* exact is bitwise: it needs no tie policy or band; it explains differences with the family's defaults
+ * and says so in the receipt. */
+Test(cli, exact_runs_without_rule_parameters) {
+    char *cfg = config("exact", "{\"schema\":\"kparity.gate/v1\",\"name\":\"t\",\"impls\":{\"incumbent\":"
+                                "\"topp.split_logit@host\",\"candidate\":\"topp.split_prob@host\"},\"cases\":[{\"case\":"
+                                "\"topp(batch=3,profile=ordinary,seed=4,top_p=0.95,vocab=40000)\",\"checks\":[{\"check\":"
+                                "\"exact\",\"impls\":[\"incumbent\",\"candidate\"]}]}]}");
+    char *bundle, *out, *err;
+    cr_assert(asprintf(&bundle, "%s/b", kpt_dir) > 0);
+    char *argv[] = {kpt_binary(), "gate", "--config", cfg, "--out", bundle, "--quiet", NULL};
+    int rc = kpt_run(argv, &out, &err);
+    cr_assert(rc == 0 || rc == 1, "exit %d: %s", rc, err);
+    cJSON *rec = kpt_receipt(bundle, 1);
+    const cJSON *chk = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(rec, "checks"), 0);
+    const cJSON *params = cJSON_GetObjectItemCaseSensitive(chk, "params");
+    cr_assert(cJSON_IsString(cJSON_GetObjectItemCaseSensitive(params, "params_source")), "defaults not recorded as such");
+    cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(params, "tie_policy")->valuestring, "minimal_index");
+    cr_assert_str_neq(cJSON_GetObjectItemCaseSensitive(chk, "result")->valuestring, "FAILED");
+    cJSON_Delete(rec);
+}
+
+Test(cli, every_subcommand_prints_its_usage_on_help) {
+    const char *cmds[] = {"list", "run", "gate", "verify", "export", "bench"};
+    for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
+        char *out, *err;
+        char *argv[] = {kpt_binary(), (char *)cmds[i], "--help", NULL};
+        cr_assert_eq(kpt_run(argv, &out, &err), 0, "kparity %s --help: %s", cmds[i], err);
+        char want[32];
+        snprintf(want, sizeof want, "kparity %s", cmds[i]);
+        cr_assert(strstr(out, want), "kparity %s --help printed: %s", cmds[i], out);
+        free(out), free(err);
+    }
+}
+
+/* A case field's error names its JSON path once. */
+Test(cli, a_case_field_error_names_its_path_once) {
+    char *cfg = config("prefix", HEAD "\"cases\":[{\"family\":\"topp\",\"params\":{\"batch\":2,\"profile\":\"forced\","
+                                      "\"seed\":1,\"top_p\":0.9,\"vocab\":300,\"force_token\":3,\"force_value\":true},"
+                                      "\"checks\":" RULE "}]}");
+    char *out, *err;
+    char *argv[] = {kpt_binary(), "list", "--config", cfg, NULL};
+    cr_assert_eq(kpt_run(argv, &out, &err), 2, "%s", err);
+    cr_assert(strstr(err, "cases[0].params.force_value: expected a string or a number"), "%s", err);
+    cr_assert_null(strstr(err, "force_value: cases[0]"), "the path is given twice: %s", err);
 }
