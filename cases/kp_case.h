@@ -50,14 +50,15 @@ typedef struct kp_case_family {
     int (*normalize)(kp_case *c, kp_error *err);
 } kp_case_family;
 
-/* The family of that name, or NULL. */
-const kp_case_family *kp_case_family_find(const char *name);
-int kp_case_family_count(void);
-const kp_case_family *kp_case_family_at(int i);
-/* Every family's name, comma-separated, for error messages ("known: ..."). */
-void kp_case_family_names(char *buf, size_t len);
-/* Add a family after the built-in rows (a test's own family); KP_EXIT_USAGE for a name already known. */
-int kp_case_family_register(const kp_case_family *f, kp_error *err);
+/* The case-family table (cases/case_families.c): the family of a name (or NULL), every family's name for
+ * error messages, and a family added after the built-in rows (a test's own; KP_EXIT_USAGE for a name
+ * already known). */
+extern kp_table kp_case_families;
+static inline const kp_case_family *kp_case_family_find(const char *name) { return kp_table_find(&kp_case_families, name); }
+static inline void kp_case_family_names(char *buf, size_t len) { kp_table_names(&kp_case_families, buf, len); }
+static inline int kp_case_family_register(const kp_case_family *f, kp_error *err) {
+    return kp_table_add(&kp_case_families, f, "case family", err);
+}
 
 /* Check a case against its family's rules, fill defaults' effects, and rewrite every value in
  * canonical form, so two spellings of one case get one name. Unknown family or key, a missing

@@ -21,6 +21,39 @@ int kp_result_parse(const char *name) {
     return -1;
 }
 
+static const char *row_name(const void *row) { return *(const char *const *)row; }
+
+int kp_table_count(const kp_table *t) { return t->nbuiltin + t->nadded; }
+
+const void *kp_table_at(const kp_table *t, int i) {
+    if (i < 0 || i >= kp_table_count(t)) return NULL;
+    return i < t->nbuiltin ? t->builtin[i] : t->added[i - t->nbuiltin];
+}
+
+const void *kp_table_find(const kp_table *t, const char *name) {
+    for (int i = 0; name && i < kp_table_count(t); i++)
+        if (!strcmp(row_name(kp_table_at(t, i)), name)) return kp_table_at(t, i);
+    return NULL;
+}
+
+void kp_table_names(const kp_table *t, char *buf, size_t len) {
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < kp_table_count(t) && at < len; i++) {
+        int n = snprintf(buf + at, len - at, "%s%s", i ? ", " : "", row_name(kp_table_at(t, i)));
+        if (n < 0) break;
+        at += (size_t)n;
+    }
+}
+
+int kp_table_add(kp_table *t, const void *row, const char *what, kp_error *err) {
+    if (kp_table_find(t, row_name(row))) return kp_fail(err, KP_EXIT_USAGE, "%s '%s' is already known", what, row_name(row));
+    if (t->nadded == KP_TABLE_ADDED_MAX)
+        return kp_fail(err, KP_EXIT_USAGE, "%s '%s': at most %d can be added", what, row_name(row), KP_TABLE_ADDED_MAX);
+    t->added[t->nadded++] = row;
+    return 0;
+}
+
 int kp_cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);

@@ -61,6 +61,23 @@ int kp_thread_count(void);
 /* Run fn(ctx, i) for i in [0, n) over kp_thread_count() threads, items handed out in order. */
 void kp_parallel_for(int64_t n, void (*fn)(void *ctx, int64_t i), void *ctx);
 
+/* A table of named rows (the family tables): the built-in rows, then rows added at run time (a test's
+ * own family). Every row type begins with its `const char *name`. */
+#define KP_TABLE_ADDED_MAX 8
+typedef struct kp_table {
+    const void *const *builtin;
+    int nbuiltin;
+    const void *added[KP_TABLE_ADDED_MAX];
+    int nadded;
+} kp_table;
+int kp_table_count(const kp_table *t);
+const void *kp_table_at(const kp_table *t, int i); /* NULL out of range */
+const void *kp_table_find(const kp_table *t, const char *name);
+/* Every row's name, comma-separated ("known: ..." in errors). */
+void kp_table_names(const kp_table *t, char *buf, size_t len);
+/* KP_EXIT_USAGE naming `what` when a row of that name exists or the table is full. */
+int kp_table_add(kp_table *t, const void *row, const char *what, kp_error *err);
+
 /* qsort comparator for doubles, ascending. */
 int kp_cmp_double(const void *a, const void *b);
 

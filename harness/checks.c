@@ -280,29 +280,39 @@ static kp_result check_exact(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON 
     return nrows_diff ? KP_INCORRECT : KP_PASSED;
 }
 
-static kp_result check_rule(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON *chk) {
-    kp_case_out *a = full_output(ctx, spec->impl[0], spec->role[0]);
-    if (a->status != KP_PASSED) return not_ok(a, chk);
+/* The impl's full output and the reference, both needed by rule and tolerance; NULL with the check's
+ * result in *r (and its summary written) when either could not be had. */
+static const kp_case_out *output_and_reference(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON *chk, kp_result *r) {
+    const kp_case_out *a = full_output(ctx, spec->impl[0], spec->role[0]);
+    if (a->status != KP_PASSED) {
+        *r = not_ok(a, chk);
+        return NULL;
+    }
     kp_error err = {0};
     if (reference_for(ctx, spec, &err)) {
         cJSON_AddStringToObject(chk, "summary", err.msg);
-        return KP_FAILED;
+        *r = KP_FAILED;
+        return NULL;
     }
-    kp_result r = ctx->fam->rule(ctx->prep.v.data, spec->params, a->out, spec->impl[0], chk, ctx->ev, &err);
+    return a;
+}
+
+static kp_result check_rule(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON *chk) {
+    kp_result r;
+    const kp_case_out *a = output_and_reference(ctx, spec, chk, &r);
+    if (!a) return r;
+    kp_error err = {0};
+    r = ctx->fam->rule(ctx->prep.v.data, spec->params, a->out, spec->impl[0], chk, ctx->ev, &err);
     if (r == KP_FAILED && err.msg[0]) cJSON_AddStringToObject(chk, "summary", err.msg);
     return r;
 }
 
 static kp_result check_tolerance(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON *chk) {
-    kp_case_out *a = full_output(ctx, spec->impl[0], spec->role[0]);
-    if (a->status != KP_PASSED) return not_ok(a, chk);
-    kp_error err = {0};
-    if (reference_for(ctx, spec, &err)) {
-        cJSON_AddStringToObject(chk, "summary", err.msg);
-        return KP_FAILED;
-    }
+    kp_result r;
+    const kp_case_out *a = output_and_reference(ctx, spec, chk, &r);
+    if (!a) return r;
     const double t0 = kp_now();
-    kp_result r = kp_tolerance_check(&ctx->prep, spec, a->out, chk, ctx->ev);
+    r = kp_tolerance_check(&ctx->prep, spec, a->out, chk, ctx->ev);
     kp_stage_add(KP_STAGE_JUDGING, kp_now() - t0);
     return r;
 }

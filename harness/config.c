@@ -323,14 +323,6 @@ static int parse_checks(const kp_config *cfg, const cJSON *checks, const char *w
     return 0;
 }
 
-static void family_names(char *buf, size_t len) {
-    buf[0] = '\0';
-    for (int i = 0; i < kp_family_count(); i++) {
-        size_t n = strlen(buf);
-        snprintf(buf + n, len - n, "%s%s", i ? ", " : "", kp_family_at(i)->name);
-    }
-}
-
 /* The distinct impls the cases name, so the launch cache is sized once, at load. */
 static void count_impls(kp_config *cfg) {
     const kp_impl **seen = NULL;
@@ -361,7 +353,7 @@ static int add_case(kp_config *cfg, kp_case *c, const cJSON *checks, const char 
     const kp_family *fam = kp_family_find(c->family);
     if (!fam) {
         char known[256];
-        family_names(known, sizeof known);
+        kp_family_names(known, sizeof known);
         return kp_fail(err, KP_EXIT_USAGE, "%s: family '%s' has cases but no harness family (known: %s)", where, c->family, known);
     }
     kp_case_spec *grown = realloc(cfg->cases, sizeof *cfg->cases * (size_t)(cfg->ncases + 1));
@@ -452,7 +444,7 @@ static int parse_case_entry(kp_config *cfg, const cJSON *entry, int index, kp_er
         }
         if (!kp_family_find(c.family)) {
             char known[256];
-            family_names(known, sizeof known);
+            kp_family_names(known, sizeof known);
             return kp_fail(err, KP_EXIT_USAGE, "%s: family '%s' is unknown (known: %s)", at, c.family, known);
         }
         return add_case(cfg, &c, checks, where, err);
@@ -463,7 +455,7 @@ static int parse_case_entry(kp_config *cfg, const cJSON *entry, int index, kp_er
     if (want_string(family, at, &fam, err)) return err->code;
     if (!kp_family_find(fam)) {
         char known[256];
-        family_names(known, sizeof known);
+        kp_family_names(known, sizeof known);
         return kp_fail(err, KP_EXIT_USAGE, "%s: '%s' is unknown (known: %s)", at, fam, known);
     }
     memset(&c, 0, sizeof c);

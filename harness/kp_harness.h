@@ -181,6 +181,12 @@ typedef struct kp_case_view {
     int ninputs;
 } kp_case_view;
 
+/* Add an input to the view: a tensor of this shape (shape[0] the case's batch), with v->rows_total slices
+ * of dim 0 allocated when `batched`, else shape[0]; zeroed; freed by the harness after the family's
+ * release (so the family may keep its data pointer). Set v->batch and v->rows_total first. */
+int kp_view_input(kp_case_view *v, const char *name, kp_dtype dtype, int ndim, const int64_t *shape, int64_t row_stride,
+                  bool batched, kp_error *err);
+
 /* An impl's output on some rows, on the host: the family's output tensors with shape[0] = nrows. */
 typedef struct kp_output {
     int64_t nrows;
@@ -231,7 +237,8 @@ typedef struct kp_family {
     size_t args_bytes;                     /* sizeof its kp_*_args, at most KP_ARGS_MAX */
 
     /* --- required --- */
-    /* Inputs for rows [0, batch + extra_rows); extra rows only fill batch probes. */
+    /* Inputs for rows [0, batch + extra_rows) (kp_view_input); extra rows only fill batch probes. Set v->data
+     * first: on a failure the harness still calls release on it and frees the inputs. */
     int (*prepare)(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp_error *err);
     void (*release)(void *data);
     /* Host bytes a case needs at most with nimpls full outputs kept; 0 on overflow. */
@@ -271,10 +278,14 @@ typedef struct kp_family {
     double (*flops)(const void *data, int64_t nrows);
 } kp_family;
 
-/* The family table (harness/families.c). */
-const kp_family *kp_family_find(const char *name);
-int kp_family_count(void);
-const kp_family *kp_family_at(int i);
+/* The family table (harness/families.c): the family of a name (or NULL), the i-th, every name for errors. */
+extern kp_table kp_families;
+static inline const kp_family *kp_family_find(const char *name) { return kp_table_find(&kp_families, name); }
+static inline int kp_family_count(void) { return kp_table_count(&kp_families); }
+static inline const kp_family *kp_family_at(int i) { return kp_table_at(&kp_families, i); }
+static inline void kp_family_names(char *buf, size_t len) { kp_table_names(&kp_families, buf, len); }
+/* Whether a record is complete and consistent (required hooks, sizes, hooks that come in pairs). */
+int kp_family_check(const kp_family *fam, kp_error *err);
 /* Add a family after the built-in rows (a test's own family), with its case family; KP_EXIT_USAGE for a
  * clash or an incomplete record. */
 int kp_family_register(const kp_family *fam, kp_error *err);

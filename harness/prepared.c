@@ -11,6 +11,23 @@
 
 static uint64_t g_generation;
 
+int kp_view_input(kp_case_view *v, const char *name, kp_dtype dtype, int ndim, const int64_t *shape, int64_t row_stride,
+                  bool batched, kp_error *err) {
+    KP_ASSERT(v->ninputs < KP_MAX_TENSORS && (!batched || shape[0] == v->batch));
+    kp_tensor *t = &v->inputs[v->ninputs];
+    int rc = kp_tensor_alloc(t, name, dtype, ndim, shape, row_stride, batched ? v->rows_total : shape[0], err);
+    if (rc) return rc;
+    t->batched = batched;
+    v->ninputs++;
+    return 0;
+}
+
+static void view_free(const kp_family *fam, kp_case_view *v) {
+    if (v->data) fam->release(v->data);
+    for (int k = 0; k < v->ninputs; k++) kp_tensor_free(&v->inputs[k]);
+    memset(v, 0, sizeof *v);
+}
+
 int kp_prepare(const kp_family *fam, const kp_case *c, int64_t extra_rows, kp_prepared *p, kp_error *err) {
     memset(p, 0, sizeof *p);
     p->fam = fam;
@@ -19,7 +36,11 @@ int kp_prepare(const kp_family *fam, const kp_case *c, int64_t extra_rows, kp_pr
     const double t0 = kp_now();
     int rc = fam->prepare(c, extra_rows, &p->v, err);
     kp_stage_add(KP_STAGE_GENERATION, kp_now() - t0);
-    if (rc) return rc;
+    if (rc) {
+        view_free(fam, &p->v);
+        p->fam = NULL;
+        return rc;
+    }
     KP_ASSERT(p->v.ninputs > 0 && p->v.ninputs <= KP_MAX_TENSORS && p->v.rows_total >= p->v.batch + extra_rows);
     for (int k = 0; k < p->v.ninputs; k++) KP_ASSERT(!p->v.inputs[k].batched || p->v.inputs[k].shape[0] == p->v.batch);
     return 0;
@@ -28,7 +49,7 @@ int kp_prepare(const kp_family *fam, const kp_case *c, int64_t extra_rows, kp_pr
 void kp_prepared_release(kp_prepared *p) {
     if (!p->fam) return;
     kp_digests_settle(); /* digests may still be reading the inputs or the reference */
-    p->fam->release(p->v.data);
+    view_free(p->fam, &p->v);
     memset(p, 0, sizeof *p);
 }
 

@@ -23,8 +23,8 @@ typedef struct topp_params {
 
 typedef struct topp_data {
     kp_topp_case tc;
-    kp_tensor logits; /* [batch, vocab], row stride tc.stride, rows_total rows held */
-    kp_tensor top_p;  /* [batch], rows_total held */
+    float *logits; /* the inputs (the harness holds them): [rows_total, stride] */
+    float *top_p;  /* [rows_total] */
     int have_ref;
     kp_topp_ref ref;
     struct {
@@ -43,30 +43,23 @@ static const kp_threshold thresholds[] = {
 #define PROBE_ROWS 65 /* the largest threshold + 1: filler rows a batch check needs */
 
 static int topp_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp_error *err) {
-    topp_data *d = kp_calloc(1, sizeof *d, "topp case", err);
+    topp_data *d = v->data = kp_calloc(1, sizeof *d, "topp case", err);
     if (!d) return err->code;
     int rc = kp_topp_case_read(c, &d->tc, err);
-    if (rc) return free(d), rc;
-    const int64_t total = d->tc.batch + extra_rows;
+    if (rc) return rc;
+    v->batch = d->tc.batch, v->rows_total = d->tc.batch + extra_rows;
     const int64_t lshape[2] = {d->tc.batch, d->tc.vocab}, pshape[1] = {d->tc.batch};
-    if ((rc = kp_tensor_alloc(&d->logits, "logits", KP_F32, 2, lshape, d->tc.stride, total, err)) ||
-        (rc = kp_tensor_alloc(&d->top_p, "top_p", KP_F32, 1, pshape, 0, total, err)) ||
-        (rc = kp_topp_case_rows(&d->tc, 0, total, d->logits.data, d->top_p.data, err))) {
-        kp_tensor_free(&d->logits), kp_tensor_free(&d->top_p), free(d);
+    if ((rc = kp_view_input(v, "logits", KP_F32, 2, lshape, d->tc.stride, true, err)) ||
+        (rc = kp_view_input(v, "top_p", KP_F32, 1, pshape, 0, true, err)))
         return rc;
-    }
-    d->logits.batched = d->top_p.batched = 1;
-    *v = (kp_case_view){.data = d, .batch = d->tc.batch, .rows_total = total, .ninputs = 2};
-    v->inputs[0] = d->logits, v->inputs[1] = d->top_p;
-    return 0;
+    d->logits = v->inputs[0].data, d->top_p = v->inputs[1].data;
+    return kp_topp_case_rows(&d->tc, 0, v->rows_total, d->logits, d->top_p, err);
 }
 
 static void topp_release(void *data) {
     topp_data *d = data;
     for (int i = 0; i < d->njudged; i++) kp_topp_judgement_free(&d->judged[i].j);
     if (d->have_ref) kp_topp_ref_free(&d->ref);
-    kp_tensor_free(&d->logits);
-    kp_tensor_free(&d->top_p);
     free(d);
 }
 
@@ -111,7 +104,7 @@ static int topp_reference(void *data, const void *params, kp_reference *ref, kp_
     topp_data *d = data;
     const topp_params *tp = params;
     if (!d->have_ref) {
-        int rc = kp_topp_reference(d->logits.data, d->tc.batch, d->tc.vocab, d->tc.stride, d->top_p.data,
+        int rc = kp_topp_reference(d->logits, d->tc.batch, d->tc.vocab, d->tc.stride, d->top_p,
                                    tp ? tp->band : 0.0, &d->ref, err);
         if (rc) return rc;
         d->have_ref = 1;
@@ -162,7 +155,7 @@ static const kp_topp_judgement *judge(topp_data *d, const topp_params *params, c
     }
     int slot = d->njudged;
     double t0 = kp_now();
-    int rc = kp_topp_judge(&d->ref, d->logits.data, o->t[0].data, o->t[0].row_stride, params->tie_policy, params->band,
+    int rc = kp_topp_judge(&d->ref, d->logits, o->t[0].data, o->t[0].row_stride, params->tie_policy, params->band,
                            &d->judged[slot].j, err);
     kp_stage_add(KP_STAGE_JUDGING, kp_now() - t0);
     if (rc) return NULL;
@@ -297,7 +290,7 @@ static int topp_has_defect(void *data, const kp_output *out, const char *defect,
     *rows_with = 0;
     if (strcmp(defect, "all_neginf")) return 0;
     for (int64_t r = 0; r < d->tc.batch; r++) {
-        const float *x = (const float *)out->t[0].data + r * d->tc.stride, *in = (const float *)d->logits.data + r * d->tc.stride;
+        const float *x = (const float *)out->t[0].data + r * d->tc.stride, *in = d->logits + r * d->tc.stride;
         int finite_in = 0, all = 1;
         for (int64_t i = 0; i < d->tc.vocab; i++) {
             finite_in |= isfinite(in[i]);

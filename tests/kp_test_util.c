@@ -18,23 +18,26 @@ static const char *env_or(const char *name, const char *fallback) {
     return v && *v ? v : fallback;
 }
 
+/* The build's plugin paths; "" where this build has none (a CPU-only build's CUDA plugin). */
+#ifndef KPT_CUDA_PLUGIN
+#define KPT_CUDA_PLUGIN ""
+#endif
+#ifndef KPT_SCALE_PLUGIN
+#define KPT_SCALE_PLUGIN ""
+#endif
+
 char *kpt_binary(void) { return (char *)env_or("KPARITY_BIN", KP_BINARY); }
 const char *kpt_source_dir(void) { return env_or("KPARITY_SOURCE_DIR", KP_SOURCE_DIR); }
-const char *kpt_cuda_plugin(void) {
-#ifdef KPT_CUDA_PLUGIN
-    return env_or("KPT_CUDA_PLUGIN", KPT_CUDA_PLUGIN);
-#else
-    return env_or("KPT_CUDA_PLUGIN", "");
-#endif
-}
+const char *kpt_cuda_plugin(void) { return env_or("KPT_CUDA_PLUGIN", KPT_CUDA_PLUGIN); }
+const char *kpt_scale_plugin(void) { return env_or("KPT_SCALE_PLUGIN", KPT_SCALE_PLUGIN); }
 
-const char *kpt_scale_plugin(void) {
-#ifdef KPT_SCALE_PLUGIN
-    return env_or("KPT_SCALE_PLUGIN", KPT_SCALE_PLUGIN);
-#else
-    return env_or("KPT_SCALE_PLUGIN", "");
-#endif
+uint64_t kpt_splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
 }
+double kpt_unit(uint64_t *s) { return (double)(kpt_splitmix(s) >> 11) * 0x1p-53; }
 
 static char *slurp_fd(int fd) {
     size_t cap = 1 << 16, len = 0;

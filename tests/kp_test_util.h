@@ -4,6 +4,7 @@
 #define KP_TEST_UTIL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Paths the tests need, overridable so a build can be carried to another machine and run there:
  * $KPARITY_BIN (else the build's kparity), $KPARITY_SOURCE_DIR (else the source tree it was
@@ -13,6 +14,10 @@ const char *kpt_source_dir(void);
 const char *kpt_cuda_plugin(void);
 /* $KPT_SCALE_PLUGIN, else the build's plugin of the test family `scale` (tests/fixtures/scale/). */
 const char *kpt_scale_plugin(void);
+
+/* A splitmix64 stream (independent of cases/'s cuRAND draws) and a uniform double in [0, 1) from it. */
+uint64_t kpt_splitmix(uint64_t *state);
+double kpt_unit(uint64_t *state);
 
 /* A fresh scratch folder per test: TestSuite(name, .init = kpt_dir_setup, .fini = kpt_dir_teardown)
  * and use kpt_dir. */

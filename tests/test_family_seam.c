@@ -63,6 +63,15 @@ static int run(const char *cfg_path, const char *name, cJSON **receipt, char **b
     return rc;
 }
 
+/* One config on CASE, run; asserts the exit class and returns case 1's receipt (bundle: where it went). */
+static cJSON *gate_case(const char *name, const char *defaults, const char *checks, int want, char **bundle) {
+    cJSON *rec = NULL;
+    char *dir = NULL;
+    cr_assert_eq(run(config(name, defaults, checks), name, &rec, &dir), want, "%s: exit class", name);
+    if (bundle) *bundle = dir;
+    return rec;
+}
+
 static const cJSON *at(const cJSON *obj, const char *path) { /* "checks.0.findings" */
     char buf[256], *save = NULL;
     snprintf(buf, sizeof buf, "%s", path);
@@ -94,23 +103,19 @@ Test(family_seam, the_row_is_in_the_tables_and_a_bad_row_is_refused) {
     broken.fill_args = NULL;
     cr_assert_eq(kp_family_register(&broken, &err), KP_EXIT_USAGE, "a required hook is missing");
     cr_assert(strstr(err.msg, "required hook"), "%s", err.msg);
-    /* and every built-in row passes the same test */
-    for (int i = 0; i < kp_family_count(); i++) {
-        const kp_family *f = kp_family_at(i);
-        cr_assert(f->prepare && f->release && f->estimate_bytes && f->estimate_device_bytes && f->outputs && f->fill_args &&
-                  f->reference && f->args_bytes && f->args_bytes <= KP_ARGS_MAX && f->params_bytes <= KP_PARAMS_MAX &&
-                  f->cases && !strcmp(f->cases->name, f->name), "%s", f->name);
-    }
+    broken.fill_args = kpt_scale_family.fill_args;
+    broken.defects = (const char *const[]){"x", NULL};
+    cr_assert_eq(kp_family_register(&broken, &err), KP_EXIT_USAGE, "defects without has_defect");
+    /* and every built-in row passes the same check */
+    for (int i = 0; i < kp_family_count(); i++) cr_assert_eq(kp_family_check(kp_family_at(i), &err), 0, "%s", err.msg);
 }
 
 Test(family_seam, clean_impls_pass_exact_tolerance_repeat_and_batch_and_the_bundle_replays) {
-    char *cfg = config("clean", TOL ",\"runs\":3",
-                       "[{\"check\":\"exact\",\"impls\":[\"candidate\",\"scale.twin@host\"]},"
-                       "{\"check\":\"tolerance\",\"impl\":\"candidate\"},{\"check\":\"repeat\",\"impl\":\"candidate\"},"
-                       "{\"check\":\"batch\",\"impl\":\"candidate\"}]");
-    cJSON *rec;
     char *bundle;
-    cr_assert_eq(run(cfg, "clean", &rec, &bundle), 0);
+    cJSON *rec = gate_case("clean", TOL ",\"runs\":3",
+                           "[{\"check\":\"exact\",\"impls\":[\"candidate\",\"scale.twin@host\"]},"
+                           "{\"check\":\"tolerance\",\"impl\":\"candidate\"},{\"check\":\"repeat\",\"impl\":\"candidate\"},"
+                           "{\"check\":\"batch\",\"impl\":\"candidate\"}]", 0, &bundle);
     for (int k = 0; k < 4; k++) {
         char path[32];
         snprintf(path, sizeof path, "checks.%d.result", k);
@@ -152,10 +157,7 @@ Test(family_seam, clean_impls_pass_exact_tolerance_repeat_and_batch_and_the_bund
 }
 
 Test(family_seam, tolerance_catches_one_element_past_its_bound) {
-    char *cfg = config("perturb", TOL, "[{\"check\":\"tolerance\",\"impl\":\"scale.perturb@host\"}]");
-    cJSON *rec;
-    char *bundle;
-    cr_assert_eq(run(cfg, "perturb", &rec, &bundle), 1);
+    cJSON *rec = gate_case("perturb", TOL, "[{\"check\":\"tolerance\",\"impl\":\"scale.perturb@host\"}]", 1, NULL);
     cr_assert_str_eq(str(rec, "checks.0.result"), "INCORRECT");
     cr_assert_str_eq(str(rec, "checks.0.findings.tensors.0.result"), "INCORRECT");
     cr_assert_eq(num(rec, "checks.0.findings.tensors.0.over_tolerance.count"), 1);
@@ -166,10 +168,7 @@ Test(family_seam, tolerance_catches_one_element_past_its_bound) {
 }
 
 Test(family_seam, tolerance_catches_a_moved_nan_before_any_metric) {
-    char *cfg = config("nanmove", TOL, "[{\"check\":\"tolerance\",\"impl\":\"scale.nanmove@host\"}]");
-    cJSON *rec;
-    char *bundle;
-    cr_assert_eq(run(cfg, "nanmove", &rec, &bundle), 1);
+    cJSON *rec = gate_case("nanmove", TOL, "[{\"check\":\"tolerance\",\"impl\":\"scale.nanmove@host\"}]", 1, NULL);
     for (int t = 0; t < 2; t++) { /* the NaN left column 0 of row 0 for column 1, in both outputs */
         char path[96];
         snprintf(path, sizeof path, "checks.0.findings.tensors.%d.nonfinite_mismatch.count", t);
@@ -181,10 +180,7 @@ Test(family_seam, tolerance_catches_a_moved_nan_before_any_metric) {
 }
 
 Test(family_seam, exact_names_the_differing_element_per_tensor) {
-    char *cfg = config("exact", "", "[{\"check\":\"exact\",\"impls\":[\"candidate\",\"scale.perturb@host\"]}]");
-    cJSON *rec;
-    char *bundle;
-    cr_assert_eq(run(cfg, "exact", &rec, &bundle), 1);
+    cJSON *rec = gate_case("exact", "", "[{\"check\":\"exact\",\"impls\":[\"candidate\",\"scale.perturb@host\"]}]", 1, NULL);
     cr_assert_eq(num(rec, "checks.0.findings.rows_differ"), 1);
     cr_assert_eq(num(rec, "checks.0.findings.per_row.0.row"), 1);
     cr_assert_eq(num(rec, "checks.0.findings.per_row.0.differ.y.count"), 1);
@@ -195,20 +191,14 @@ Test(family_seam, exact_names_the_differing_element_per_tensor) {
 }
 
 Test(family_seam, repeat_catches_run_to_run_variation) {
-    char *cfg = config("varies", "\"runs\":4", "[{\"check\":\"repeat\",\"impl\":\"scale.varies@host\"}]");
-    cJSON *rec;
-    char *bundle;
-    cr_assert_eq(run(cfg, "varies", &rec, &bundle), 1);
+    cJSON *rec = gate_case("varies", "\"runs\":4", "[{\"check\":\"repeat\",\"impl\":\"scale.varies@host\"}]", 1, NULL);
     cr_assert_eq(num(rec, "checks.0.findings.distinct_outputs"), 4);
     cr_assert_eq(cJSON_GetArraySize(at(rec, "checks.0.findings.rows_varying")), 1);
     cJSON_Delete(rec);
 }
 
 Test(family_seam, batch_catches_a_switch_at_the_declared_threshold) {
-    char *cfg = config("batchy", "", "[{\"check\":\"batch\",\"impl\":\"scale.batchy@host\"}]");
-    cJSON *rec;
-    char *bundle;
-    cr_assert_eq(run(cfg, "batchy", &rec, &bundle), 1);
+    cJSON *rec = gate_case("batchy", "", "[{\"check\":\"batch\",\"impl\":\"scale.batchy@host\"}]", 1, NULL);
     cr_assert_str_eq(str(rec, "checks.0.result"), "INCORRECT");
     cr_assert_eq(num(rec, "checks.0.findings.vacuous_probes"), 0);
     /* the full batch (6) truncates; alone (1), the halves (3) and the 4-row probe round, 5 rows truncate */

@@ -6,14 +6,7 @@
 #include <string.h>
 
 #include "../reference/kp_detmath.h"
-
-static uint64_t rng_next(uint64_t *s) { /* splitmix64 */
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-static double rng_unit(uint64_t *s) { return (double)(rng_next(s) >> 11) * 0x1p-53; }
+#include "kp_test_util.h"
 
 static int64_t ulp_distance(double a, double b) {
     int64_t ia, ib;
@@ -29,8 +22,8 @@ Test(reference_detmath, exp_det_within_two_ulp_of_libm) {
     for (int64_t k = 0; k < 3000000; k++) {
         double x;
         if (k < 1000000) x = -745.0 + 1455.0 * (double)k / 1000000.0; /* the whole finite range */
-        else if (k < 2000000) x = -1.0 + 2.0 * rng_unit(&seed);        /* |r| near the reduction edge */
-        else x = -(double)(rng_next(&seed) % 745) - rng_unit(&seed);   /* logit gaps, incl. subnormals */
+        else if (k < 2000000) x = -1.0 + 2.0 * kpt_unit(&seed);        /* |r| near the reduction edge */
+        else x = -(double)(kpt_splitmix(&seed) % 745) - kpt_unit(&seed);   /* logit gaps, incl. subnormals */
         int64_t d = ulp_distance(kp_exp_det(x), exp(x));
         if (d > worst) {
             worst = d;

@@ -13,19 +13,13 @@
 
 #include "../harness/kp_launch.h"
 #include "../reference/topp_ref.h"
+#include "kp_test_util.h"
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
-static uint64_t rng_next(uint64_t *s) { /* splitmix64 */
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-static double rng_unit(uint64_t *s) { return (double)(rng_next(s) >> 11) * 0x1p-53; }
 /* Irwin-Hall of four uniforms: bell-shaped enough for logits, no libm needed. */
 static float rng_normalish(uint64_t *s) {
-    return (float)(1.7 * (rng_unit(s) + rng_unit(s) + rng_unit(s) + rng_unit(s) - 2.0));
+    return (float)(1.7 * (kpt_unit(s) + kpt_unit(s) + kpt_unit(s) + kpt_unit(s) - 2.0));
 }
 
 static void must_reference(const float *x, int64_t b, int64_t v, int64_t stride, const float *p, double band,
@@ -128,13 +122,13 @@ Test(reference_topp, matches_brute_force_on_small_tied_rows) {
         for (int64_t r = 0; r < B; r++) {
             int narrow = r % 4 == 0; /* two values only: huge tie groups */
             for (int64_t i = 0; i < stride; i++) {
-                uint64_t u = rng_next(&seed) % 100;
+                uint64_t u = kpt_splitmix(&seed) % 100;
                 float v = narrow ? values[5 + u % 2] : values[u % 9];
                 if (u < 6) v = -INFINITY;
                 else if (u < 11) v = NAN;
                 x[r * stride + i] = i < V ? v : 1e30f;
             }
-            p[r] = top_ps[rng_next(&seed) % 10];
+            p[r] = top_ps[kpt_splitmix(&seed) % 10];
         }
         kp_topp_ref ref;
         must_reference(x, B, V, stride, p, 0.0, &ref);
