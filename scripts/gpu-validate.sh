@@ -2,7 +2,7 @@
 # gpu-validate.sh: the GPU machine's half of a validation run. Build here, bundle, then run this
 # there from the checkout root (see ../shared/tools/README.md):
 #   cmake -S . -B build -DCMAKE_CUDA_ARCHITECTURES=90 && cmake --build build -j2
-#   ../shared/tools/device-bundle .device build/kparity build/test_* build/kpt_plugin_cuda.so
+#   ../shared/tools/device-bundle .device build/kparity build/test_* build/kpt_plugin_cuda.so build/kpt_plugin_scale.so
 #   (device run, carry .device)  sh scripts/gpu-validate.sh
 # Everything it prints is also kept under $OUT (or /tmp/kparity-validate): logs and the bundles.
 set -u
@@ -10,7 +10,7 @@ D=$PWD/.device
 O=${OUT:-/tmp/kparity-validate}
 mkdir -p "$O"
 export LD_LIBRARY_PATH="$D/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" KPARITY_BIN="$D/kparity" KPARITY_SOURCE_DIR="$PWD" \
-       KPT_CUDA_PLUGIN="$D/kpt_plugin_cuda.so"
+       KPT_CUDA_PLUGIN="$D/kpt_plugin_cuda.so" KPT_SCALE_PLUGIN="$D/kpt_plugin_scale.so"
 log="$O/validate.log"
 run() { echo "\$ $*" | tee -a "$log"; "$@" >>"$log" 2>&1; rc=$?; echo "exit $rc" | tee -a "$log"; return 0; }
 { nvidia-smi -L; nproc; uname -a; } >>"$log" 2>&1
