@@ -25,6 +25,14 @@ int kp_family_check(const kp_family *fam, kp_error *err) {
     if (fam->parse_params && (!fam->describe_params || !fam->param_keys || !fam->params_bytes))
         return kp_fail(err, KP_EXIT_USAGE, "family %s: parse_params needs describe_params, param_keys and params_bytes",
                        fam->name);
+    int ntol = 0;
+    while (fam->tolerance_outputs && fam->tolerance_outputs[ntol]) ntol++;
+    if (ntol > KP_MAX_TENSORS || fam->nthresholds < 0 || (fam->nthresholds && !fam->thresholds))
+        return kp_fail(err, KP_EXIT_USAGE, "family %s: at most %d tolerance outputs, and thresholds with their count",
+                       fam->name, KP_MAX_TENSORS);
+    for (int t = 0; t < fam->nthresholds; t++)
+        if (fam->thresholds[t].rows < 1 || !fam->thresholds[t].why)
+            return kp_fail(err, KP_EXIT_USAGE, "family %s: threshold %d needs rows >= 1 and a reason", fam->name, t);
     if ((fam->defects != NULL) != (fam->has_defect != NULL))
         return kp_fail(err, KP_EXIT_USAGE, "family %s: defects and has_defect come together", fam->name);
     return 0;

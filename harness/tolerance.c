@@ -67,6 +67,9 @@ static const kp_tensor *reference_array(const kp_prepared *p, const char *name) 
 static int compare_tensor(const kp_prepared *p, const kp_output *o, int k, const kp_tolerance *tol, tensor_result *t,
                           kp_error *err) {
     memset(t, 0, sizeof *t);
+    if (strcmp(o->t[k].name, p->fam->tolerance_outputs[k]))
+        return kp_fail(err, KP_EXIT_ENV, "tolerance: output %d is '%s', the family's tolerance_outputs name '%s' there", k,
+                       o->t[k].name, p->fam->tolerance_outputs[k]);
     const kp_tensor *ref = reference_array(p, o->t[k].name);
     if (!ref || ref->dtype != KP_F64 || ref->shape[0] != o->nrows || kp_tensor_slice_bytes(ref) / 8 == 0)
         return kp_fail(err, KP_EXIT_ENV, "tolerance: the reference has no float64 array '%s' of %lld rows", o->t[k].name,

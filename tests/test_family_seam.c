@@ -106,6 +106,10 @@ Test(family_seam, the_row_is_in_the_tables_and_a_bad_row_is_refused) {
     broken.fill_args = kpt_scale_family.fill_args;
     broken.defects = (const char *const[]){"x", NULL};
     cr_assert_eq(kp_family_register(&broken, &err), KP_EXIT_USAGE, "defects without has_defect");
+    broken.defects = NULL;
+    broken.thresholds = (const kp_threshold[]){{0, "no rows"}};
+    cr_assert_eq(kp_family_register(&broken, &err), KP_EXIT_USAGE, "a threshold of 0 rows");
+    cr_assert(strstr(err.msg, "threshold 0"), "%s", err.msg);
     /* and every built-in row passes the same check */
     for (int i = 0; i < kp_family_count(); i++) cr_assert_eq(kp_family_check(kp_family_at(i), &err), 0, "%s", err.msg);
 }
