@@ -119,6 +119,9 @@ typedef struct kp_param_reader {
     const cJSON *check, *defaults;
     const char *where; /* the check's JSON path */
 } kp_param_reader;
+/* A JSON value as a non-empty string, or as a number; KP_EXIT_USAGE naming `where` otherwise. */
+int kp_want_string(const cJSON *v, const char *where, const char **out, kp_error *err);
+int kp_want_number(const cJSON *v, const char *where, double *out, kp_error *err);
 /* The field's value, or NULL when neither the check nor the defaults give it. */
 const cJSON *kp_param_get(const kp_param_reader *r, const char *key);
 /* A required string, one of `allowed` (NULL-terminated; NULL allows any). */

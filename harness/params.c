@@ -6,6 +6,19 @@
 
 #include "kp_harness.h"
 
+int kp_want_string(const cJSON *v, const char *where, const char **out, kp_error *err) {
+    if (!cJSON_IsString(v) || !v->valuestring[0])
+        return kp_fail(err, KP_EXIT_USAGE, "%s: expected a non-empty string", where);
+    *out = v->valuestring;
+    return 0;
+}
+
+int kp_want_number(const cJSON *v, const char *where, double *out, kp_error *err) {
+    if (!cJSON_IsNumber(v)) return kp_fail(err, KP_EXIT_USAGE, "%s: expected a number", where);
+    *out = v->valuedouble;
+    return 0;
+}
+
 const cJSON *kp_param_get(const kp_param_reader *r, const char *key) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->check, key);
     return v ? v : (r->defaults ? cJSON_GetObjectItemCaseSensitive(r->defaults, key) : NULL);
