@@ -121,7 +121,8 @@ static int set_num(kp_case *c, const char *key, double v, kp_error *err) {
     return kp_case_set(c, key, text, err);
 }
 
-int kp_topp_case_normalize(kp_case *c, kp_error *err) {
+/* Validate fields, rewrite values canonically, drop fields equal to their defaults. */
+static int normalize(kp_case *c, kp_error *err) {
     kp_topp_case tc;
     int rc = kp_topp_case_read(c, &tc, err);
     if (rc) return rc;
@@ -165,7 +166,7 @@ const kp_case_family kp_topp_case_family = {
     .generator_version = KP_TOPP_GENERATOR_VERSION,
     .fields_help = "batch vocab seed top_p profile [stride]; profiles: ordinary forced ties flat neginf nan; "
                    "top_p: number in (0,1] or mixed",
-    .normalize = kp_topp_case_normalize,
+    .normalize = normalize,
 };
 
 float kp_topp_case_row_top_p(const kp_topp_case *tc, int64_t row) {

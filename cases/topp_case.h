@@ -63,8 +63,6 @@ typedef struct kp_topp_case {
 /* topp's row of the case-family table (cases/case_families.c). */
 extern const kp_case_family kp_topp_case_family;
 
-/* Validate fields, rewrite values canonically, drop fields equal to their defaults. */
-int kp_topp_case_normalize(kp_case *c, kp_error *err);
 /* Read a case (normalized or not) into typed fields; errors name the field. */
 int kp_topp_case_read(const kp_case *c, kp_topp_case *out, kp_error *err);
 /* The f32 top_p of a row. */

@@ -26,8 +26,6 @@ typedef struct kp_case_ctx {
     int nouts, cap;
 } kp_case_ctx;
 
-/* Extra rows a case's checks need beyond its batch: batch probes fill up to the largest threshold + 1. */
-int64_t kp_case_extra_rows(const kp_case_spec *cs);
 int kp_case_ctx_open(kp_case_ctx *ctx, const kp_case_spec *cs, kp_evidence *ev, cJSON *receipt, kp_error *err);
 void kp_case_ctx_close(kp_case_ctx *ctx);
 /* Run one check; its record (check, label, impl, params, result, summary, findings) goes into `chk`. */
