@@ -239,3 +239,38 @@ Test(family_seam, a_tolerance_config_is_checked_before_anything_runs) {
         kp_config_free(&c);
     }
 }
+
+/* One config, two families: each case's "candidate" is its own family's role, and each receipt names
+ * its own family's generator. A role of another family is refused at load, naming both. */
+Test(family_seam, one_config_holds_two_families_with_roles_of_their_own) {
+    char *path, *body;
+    cr_assert(asprintf(&path, "%s/two.json", kpt_dir) > 0);
+    cr_assert(asprintf(&body,
+                       "{\"schema\":\"kparity.gate/v1\",\"name\":\"two\",\"impls\":{\"topp.candidate\":\"topp.split_prob@host\","
+                       "\"scale.candidate\":\"scale.f32@host\"},\"defaults\":{" TOL ",\"tie_policy\":\"minimal_index\","
+                       "\"band\":1e-6},\"cases\":[{\"case\":\"topp(batch=2,profile=ordinary,seed=1,top_p=0.9,vocab=500)\","
+                       "\"checks\":[{\"check\":\"rule\",\"impl\":\"candidate\"}]},{\"case\":\"" CASE "\",\"checks\":"
+                       "[{\"check\":\"tolerance\",\"impl\":\"candidate\"}]}]}") > 0);
+    cr_assert_eq(kpt_write(path, body, strlen(body)), 0);
+    cJSON *rec;
+    char *bundle;
+    cr_assert_eq(run(path, "two", &rec, &bundle), 0);
+    cr_assert_str_eq(str(rec, "impls.0.name"), "topp.split_prob@host");
+    cr_assert_str_eq(str(rec, "case.generator.version"), "topp/v1");
+    cJSON *rec2 = kpt_receipt(bundle, 2);
+    cr_assert_str_eq(str(rec2, "impls.0.name"), "scale.f32@host");
+    cr_assert_str_eq(str(rec2, "case.generator.version"), "scale/v1");
+    cJSON_Delete(rec), cJSON_Delete(rec2);
+    /* "candidate" names a scale impl: the topp case cannot use it */
+    char *bad;
+    cr_assert(asprintf(&bad, "%s/bad_role.json", kpt_dir) > 0);
+    const char *bad_body = "{\"schema\":\"kparity.gate/v1\",\"name\":\"t\",\"impls\":{\"candidate\":\"scale.f32@host\"},"
+                           "\"cases\":[{\"case\":\"topp(batch=2,profile=ordinary,seed=1,top_p=0.9,vocab=500)\",\"checks\":"
+                           "[{\"check\":\"exact\",\"impls\":[\"candidate\",\"topp.split_logit@host\"]}]}]}";
+    cr_assert_eq(kpt_write(bad, bad_body, strlen(bad_body)), 0);
+    kp_config c;
+    kp_error err = {0};
+    cr_assert_eq(kp_config_load(bad, &c, &err), KP_EXIT_USAGE);
+    cr_assert(strstr(err.msg, "impls[0]: impl scale.f32@host is of family scale, the case is topp"), "%s", err.msg);
+    kp_config_free(&c);
+}
