@@ -35,10 +35,10 @@ typedef struct topp_data {
     int njudged;
 } topp_data;
 
-/* vLLM's split top-p pipeline takes batches of at most 64 rows, and split_prob@cuda runs a batch of 64
- * or more as two halves: probes of 64 and 65 rows straddle both. */
+/* Batch sizes where a topp impl changes path: probes of T and T + 1 rows straddle each (63/64/65). */
 static const kp_threshold thresholds[] = {
-    {64, "at most 64 rows take a split top-p pipeline (vLLM); split_prob@cuda runs 64 or more as two halves"},
+    {63, "split_prob@cuda runs a batch of 64 rows or more as two halves on two streams"},
+    {64, "vLLM's split top-p pipeline takes batches of at most 64 rows"},
 };
 #define PROBE_ROWS 65 /* the largest threshold + 1: filler rows a batch check needs */
 

@@ -157,7 +157,7 @@ Test(harness, repeat_catches_run_to_run_variation) {
 Test(harness, batch_catches_batch_dependence) {
     cJSON *rec = gate_one_check("-DKPT_BATCH_VARIES", "topp.batchy@host", "batch", "batch", 1);
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(check_of(rec, 0), "findings");
-    /* the full batch (12) and the 64- and 65-row probes drop a token; alone (1) and the halves (6) do not */
+    /* the full batch (12) and the 63-, 64- and 65-row probes drop a token; alone (1) and the halves (6) do not */
     cr_assert_eq(num(f, "row_differences"), 12 + 12);
     cr_assert_eq(num(f, "vacuous_probes"), 0);
     cJSON_Delete(rec);
