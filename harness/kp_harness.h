@@ -65,7 +65,7 @@ typedef struct kp_check_spec {
     kp_check_kind of;        /* expect: the check whose result is expected */
     int nimpl;               /* exact: 2, others: 1 */
     const kp_impl *impl[2];
-    char role[2][64];        /* the role as the config names it ("candidate", "topk.candidate"), or "" */
+    char role[2][64];        /* the role as the config names it ("candidate", "<family>.candidate"), or "" */
     /* the family's rule parameters (parse_params); exact takes them when declared, else the
        family's defaults (params_defaulted), recorded as such */
     bool has_params, params_defaulted;
@@ -87,7 +87,7 @@ typedef struct kp_case_spec {
 } kp_case_spec;
 
 typedef struct kp_role {
-    char role[64];       /* as written: "candidate", or "topk.candidate" for one family's */
+    char role[64];       /* as written: "candidate", or "<family>.candidate" for one family's */
     const kp_impl *impl;
     char declared[128];  /* the name as written, e.g. "<family>.split_prob@auto" */
 } kp_role;
