@@ -9,6 +9,8 @@
 /* Built-in host impls (kernels/host/). */
 extern const kp_impl kp_topp_split_logit_host;
 extern const kp_impl kp_topp_split_prob_host;
+extern const kp_impl kp_topk_radix_buffer_host;
+extern const kp_impl kp_topk_radix_exact_host;
 #ifdef KP_HAVE_CUDA
 /* Built-in CUDA impls (kernels/cuda/). */
 extern const kp_impl kp_topp_split_logit_cuda;

@@ -38,7 +38,32 @@ typedef struct kp_topp_args {
     int32_t sm_count;     /* multiprocessors of the device (CUDA impls); 0 for host impls */
 } kp_topp_args;
 
-/* One implementation. `args` points at the family's argument struct (kp_topp_args for "topp").
+/* topk: indexer top-k (DESIGN.md "topk"). Per row r, over its window [starts[r], ends[r]) of scores row
+ * r, the count = min(k, window length) largest scores in the total order (value descending, then index
+ * ascending; -0 and +0 are one value; NaN below every number): their indices (relative to the row, or
+ * to starts[r] when index_base is KP_TOPK_BASE_WINDOW) and their values, bit for bit, in the first
+ * count entries of the row's output, in the impl's order; entries [count, k) hold `fill` and -inf. */
+enum { KP_TOPK_BASE_ROW = 0, KP_TOPK_BASE_WINDOW = 1 };
+typedef struct kp_topk_args {
+    const float *scores;   /* [rows, row_stride], f32; row_stride >= width */
+    const int32_t *starts; /* [rows]: 0 <= starts[r] <= ends[r] <= width */
+    const int32_t *ends;   /* [rows] */
+    int32_t *indices;      /* [rows, k], int32 */
+    float *values;         /* [rows, k], f32 */
+    int64_t rows;
+    int64_t width;
+    int64_t row_stride;    /* in elements */
+    int32_t k;
+    int32_t index_base;    /* KP_TOPK_BASE_ROW or KP_TOPK_BASE_WINDOW */
+    int32_t fill;          /* the index of an unused entry: -1 or INT32_MAX */
+    int32_t sm_count;      /* multiprocessors of the device (CUDA impls); 0 for host impls */
+    void *stream;          /* cudaStream_t for KP_MEMORY_CUDA impls, NULL for host impls */
+    void *workspace;       /* workspace_bytes() bytes, same memory as the tensors, may be NULL if 0 */
+    size_t workspace_bytes;
+} kp_topk_args;
+
+/* One implementation. `args` points at the family's argument struct (kp_topp_args for "topp",
+ * kp_topk_args for "topk").
  * run() must be callable repeatedly on the same args; it may return before the device finishes
  * (the harness synchronizes the stream). `message` receives a one-line reason on refusal or failure. */
 typedef struct kp_impl {

@@ -13,6 +13,8 @@
 static const kp_impl *const builtin_impls[] = {
     &kp_topp_split_logit_host,
     &kp_topp_split_prob_host,
+    &kp_topk_radix_buffer_host,
+    &kp_topk_radix_exact_host,
 #ifdef KP_HAVE_CUDA
     &kp_topp_split_logit_cuda,
     &kp_topp_split_prob_cuda,
