@@ -128,6 +128,8 @@ static void check_header(const kp_family *fam, const kp_check_spec *spec, cJSON 
                                                                            "family's canonical form"
                                                                          : "bitwise, every output element");
     if (kind == KP_CHECK_TOLERANCE) kp_tolerance_describe(fam, spec, params);
+    if (kind == KP_CHECK_REPEAT || kind == KP_CHECK_BATCH)
+        cJSON_AddStringToObject(params, "comparison", "bitwise, every output element as the impl wrote it (order included)");
     if (spec->runs) kp_json_add_int(params, "runs", spec->runs);
     if (kind == KP_CHECK_BATCH) {
         cJSON_AddStringToObject(params, "probes", "each row alone, two halves, and for each threshold T the case's rows "
@@ -154,10 +156,10 @@ static kp_result not_ok(const kp_case_out *o, cJSON *chk) {
     return o->status;
 }
 
-/* Row ia of output a against row ib of output b, every tensor, element by element (dtype-sized, in
- * canonical form): the differing indices of each tensor go into row_json as evidence, under `key` when
+/* Row ia of output a against row ib of output b, every tensor, element by element (dtype-sized; in the
+ * family's canonical form when `canonical`): the differing indices of each tensor go into row_json as evidence, under `key` when
  * there is one tensor, else under key.<tensor>. Returns the count; -1 with err set on a failure. */
-static int64_t row_diff(kp_case_ctx *ctx, const kp_output *a, int64_t ia, const kp_output *b, int64_t ib,
+static int64_t row_diff(kp_case_ctx *ctx, const kp_output *a, int64_t ia, const kp_output *b, int64_t ib, bool canonical,
                         cJSON *row_json, const char *key, const char *artifact_prefix, kp_error *err) {
     static _Thread_local kp_rowbuf ba, bb;
     static _Thread_local int64_t *idx;
@@ -165,8 +167,8 @@ static int64_t row_diff(kp_case_ctx *ctx, const kp_output *a, int64_t ia, const 
     int64_t total = 0;
     for (int k = 0; k < a->ntensors; k++) {
         int64_t n = 0, elems;
-        const unsigned char *x = kp_output_row(&ctx->prep, a, k, ia, true, &elems, &ba);
-        const unsigned char *y = kp_output_row(&ctx->prep, b, k, ib, true, &elems, &bb);
+        const unsigned char *x = kp_output_row(&ctx->prep, a, k, ia, canonical, &elems, &ba);
+        const unsigned char *y = kp_output_row(&ctx->prep, b, k, ib, canonical, &elems, &bb);
         const size_t esize = kp_dtype_size(a->t[k].dtype);
         if (!memcmp(x, y, (size_t)elems * esize)) continue;
         if (elems > idx_cap) {
@@ -191,8 +193,8 @@ static int64_t row_diff(kp_case_ctx *ctx, const kp_output *a, int64_t ia, const 
     return total;
 }
 
-/* SHA-256 of rows [r0, r1) of an output in canonical form, tensors in order within a row. */
-static void canonical_digest(kp_case_ctx *ctx, const kp_output *o, int64_t r0, int64_t r1, char hex[KP_SHA256_HEX_LEN]) {
+/* SHA-256 of rows [r0, r1) of an output as it is, tensors in order within a row. */
+static void rows_digest(kp_case_ctx *ctx, const kp_output *o, int64_t r0, int64_t r1, char hex[KP_SHA256_HEX_LEN]) {
     kp_sha256 h;
     kp_error err;
     if (kp_sha256_init(&h, &err)) kp_abort(__FILE__, __LINE__, "%s", err.msg);
@@ -200,20 +202,20 @@ static void canonical_digest(kp_case_ctx *ctx, const kp_output *o, int64_t r0, i
     for (int64_t r = r0; r < r1; r++)
         for (int k = 0; k < o->ntensors; k++) {
             int64_t elems;
-            const void *row = kp_output_row(&ctx->prep, o, k, r, true, &elems, &buf);
+            const void *row = kp_output_row(&ctx->prep, o, k, r, false, &elems, &buf);
             kp_sha256_update(&h, row, (size_t)elems * kp_dtype_size(o->t[k].dtype));
         }
     kp_rowbuf_free(&buf);
     kp_sha256_final_hex(&h, hex);
 }
 
-/* Whether row ia of a and row ib of b are the same bits in canonical form. */
-static bool rows_equal(kp_case_ctx *ctx, const kp_output *a, int64_t ia, const kp_output *b, int64_t ib) {
+/* Whether row ia of a and row ib of b are the same bits (in the family's canonical form when `canonical`). */
+static bool rows_equal(kp_case_ctx *ctx, const kp_output *a, int64_t ia, const kp_output *b, int64_t ib, bool canonical) {
     static _Thread_local kp_rowbuf ba, bb;
     for (int k = 0; k < a->ntensors; k++) {
         int64_t elems;
-        const void *x = kp_output_row(&ctx->prep, a, k, ia, true, &elems, &ba);
-        const void *y = kp_output_row(&ctx->prep, b, k, ib, true, &elems, &bb);
+        const void *x = kp_output_row(&ctx->prep, a, k, ia, canonical, &elems, &ba);
+        const void *y = kp_output_row(&ctx->prep, b, k, ib, canonical, &elems, &bb);
         if (memcmp(x, y, (size_t)elems * kp_dtype_size(a->t[k].dtype))) return false;
     }
     return true;
@@ -238,12 +240,12 @@ static kp_result check_exact(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON 
     kp_error err = {0};
     const double t0 = kp_now();
     for (int64_t r = 0; r < ctx->batch; r++) {
-        if (rows_equal(ctx, a->out, r, b->out, r)) continue;
+        if (rows_equal(ctx, a->out, r, b->out, r, true)) continue;
         cJSON *row = cJSON_CreateObject();
         kp_json_add_int(row, "row", r);
         char name[64];
         snprintf(name, sizeof name, "exact.row%lld.differ", (long long)r);
-        const int64_t n = row_diff(ctx, a->out, r, b->out, r, row, "differ", name, &err);
+        const int64_t n = row_diff(ctx, a->out, r, b->out, r, true, row, "differ", name, &err);
         if (n <= 0) { /* equal bits compared unequal: impossible; or a failure recorded in err */
             cJSON_Delete(row);
             if (n < 0) break;
@@ -318,8 +320,8 @@ static kp_result check_tolerance(kp_case_ctx *ctx, const kp_check_spec *spec, cJ
     return r;
 }
 
-/* Runs 2..R are compared with run 1 row by row; digests are computed only where they differ, so a
- * deterministic impl costs no hashing beyond run 1's output digest. */
+/* Runs 2..R are compared with run 1 row by row, bits as written (a set's order too); digests are computed
+ * only where they differ, so a deterministic impl costs no hashing beyond run 1's output digest. */
 static kp_result check_repeat(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON *chk) {
     kp_case_out *a = full_output(ctx, spec->impl[0], spec->role[0]);
     if (a->status != KP_PASSED) return not_ok(a, chk);
@@ -350,13 +352,13 @@ static kp_result check_repeat(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON
         const double t0 = kp_now();
         int any = 0;
         for (int64_t r = 0; r < B; r++) {
-            if (rows_equal(ctx, out, r, first, r)) continue;
+            if (rows_equal(ctx, out, r, first, r, false)) continue;
             any = 1;
-            if (!varies[r]) canonical_digest(ctx, first, r, r + 1, row_digest[r * spec->runs]);
+            if (!varies[r]) rows_digest(ctx, first, r, r + 1, row_digest[r * spec->runs]);
             varies[r] = 1;
-            canonical_digest(ctx, out, r, r + 1, row_digest[r * spec->runs + run]);
+            rows_digest(ctx, out, r, r + 1, row_digest[r * spec->runs + run]);
         }
-        if (any) canonical_digest(ctx, out, 0, B, whole[run]);
+        if (any) rows_digest(ctx, out, 0, B, whole[run]);
         kp_stage_add(KP_STAGE_JUDGING, kp_now() - t0);
         kp_output_free(out);
     }
@@ -415,13 +417,13 @@ kp_result kp_batch_probe(kp_case_ctx *ctx, const kp_impl *impl, const kp_output 
         if (rows[i] >= ctx->batch) continue; /* filler rows only perturb */
         pr->rows_probed++;
         pr->rows_moved += rows[i] != i || nrows != ctx->batch;
-        if (rows_equal(ctx, out, i, full_out, rows[i])) continue;
+        if (rows_equal(ctx, out, i, full_out, rows[i], false)) continue;
         cJSON *row = cJSON_CreateObject();
         kp_json_add_int(row, "row", rows[i]);
         kp_json_add_int(row, "position", i);
         char aname[96];
         snprintf(aname, sizeof aname, "batch.%s.row%lld.differ", name, (long long)rows[i]);
-        const int64_t n = row_diff(ctx, out, i, full_out, rows[i], row, "elements", aname, &err);
+        const int64_t n = row_diff(ctx, out, i, full_out, rows[i], false, row, "elements", aname, &err);
         if (n < 0) {
             cJSON_Delete(row);
             cJSON_AddStringToObject(p, "error", err.msg);

@@ -15,6 +15,8 @@ extern const kp_impl kp_topk_radix_exact_host;
 /* Built-in CUDA impls (kernels/cuda/). */
 extern const kp_impl kp_topp_split_logit_cuda;
 extern const kp_impl kp_topp_split_prob_cuda;
+extern const kp_impl kp_topk_radix_buffer_cuda;
+extern const kp_impl kp_topk_radix_exact_cuda;
 #endif
 
 /* The number of registered impls, and the i-th. */

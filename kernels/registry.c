@@ -18,6 +18,8 @@ static const kp_impl *const builtin_impls[] = {
 #ifdef KP_HAVE_CUDA
     &kp_topp_split_logit_cuda,
     &kp_topp_split_prob_cuda,
+    &kp_topk_radix_buffer_cuda,
+    &kp_topk_radix_exact_cuda,
 #endif
 };
 #define BUILTIN_COUNT ((int)(sizeof builtin_impls / sizeof builtin_impls[0]))

@@ -1,0 +1,318 @@
+/* topk_family.c: the topk family's record for the harness: scores and windows in, indices and values
+ * out, the reference as arrays, the judge's rule check (strict and tie differences, dropped candidates,
+ * order), exact-parity evidence, the dropped_values defect, the 32-row threshold and bench shapes. */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../cases/topk_case.h"
+#include "../receipts/kp_json.h"
+#include "../reference/topk_ref.h"
+#include "kp_harness.h"
+
+#define MAX_JUDGED 8
+
+/* The rule parameters: which members of the boundary tie group an output may take, and its order. */
+typedef struct topk_params {
+    kp_topk_ties ties;
+    kp_topk_order order;
+} topk_params;
+
+typedef struct topk_data {
+    kp_topk_case tc;
+    float *scores; /* the inputs (the harness holds them): [rows_total, stride] */
+    int32_t *starts, *ends;
+    int have_ref;
+    kp_topk_ref ref;
+    struct {
+        const kp_output *out;
+        topk_params params;
+        kp_topk_judgement j;
+    } judged[MAX_JUDGED];
+    int njudged;
+} topk_data;
+
+/* vLLM's indexer top-k takes an exact path at <= 32 rows and a bucketed one above (families.md §C2). */
+static const kp_threshold thresholds[] = {
+    {32, "vLLM's indexer top-k (and radix_buffer) runs an exact path at <= 32 rows and a coarse-bin buffer above"},
+};
+#define PROBE_ROWS 33 /* the largest threshold + 1: filler rows a batch check needs */
+
+static int topk_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp_error *err) {
+    topk_data *d = v->data = kp_calloc(1, sizeof *d, "topk case", err);
+    if (!d) return err->code;
+    int rc = kp_topk_case_read(c, &d->tc, err);
+    if (rc) return rc;
+    v->batch = d->tc.rows, v->rows_total = d->tc.rows + extra_rows;
+    const int64_t sshape[2] = {d->tc.rows, d->tc.width}, wshape[1] = {d->tc.rows};
+    if ((rc = kp_view_input(v, "scores", KP_F32, 2, sshape, d->tc.stride, true, err)) ||
+        (rc = kp_view_input(v, "starts", KP_I32, 1, wshape, 0, true, err)) ||
+        (rc = kp_view_input(v, "ends", KP_I32, 1, wshape, 0, true, err)))
+        return rc;
+    d->scores = v->inputs[0].data, d->starts = v->inputs[1].data, d->ends = v->inputs[2].data;
+    return kp_topk_case_rows(&d->tc, 0, v->rows_total, d->scores, d->starts, d->ends, err);
+}
+
+static void topk_release(void *data) {
+    topk_data *d = data;
+    for (int i = 0; i < d->njudged; i++) kp_topk_judgement_free(&d->judged[i].j);
+    if (d->have_ref) kp_topk_ref_free(&d->ref);
+    free(d);
+}
+
+static size_t topk_estimate(const kp_case *c, int nimpls, kp_error *err) {
+    kp_topk_case tc;
+    if (kp_topk_case_read(c, &tc, err)) return 0;
+    /* scores (+ filler rows) and the generator's draws; per impl run kept at once an output of indices and
+       values (+ repeat/probe scratch); the reference and judgements: a few words per selected entry */
+    const double rows = (double)tc.rows + PROBE_ROWS, out = (double)tc.rows * (double)tc.k * 8.0;
+    const double bytes = rows * (double)tc.stride * 4.0 * 2.0 + 16.0 * (double)tc.width + out * (double)(nimpls + 3) +
+                         out * 6.0 + (double)tc.rows * 64.0;
+    return bytes > 1.8e19 ? 0 : (size_t)bytes;
+}
+
+static size_t topk_estimate_device(const kp_case *c, const kp_impl *impl, kp_error *err) {
+    kp_topk_case tc;
+    if (kp_topk_case_read(c, &tc, err)) return 0;
+    const int64_t rows = tc.rows > PROBE_ROWS ? tc.rows : PROBE_ROWS;
+    kp_topk_args args = {.rows = rows, .width = tc.width, .row_stride = tc.stride, .k = tc.k, .index_base = tc.index_base,
+                         .fill = tc.fill};
+    const size_t ws = impl->workspace_bytes ? impl->workspace_bytes(&args) : 0;
+    /* every row uploaded once, then the gathered rows of a run and its outputs, each with guards */
+    const double bytes = 2.0 * (double)(tc.rows + PROBE_ROWS) * ((double)tc.stride * 4.0 + 8.0) +
+                         (double)rows * (double)tc.k * 8.0 + (double)ws + 8.0 * 2 * 4096;
+    return bytes > 1.8e19 ? 0 : (size_t)bytes;
+}
+
+static int topk_outputs(const void *data, int64_t nrows, kp_tensor *t) {
+    const topk_data *d = data;
+    t[0] = (kp_tensor){.name = "indices", .dtype = KP_I32, .ndim = 2, .shape = {nrows, d->tc.k}, .batched = 1};
+    t[1] = (kp_tensor){.name = "values", .dtype = KP_F32, .ndim = 2, .shape = {nrows, d->tc.k}, .batched = 1};
+    return 2;
+}
+
+static void topk_fill_args(const void *data, const kp_launch_bufs *b, void *args) {
+    const topk_data *d = data;
+    *(kp_topk_args *)args = (kp_topk_args){.scores = b->in[0], .starts = b->in[1], .ends = b->in[2], .indices = b->out[0],
+                                           .values = b->out[1], .rows = b->nrows, .width = d->tc.width,
+                                           .row_stride = d->tc.stride, .k = d->tc.k, .index_base = d->tc.index_base,
+                                           .fill = d->tc.fill, .sm_count = b->sm_count, .stream = b->stream,
+                                           .workspace = b->workspace, .workspace_bytes = b->workspace_bytes};
+}
+
+static int topk_reference(void *data, const void *params, kp_reference *ref, kp_error *err) {
+    (void)params; /* the answer does not depend on the rule parameters, only the judgement does */
+    topk_data *d = data;
+    if (!d->have_ref) {
+        int rc = kp_topk_reference(d->scores, d->tc.rows, d->tc.width, d->tc.stride, d->starts, d->ends, d->tc.k,
+                                   d->tc.index_base, d->tc.fill, &d->ref, err);
+        if (rc) return rc;
+        d->have_ref = 1;
+    }
+    ref->digest_tag = "kparity.reference.topk/v1";
+    ref->arrays[0] = (kp_tensor){.name = "indices", .dtype = KP_I32, .ndim = 2, .shape = {d->tc.rows, d->tc.k},
+                                 .data = d->ref.indices};
+    ref->arrays[1] = (kp_tensor){.name = "values", .dtype = KP_F32, .ndim = 2, .shape = {d->tc.rows, d->tc.k},
+                                 .data = d->ref.values};
+    ref->narrays = 2;
+    return 0;
+}
+
+static const char *const param_keys[] = {"ties", "order", NULL};
+
+static int topk_parse_params(const kp_param_reader *r, void *params, kp_error *err) {
+    static const char *const ties[] = {"lowest_index", "any", NULL}, *const orders[] = {"index", "value", "any", NULL};
+    topk_params *p = params;
+    const char *t, *o;
+    if (kp_param_string(r, "ties", ties, &t, err) || kp_param_string(r, "order", orders, &o, err)) return err->code;
+    p->ties = !strcmp(t, "any") ? KP_TOPK_TIES_ANY : KP_TOPK_TIES_LOWEST_INDEX;
+    p->order = !strcmp(o, "index") ? KP_TOPK_ORDER_INDEX : !strcmp(o, "value") ? KP_TOPK_ORDER_VALUE : KP_TOPK_ORDER_ANY;
+    return 0;
+}
+
+static void topk_describe_params(const void *params, cJSON *out) {
+    const topk_params *p = params;
+    cJSON_AddStringToObject(out, "ties", kp_topk_ties_name(p->ties));
+    cJSON_AddStringToObject(out, "order", kp_topk_order_name(p->order));
+}
+
+/* What an exact check explains its differences with when the config declares no rule parameters: the
+ * strictest tie policy, and no order (exact compares sets). */
+static void topk_default_params(void *params) { *(topk_params *)params = (topk_params){KP_TOPK_TIES_LOWEST_INDEX, KP_TOPK_ORDER_ANY}; }
+
+static const kp_topk_judgement *judge(topk_data *d, const topk_params *params, const kp_output *o, kp_error *err) {
+    for (int i = 0; i < d->njudged; i++)
+        if (d->judged[i].out == o && d->judged[i].params.ties == params->ties && d->judged[i].params.order == params->order)
+            return &d->judged[i].j;
+    KP_ASSERT(d->have_ref); /* the harness computes the reference before any judging */
+    if (d->njudged == MAX_JUDGED) { /* evict the oldest */
+        kp_topk_judgement_free(&d->judged[0].j);
+        memmove(&d->judged[0], &d->judged[1], sizeof d->judged[0] * (MAX_JUDGED - 1));
+        d->njudged--;
+    }
+    const int slot = d->njudged;
+    const double t0 = kp_now();
+    int rc = kp_topk_judge(&d->ref, d->scores, d->tc.stride, o->t[0].data, o->t[1].data, params->ties, params->order,
+                           &d->judged[slot].j, err);
+    kp_stage_add(KP_STAGE_JUDGING, kp_now() - t0);
+    if (rc) return NULL;
+    d->judged[slot].out = o, d->judged[slot].params = *params;
+    d->njudged++;
+    return &d->judged[slot].j;
+}
+
+/* One row of a judgement, with its index lists as evidence. */
+static int row_json(const kp_topk_judgement *j, int64_t r, cJSON *row, kp_evidence *ev, const char *tag, kp_error *err) {
+    const kp_topk_row_judgement *rj = &j->row[r];
+    kp_json_add_int(row, "valid", rj->valid);
+    kp_json_add_int(row, "dropped", rj->dropped);
+    kp_json_add_int(row, "out_of_window", rj->out_of_window);
+    kp_json_add_int(row, "duplicates", rj->duplicates);
+    kp_json_add_int(row, "value_mismatch", rj->value_mismatch);
+    kp_json_add_int(row, "fill_misplaced", rj->fill_misplaced + rj->fill_value_bad);
+    cJSON_AddBoolToObject(row, "order_ok", rj->order_ok);
+    cJSON_AddStringToObject(row, "set_sha256", rj->set_sha256);
+    cJSON_AddBoolToObject(row, "meets_rule", rj->rule_ok);
+    char name[160];
+    snprintf(name, sizeof name, "%s.row%lld.strict", tag, (long long)r);
+    if (kp_evidence_list(ev, row, "strict", name, j->strict_idx + j->strict_off[r], j->strict_off[r + 1] - j->strict_off[r], err))
+        return err->code;
+    snprintf(name, sizeof name, "%s.row%lld.tie", tag, (long long)r);
+    return kp_evidence_list(ev, row, "tie", name, j->tie_idx + j->tie_off[r], j->tie_off[r + 1] - j->tie_off[r], err);
+}
+
+static void ref_row_json(const topk_data *d, int64_t r, cJSON *row) {
+    const kp_topk_ref_row *rr = &d->ref.row[r];
+    kp_json_add_int(row, "window_start", rr->start);
+    kp_json_add_int(row, "window_len", rr->len);
+    kp_json_add_int(row, "count", rr->count);
+    if (rr->count > 0) kp_json_add_f32_bits(row, "boundary_value", rr->boundary_value);
+    kp_json_add_int(row, "tie_group_size", rr->group_size);
+    kp_json_add_int(row, "tie_group_needed", rr->group_needed);
+}
+
+static kp_result topk_rule(void *data, const void *params, const kp_output *out, const kp_impl *impl, cJSON *check,
+                           kp_evidence *ev, kp_error *err) {
+    topk_data *d = data;
+    const kp_topk_judgement *j = judge(d, params, out, err);
+    if (!j) return KP_FAILED;
+    int64_t strict = 0, tie = 0, dropped = 0, dropped_rows = 0, bad_order = 0, malformed = 0;
+    for (int64_t r = 0; r < j->rows; r++) {
+        const kp_topk_row_judgement *rj = &j->row[r];
+        strict += rj->strict_count, tie += rj->tie_count, dropped += rj->dropped, dropped_rows += rj->dropped > 0;
+        bad_order += !rj->order_ok;
+        malformed += rj->out_of_window + rj->duplicates + rj->value_mismatch + rj->fill_misplaced + rj->fill_value_bad;
+    }
+    cJSON *f = cJSON_AddObjectToObject(check, "findings");
+    kp_json_add_int(f, "rows", j->rows);
+    kp_json_add_int(f, "rows_meeting_rule", j->rows_rule_ok);
+    kp_json_add_int(f, "strict", strict);
+    kp_json_add_int(f, "tie", tie);
+    kp_json_add_int(f, "dropped", dropped);
+    kp_json_add_int(f, "rows_with_dropped", dropped_rows);
+    kp_json_add_int(f, "rows_out_of_order", bad_order);
+    kp_json_add_int(f, "malformed_entries", malformed);
+    cJSON *rows = cJSON_AddArrayToObject(f, "per_row");
+    for (int64_t r = 0; r < j->rows; r++) {
+        cJSON *row = cJSON_CreateObject();
+        cJSON_AddItemToArray(rows, row);
+        kp_json_add_int(row, "row", r);
+        ref_row_json(d, r, cJSON_AddObjectToObject(row, "reference"));
+        if (row_json(j, r, cJSON_AddObjectToObject(row, "impl"), ev, impl->name, err)) return KP_FAILED;
+    }
+    char summary[300];
+    snprintf(summary, sizeof summary, "%lld/%lld rows meet the rule; %lld strict, %lld tie; %lld dropped in %lld rows; "
+             "%lld out of order; %lld malformed", (long long)j->rows_rule_ok, (long long)j->rows, (long long)strict,
+             (long long)tie, (long long)dropped, (long long)dropped_rows, (long long)bad_order, (long long)malformed);
+    cJSON_AddStringToObject(check, "summary", summary);
+    return j->rows_rule_ok == j->rows ? KP_PASSED : KP_INCORRECT;
+}
+
+static int topk_explain_exact(void *data, const void *params, const kp_impl *const impls[2],
+                              const kp_output *const outs[2], const int64_t *rows, int64_t nrows, cJSON *rows_json,
+                              kp_evidence *ev, kp_error *err) {
+    topk_data *d = data;
+    const kp_topk_judgement *ja = judge(d, params, outs[0], err);
+    const kp_topk_judgement *jb = ja ? judge(d, params, outs[1], err) : NULL;
+    if (!ja || !jb) return err->code;
+    for (int64_t q = 0; q < nrows; q++) {
+        const int64_t r = rows[q];
+        cJSON *row = cJSON_GetArrayItem(rows_json, (int)q);
+        ref_row_json(d, r, cJSON_AddObjectToObject(row, "reference"));
+        if (row_json(ja, r, cJSON_AddObjectToObject(row, impls[0]->name), ev, impls[0]->name, err) ||
+            row_json(jb, r, cJSON_AddObjectToObject(row, impls[1]->name), ev, impls[1]->name, err))
+            return err->code;
+        const int a = ja->row[r].rule_ok, b = jb->row[r].rule_ok;
+        cJSON_AddStringToObject(row, "meets_rule", a && b ? "both" : a ? impls[0]->name : b ? impls[1]->name : "neither");
+    }
+    return 0;
+}
+
+/* dropped_values: some row misses an entry strictly before its boundary value (a lost candidate). */
+static int topk_has_defect(void *data, const kp_output *out, const char *defect, int64_t *rows_with) {
+    topk_data *d = data;
+    *rows_with = 0;
+    kp_error err = {0};
+    kp_reference unused;
+    const topk_params params = {KP_TOPK_TIES_ANY, KP_TOPK_ORDER_ANY};
+    if (strcmp(defect, "dropped_values") || (!d->have_ref && topk_reference(d, NULL, &unused, &err))) return 0;
+    const kp_topk_judgement *j = judge(d, &params, out, &err);
+    for (int64_t r = 0; j && r < j->rows; r++) *rows_with += j->row[r].dropped > 0;
+    return *rows_with > 0;
+}
+
+static int cmp_u32(const void *a, const void *b) {
+    const uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* A row compares as a set: indices ascending (as unsigned, so fill sorts last), values by their bits. */
+static void topk_canonical_row(const void *data, int tensor, const void *row, void *canon, int64_t elems) {
+    (void)data, (void)tensor;
+    memcpy(canon, row, sizeof(uint32_t) * (size_t)elems);
+    qsort(canon, (size_t)elems, sizeof(uint32_t), cmp_u32);
+}
+
+static double topk_bytes_moved(const void *data, int64_t nrows) {
+    const topk_data *d = data;
+    return (double)nrows * ((double)d->tc.width * 4.0 + 8.0 + (double)d->tc.k * 8.0); /* scores, window, outputs */
+}
+
+static const char *const bench_cases[] = {
+    "topk(k=2048,profile=randn,rows=64,seed=1,width=131072)",
+    "topk(k=2048,profile=randn,rows=64,seed=1,width=262144)",
+    "topk(k=2048,profile=randn,rows=2048,seed=1,width=65536)",
+    NULL,
+};
+static const char *const defects[] = {"dropped_values", NULL};
+
+const kp_family kp_topk_family = {
+    .name = "topk",
+    .cases = &kp_topk_case_family,
+    .reference_provider = "reference.topk@host",
+    .reference_rule = "the min(k, window) entries first in (value desc, index asc) over the row's window; -0 == +0; "
+                      "NaN below every number; indices ascending in the declared base, then fill",
+    .bench_cases = bench_cases,
+    .param_keys = param_keys,
+    .defects = defects,
+    .thresholds = thresholds,
+    .nthresholds = (int)(sizeof thresholds / sizeof thresholds[0]),
+    .args_bytes = sizeof(kp_topk_args),
+    .prepare = topk_prepare,
+    .release = topk_release,
+    .estimate_bytes = topk_estimate,
+    .estimate_device_bytes = topk_estimate_device,
+    .outputs = topk_outputs,
+    .fill_args = topk_fill_args,
+    .reference = topk_reference,
+    .params_bytes = sizeof(topk_params),
+    .parse_params = topk_parse_params,
+    .describe_params = topk_describe_params,
+    .default_params = topk_default_params,
+    .rule = topk_rule,
+    .explain_exact = topk_explain_exact,
+    .has_defect = topk_has_defect,
+    .canonical_row = topk_canonical_row,
+    .bytes_moved = topk_bytes_moved,
+};
