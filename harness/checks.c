@@ -123,12 +123,12 @@ static void check_header(const kp_family *fam, const kp_check_spec *spec, cJSON 
             cJSON_AddStringToObject(params, "params_source", "the family's defaults (the config declares none); they "
                                                              "only classify the differences exact finds");
     }
-    if (kind == KP_CHECK_EXACT)
+    if (kind == KP_CHECK_EXACT || kind == KP_CHECK_BATCH)
         cJSON_AddStringToObject(params, "comparison", fam->canonical_row ? "bitwise, every output element, rows in the "
                                                                            "family's canonical form"
                                                                          : "bitwise, every output element");
     if (kind == KP_CHECK_TOLERANCE) kp_tolerance_describe(fam, spec, params);
-    if (kind == KP_CHECK_REPEAT || kind == KP_CHECK_BATCH)
+    if (kind == KP_CHECK_REPEAT)
         cJSON_AddStringToObject(params, "comparison", "bitwise, every output element as the impl wrote it (order included)");
     if (spec->runs) kp_json_add_int(params, "runs", spec->runs);
     if (kind == KP_CHECK_BATCH) {
@@ -417,13 +417,13 @@ kp_result kp_batch_probe(kp_case_ctx *ctx, const kp_impl *impl, const kp_output 
         if (rows[i] >= ctx->batch) continue; /* filler rows only perturb */
         pr->rows_probed++;
         pr->rows_moved += rows[i] != i || nrows != ctx->batch;
-        if (rows_equal(ctx, out, i, full_out, rows[i], false)) continue;
+        if (rows_equal(ctx, out, i, full_out, rows[i], true)) continue;
         cJSON *row = cJSON_CreateObject();
         kp_json_add_int(row, "row", rows[i]);
         kp_json_add_int(row, "position", i);
         char aname[96];
         snprintf(aname, sizeof aname, "batch.%s.row%lld.differ", name, (long long)rows[i]);
-        const int64_t n = row_diff(ctx, out, i, full_out, rows[i], false, row, "elements", aname, &err);
+        const int64_t n = row_diff(ctx, out, i, full_out, rows[i], true, row, "elements", aname, &err);
         if (n < 0) {
             cJSON_Delete(row);
             cJSON_AddStringToObject(p, "error", err.msg);

@@ -273,9 +273,9 @@ typedef struct kp_family {
                          const int64_t *rows, int64_t nrows, cJSON *rows_json, kp_evidence *ev, kp_error *err);
     /* Whether a named defect shows on every row of this output; *rows_with counts the rows that show it. */
     int (*has_defect)(void *data, const kp_output *out, const char *defect, int64_t *rows_with);
-    /* The canonical form of one output tensor's row before an exact comparison of two impls (a top-k row
-     * is a set: sorted); `elems` elements of the tensor's dtype from row into canon. NULL: bits as they
-     * are. repeat and batch compare the bits as written: an order that changes run to run is a change. */
+    /* The canonical form of one output tensor's row before exact and batch compare rows (a top-k row is a
+     * set: sorted); `elems` elements of the tensor's dtype from row into canon. NULL: bits as they are.
+     * repeat compares the bits as written: an order that changes run to run is a change. */
     void (*canonical_row)(const void *data, int tensor, const void *row, void *canon, int64_t elems);
     /* Bytes moved and FLOPs of one run of nrows, for GB/s and TFLOP/s in bench (NULL: not reported). */
     double (*bytes_moved)(const void *data, int64_t nrows);
