@@ -157,7 +157,8 @@ typedef struct topk_out {
 } topk_out;
 
 static topk_out alloc_out(int64_t rows, int32_t k) {
-    return (topk_out){alloc_or_die(sizeof(int32_t) * (size_t)(rows * k)), alloc_or_die(sizeof(float) * (size_t)(rows * k))};
+    const size_t n = (size_t)(rows * k);
+    return (topk_out){alloc_or_die(sizeof(int32_t) * n), alloc_or_die(sizeof(float) * n)};
 }
 static void free_out(topk_out *o) { free(o->idx), free(o->val); }
 
@@ -388,8 +389,8 @@ Test(gpu_topk, exact_matches_host_bit_for_bit, .timeout = 600) {
                     int32_t slot = 0;
                     const int64_t r = first_differing_row(&got, &want, rows, k, &slot);
                     cr_assert_eq(r, -1,
-                                 "kind %d width %lld k %d rows %lld fill %d base %d: row %lld entry %d is (%d, %08x) on "
-                                 "%s, (%d, %08x) on %s",
+                                 "kind %d width %lld k %d rows %lld fill %d base %d: row %lld entry %d is (%d, %08x) "
+                                 "on %s, (%d, %08x) on %s",
                                  kind, (long long)width, k, (long long)rows, fill, base, (long long)r, slot,
                                  got.idx[r * k + slot], bits_of(got.val[r * k + slot]), cuda->name,
                                  want.idx[r * k + slot], bits_of(want.val[r * k + slot]), host->name);
@@ -475,7 +476,8 @@ Test(gpu_topk, exact_row_bits_do_not_depend_on_batch, .timeout = 300) {
         host_run(host, &in, 0, ROWS, k, base, -1, &want);
         int32_t slot = 0;
         int64_t r = first_differing_row(&whole, &want, ROWS, k, &slot);
-        cr_assert_eq(r, -1, "k %d: %s row %lld entry %d differs from %s", k, cuda->name, (long long)r, slot, host->name);
+        cr_assert_eq(r, -1, "k %d: %s row %lld entry %d differs from %s", k, cuda->name, (long long)r, slot,
+                     host->name);
         for (int b = 0; b < 4; b++)
             for (int64_t row0 = 0; row0 < ROWS; row0 += batches[b]) {
                 const int64_t n = ROWS - row0 < batches[b] ? ROWS - row0 : batches[b];
@@ -597,10 +599,10 @@ Test(gpu_topk, buffer_coarse_bin_at_capacity_returns_the_exact_set, .timeout = 1
  * with probability 2048 / 16512, so a row keeps its exact set with probability about 4e-8. */
 Test(gpu_topk, buffer_coarse_bin_past_capacity_drops_entries, .timeout = 120) {
     const int64_t differ = coarse_rows_differing(KP_TOPK_BUFFER_CAP + 128, 901);
-    cr_assert_gt(differ, 0, "no row of 33 lost an entry with %d entries in a bin of the buffer's %d", KP_TOPK_BUFFER_CAP + 128,
-                 KP_TOPK_BUFFER_CAP);
-    cr_log_info("topk.radix_buffer@cuda at width %d: %lld of 33 rows differ from the exact set", KP_TOPK_BUFFER_CAP + 128,
-                (long long)differ);
+    cr_assert_gt(differ, 0, "no row of 33 lost an entry with %d entries in a bin of the buffer's %d",
+                 KP_TOPK_BUFFER_CAP + 128, KP_TOPK_BUFFER_CAP);
+    cr_log_info("topk.radix_buffer@cuda at width %d: %lld of 33 rows differ from the exact set",
+                KP_TOPK_BUFFER_CAP + 128, (long long)differ);
 }
 
 /* ---- arguments, and the judges' own controls ---- */
@@ -612,7 +614,8 @@ Test(gpu_topk, bad_args_are_refused_like_the_host_port, .timeout = 60) {
     float score = 1.0f, value = 0.0f;
     int32_t start = 0, end = 1, index = 0;
     const kp_topk_args ok = {.scores = &score, .starts = &start, .ends = &end, .indices = &index, .values = &value,
-                             .rows = 1, .width = 1, .row_stride = 1, .k = 1, .index_base = KP_TOPK_BASE_ROW, .fill = -1};
+                             .rows = 1, .width = 1, .row_stride = 1, .k = 1, .index_base = KP_TOPK_BASE_ROW,
+                             .fill = -1};
     kp_topk_args bad[8];
     for (int i = 0; i < 8; i++) bad[i] = ok;
     bad[0].rows = 0;
@@ -654,7 +657,8 @@ Test(gpu_topk, judges_catch_planted_defects, .timeout = 60) {
     char why[160];
     int32_t slot = 0;
     cr_assert_null(row_problem(&in, 1, K, KP_TOPK_BASE_ROW, -1, want.idx + K, want.val + K, true, why, sizeof why));
-#define RESET() (memcpy(bad.idx, want.idx, sizeof(int32_t) * ROWS * K), memcpy(bad.val, want.val, sizeof(float) * ROWS * K))
+#define RESET() \
+    (memcpy(bad.idx, want.idx, sizeof(int32_t) * ROWS * K), memcpy(bad.val, want.val, sizeof(float) * ROWS * K))
     RESET(); /* a value's last bit */
     bad.val[K + 7] = float_of(bits_of(bad.val[K + 7]) ^ 1u);
     cr_assert_eq(first_differing_row(&bad, &want, ROWS, K, &slot), 1);
