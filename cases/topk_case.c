@@ -164,13 +164,23 @@ static float score(const kp_topk_case *tc, const uint32_t *d) {
     }
 }
 
-int kp_topk_case_rows(const kp_topk_case *tc, int64_t first, int64_t n, float *scores, int32_t *starts, int32_t *ends,
-                      kp_error *err) {
+typedef struct gen_job {
+    const kp_topk_case *tc;
+    int64_t first, n, block_rows;
+    float *scores;
+    int32_t *starts, *ends;
+    int failed;
+    kp_error err;
+} gen_job;
+
+/* Rows [first, first + n) from one generator: one seek (slot 0, row-major), then one read a row. */
+static int gen_block(const kp_topk_case *tc, int64_t first, int64_t n, float *scores, int32_t *starts, int32_t *ends,
+                     kp_error *err) {
     kp_rng rng;
     const int64_t W = tc->width, S = tc->stride;
     uint32_t *draws = kp_calloc((size_t)(4 * W), sizeof *draws, "topk draws", err);
     int rc = draws ? kp_rng_open(&rng, tc->seed, err) : err->code, opened = rc == 0;
-    if (!rc) rc = kp_rng_seek(&rng, (uint64_t)first * (uint64_t)(4 * W), err); /* slot 0, row-major: one seek */
+    if (!rc) rc = kp_rng_seek(&rng, (uint64_t)first * (uint64_t)(4 * W), err);
     for (int64_t i = 0; !rc && i < n; i++) {
         const int64_t r = first + i;
         float *row = scores + i * S;
@@ -182,4 +192,28 @@ int kp_topk_case_rows(const kp_topk_case *tc, int64_t first, int64_t n, float *s
     if (opened) kp_rng_close(&rng);
     free(draws);
     return rc;
+}
+
+static void gen_worker(void *ctx, int64_t b) {
+    gen_job *job = ctx;
+    const int64_t r0 = b * job->block_rows, n = job->n - r0 < job->block_rows ? job->n - r0 : job->block_rows;
+    kp_error err = {0};
+    if (gen_block(job->tc, job->first + r0, n, job->scores + r0 * job->tc->stride, job->starts + r0, job->ends + r0, &err) &&
+        !__atomic_exchange_n(&job->failed, 1, __ATOMIC_SEQ_CST))
+        job->err = err;
+}
+
+int kp_topk_case_rows(const kp_topk_case *tc, int64_t first, int64_t n, float *scores, int32_t *starts, int32_t *ends,
+                      kp_error *err) {
+    if (n <= 0) return 0;
+    /* one block of rows per worker: a cuRAND host seek costs milliseconds, so seek as rarely as possible */
+    const int64_t threads = kp_thread_count();
+    gen_job job = {.tc = tc, .first = first, .n = n, .block_rows = (n + threads - 1) / threads, .scores = scores,
+                   .starts = starts, .ends = ends};
+    kp_parallel_for((n + job.block_rows - 1) / job.block_rows, gen_worker, &job);
+    if (job.failed) {
+        *err = job.err;
+        return err->code;
+    }
+    return 0;
 }
