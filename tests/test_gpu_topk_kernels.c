@@ -415,6 +415,47 @@ Test(gpu_topk, exact_matches_host_bit_for_bit, .timeout = 600) {
                 (long long)selected, (long long)split[KIND_TIES], (long long)split[KIND_ZEROS], (long long)nan_out);
 }
 
+/* Rows as wide as radix_exact@cuda's tilings get (kernels/cuda/topk_radix.cu): 15 and 16 blocks a row
+ * either side of 122,880 (15 x EXACT_TILE), chunks of EXACT_MAX_CACHED = 24,576 keys (kept in shared
+ * memory) at 393,216 and one past it (read from global memory on every pass), and a million. Every
+ * kind and window mode, both conventions and fills. */
+Test(gpu_topk, exact_matches_host_on_wide_rows, .timeout = 300) {
+    enum { ROWS = 5 };
+    static const int64_t widths[] = {122880, 122881, 262144, 393216, 393217, 1000003};
+    static const int32_t ks[] = {2048, 8192};
+    gpu g = gpu_open();
+    const kp_impl *cuda = impl_named("topk.radix_exact@cuda"), *host = impl_named("topk.radix_exact@host");
+    int64_t selected = 0;
+    uint64_t combo = 0;
+    for (size_t b = 0; b < sizeof widths / sizeof widths[0]; b++)
+        for (size_t c = 0; c < sizeof ks / sizeof ks[0]; c++) {
+            combo++;
+            const int64_t width = widths[b], stride = width + (int64_t)(combo % 3) * 5;
+            const int32_t k = ks[c], fill = combo & 1 ? INT32_MAX : -1;
+            const int32_t base = combo & 2 ? KP_TOPK_BASE_WINDOW : KP_TOPK_BASE_ROW;
+            topk_in in = make_input(ROWS, width, stride, KIND_MIXED, WINDOWS_MIXED, k, 1100 + combo);
+            topk_out want = alloc_out(ROWS, k), got = alloc_out(ROWS, k);
+            host_run(host, &in, 0, ROWS, k, base, fill, &want);
+            gpu_run(&g, cuda, &in, 0, ROWS, k, base, fill, &got);
+            int32_t slot = 0;
+            const int64_t r = first_differing_row(&got, &want, ROWS, k, &slot);
+            cr_assert_eq(r, -1,
+                         "width %lld k %d fill %d base %d: row %lld entry %d is (%d, %08x) on %s, (%d, %08x) on %s",
+                         (long long)width, k, fill, base, (long long)r, slot, got.idx[r * k + slot],
+                         bits_of(got.val[r * k + slot]), cuda->name, want.idx[r * k + slot],
+                         bits_of(want.val[r * k + slot]), host->name);
+            for (int64_t q = 0; q < ROWS; q++) {
+                char why[160];
+                const char *p = row_problem(&in, q, k, base, fill, got.idx + q * k, got.val + q * k, true, why,
+                                            sizeof why);
+                cr_assert_null(p, "width %lld k %d row %lld: %s", (long long)width, k, (long long)q, p);
+                selected += row_count(&in, q, k);
+            }
+            free_out(&want), free_out(&got), free_input(&in);
+        }
+    cr_assert_gt(selected, 0, "no entry was selected in the whole sweep");
+}
+
 /* Every window shorter than k (some empty) under each fill and index_base: the tail holds fill and
  * -inf, on both impls (radix_buffer at 33 rows: its coarse path). */
 Test(gpu_topk, short_and_empty_windows_fill_the_tail, .timeout = 120) {
