@@ -28,6 +28,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kparity_kernel.h"
+
 #if defined(__CUDACC__)
 #define KP_TOPK_FN __host__ __device__ static inline
 #else
@@ -37,6 +39,15 @@
 #define KP_TOPK_EXACT_MAX_ROWS 32    /* radix_buffer: more rows than this take the coarse path */
 #define KP_TOPK_BUFFER_CAP 16384     /* radix_buffer: candidate buffer entries (vllm#51782: 16384 clean, 16385 drops) */
 #define KP_TOPK_MAX_K 8192           /* both impls refuse a larger k */
+
+/* What both devices refuse, as a reason; NULL when the args can run. */
+KP_TOPK_FN const char *kp_topk_args_problem(const kp_topk_args *a) {
+    if (a->rows < 1 || a->width < 1 || a->width > INT32_MAX || a->row_stride < a->width) return "rows, width or row_stride";
+    if (a->k < 1 || a->k > KP_TOPK_MAX_K) return "k outside [1, 8192]";
+    if (a->fill != -1 && a->fill != INT32_MAX) return "fill is neither -1 nor INT32_MAX";
+    if (a->index_base != KP_TOPK_BASE_ROW && a->index_base != KP_TOPK_BASE_WINDOW) return "index_base";
+    return NULL;
+}
 
 KP_TOPK_FN uint32_t kp_topk_bits(float v) {
     uint32_t b;

@@ -16,6 +16,7 @@
 
 #include "../kernels/kp_registry.h"
 #include "../kernels/topk_radix.h"
+#include "kp_gpu_test.h"
 #include "kp_test_util.h"
 
 static const kp_impl *impl_named(const char *name) {
@@ -168,26 +169,6 @@ static int32_t row_count(const topk_in *in, int64_t r, int32_t k) {
 }
 
 /* ---- device plumbing ---- */
-
-#define CUDA_OK(call)                                                                             \
-    do {                                                                                          \
-        cudaError_t e_ = (call);                                                                  \
-        cr_assert_eq(e_, cudaSuccess, "%s failed: %s (%s:%d)", #call, cudaGetErrorString(e_),     \
-                     __FILE__, __LINE__);                                                         \
-    } while (0)
-
-typedef struct gpu {
-    int sm_count;
-    cudaStream_t stream;
-} gpu;
-
-static gpu gpu_open(void) {
-    gpu g;
-    CUDA_OK(cudaSetDevice(0));
-    CUDA_OK(cudaDeviceGetAttribute(&g.sm_count, cudaDevAttrMultiProcessorCount, 0));
-    CUDA_OK(cudaStreamCreate(&g.stream));
-    return g;
-}
 
 #define GUARD 64        /* entries past rows * k of each output that no call may write */
 #define GUARD_BYTE 0xab /* every output byte before a call: an entry left unwritten shows */
@@ -739,20 +720,4 @@ Test(gpu_topk, judges_catch_planted_defects, .timeout = 60) {
     free_out(&want), free_out(&bad), free_input(&in);
 }
 
-int main(int argc, char *argv[]) {
-    if (!kp_registry_has_cuda() || !kp_impl_find("topk.radix_exact@cuda")) {
-        fprintf(stderr, "test_gpu_topk_kernels: built without the CUDA impls; skipping (77)\n");
-        return 77;
-    }
-    if (!kpt_gpu_available()) { /* asks in a throwaway child: this process never touches CUDA */
-        fprintf(stderr, "test_gpu_topk_kernels: no CUDA device; skipping (77)\n");
-        return 77;
-    }
-    struct criterion_test_set *tests = criterion_initialize();
-    int result = 0;
-    int go = criterion_handle_args(argc, argv, true);
-    if (go > 0) result = !criterion_run_all_tests(tests);
-    else result = go < 0 ? 2 : 0;
-    criterion_finalize(tests);
-    return result;
-}
+int main(int argc, char *argv[]) { return kpt_gpu_main(argc, argv, "test_gpu_topk_kernels", "topk.radix_exact@cuda"); }

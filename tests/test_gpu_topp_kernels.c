@@ -14,6 +14,7 @@
 
 #include "../kernels/kp_registry.h"
 #include "../kernels/topp_split.h"
+#include "kp_gpu_test.h"
 #include "kp_test_util.h"
 #include "kp_topp_rows.h"
 
@@ -26,27 +27,6 @@ static const kp_impl *host_port(const kp_impl *cuda) {
 static const char *const cuda_names[] = {"topp.split_logit@cuda", "topp.split_prob@cuda"};
 
 /* ---- device plumbing ---- */
-
-#define CUDA_OK(call)                                                                             \
-    do {                                                                                          \
-        cudaError_t e_ = (call);                                                                  \
-        cr_assert_eq(e_, cudaSuccess, "%s failed: %s (%s:%d)", #call, cudaGetErrorString(e_),     \
-                     __FILE__, __LINE__);                                                         \
-    } while (0)
-
-typedef struct gpu {
-    int sm_count;
-    cudaStream_t stream;
-} gpu;
-
-static gpu gpu_open(void) {
-    gpu g;
-    CUDA_OK(cudaSetDevice(0));
-    CUDA_OK(cudaDeviceGetAttribute(&g.sm_count, cudaDevAttrMultiProcessorCount, 0));
-    /* a blocking stream: it orders with the cudaMemcpy / cudaMemset calls below on the legacy stream */
-    CUDA_OK(cudaStreamCreate(&g.stream));
-    return g;
-}
 
 /* Device copies of one call's tensors. `y` comes in with what out[] should hold before the call
  * (sentinels in the padding) and goes back with everything the device holds after it. */
@@ -679,20 +659,4 @@ Test(gpu_topp, division_matches_ieee_wherever_it_counts, .timeout = 300) {
 
 /* ---- entry: skip (77) without CUDA impls or a device, without touching CUDA in this process ---- */
 
-int main(int argc, char *argv[]) {
-    if (!kp_registry_has_cuda() || !kp_impl_find("topp.split_prob@cuda")) {
-        fprintf(stderr, "test_gpu_topp_kernels: built without the CUDA impls; skipping (77)\n");
-        return 77;
-    }
-    if (!kpt_gpu_available()) { /* asks in a throwaway child: this process never touches CUDA */
-        fprintf(stderr, "test_gpu_topp_kernels: no CUDA device; skipping (77)\n");
-        return 77;
-    }
-    struct criterion_test_set *tests = criterion_initialize();
-    int result = 0;
-    int go = criterion_handle_args(argc, argv, true);
-    if (go > 0) result = !criterion_run_all_tests(tests);
-    else result = go < 0 ? 2 : 0;
-    criterion_finalize(tests);
-    return result;
-}
+int main(int argc, char *argv[]) { return kpt_gpu_main(argc, argv, "test_gpu_topp_kernels", "topp.split_prob@cuda"); }

@@ -40,14 +40,9 @@ __device__ __forceinline__ topk_row row_at(const topk_params &p, int64_t r) {
     return w;
 }
 
-/* The host port's checks (kernels/host/topk_radix.c), with the same messages. */
+/* The host port's checks (kp_topk_args_problem), with the same messages. */
 static inline int topk_check(const char *name, const void *args, char *message, size_t message_len) {
-    const kp_topk_args *a = static_cast<const kp_topk_args *>(args);
-    const char *why = NULL;
-    if (a->rows < 1 || a->width < 1 || a->width > INT32_MAX || a->row_stride < a->width) why = "rows, width or row_stride";
-    else if (a->k < 1 || a->k > KP_TOPK_MAX_K) why = "k outside [1, 8192]";
-    else if (a->fill != -1 && a->fill != INT32_MAX) why = "fill is neither -1 nor INT32_MAX";
-    else if (a->index_base != KP_TOPK_BASE_ROW && a->index_base != KP_TOPK_BASE_WINDOW) why = "index_base";
+    const char *why = kp_topk_args_problem(static_cast<const kp_topk_args *>(args));
     if (!why) return KP_RUN_OK;
     return kp_cuda_fail_msg(message, message_len, KP_RUN_NOT_SUPPORTED, "%s: %s", name, why);
 }

@@ -12,12 +12,7 @@
 #include "../topk_radix.h"
 
 static int topk_host_check(const char *name, const void *args, char *message, size_t message_len) {
-    const kp_topk_args *a = args;
-    const char *why = NULL;
-    if (a->rows < 1 || a->width < 1 || a->width > INT32_MAX || a->row_stride < a->width) why = "rows, width or row_stride";
-    else if (a->k < 1 || a->k > KP_TOPK_MAX_K) why = "k outside [1, 8192]";
-    else if (a->fill != -1 && a->fill != INT32_MAX) why = "fill is neither -1 nor INT32_MAX";
-    else if (a->index_base != KP_TOPK_BASE_ROW && a->index_base != KP_TOPK_BASE_WINDOW) why = "index_base";
+    const char *why = kp_topk_args_problem(args);
     if (!why) return KP_RUN_OK;
     if (message && message_len) snprintf(message, message_len, "%s: %s", name, why);
     return KP_RUN_NOT_SUPPORTED;
