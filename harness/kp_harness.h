@@ -217,6 +217,25 @@ typedef struct kp_reference {
     int narrays;
 } kp_reference;
 
+/* A family's judgements of outputs, one per (output, rule parameters), so the checks of a case judge an
+ * output once whatever asks; past KP_MEMO_MAX the oldest is freed (harness/memo.c). Parameters compare
+ * by their bytes: keep them in zeroed storage (check specs are). */
+#define KP_MEMO_MAX 8
+typedef struct kp_memo {
+    struct {
+        const kp_output *out;
+        unsigned char params[KP_PARAMS_MAX];
+        void *value;
+    } e[KP_MEMO_MAX];
+    int n;
+    size_t params_bytes;
+    void (*free_value)(void *value); /* frees what a value holds and the value */
+} kp_memo;
+void *kp_memo_find(const kp_memo *m, const kp_output *out, const void *params);
+/* Keeps value for (out, params) and returns it. */
+void *kp_memo_add(kp_memo *m, const kp_output *out, const void *params, void *value);
+void kp_memo_clear(kp_memo *m);
+
 /* A batch size at which some impl changes what it runs: batch probes straddle it (T rows, T + 1). */
 typedef struct kp_threshold {
     int64_t rows;

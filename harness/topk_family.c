@@ -11,8 +11,6 @@
 #include "../reference/topk_ref.h"
 #include "kp_harness.h"
 
-#define MAX_JUDGED 8
-
 /* The rule parameters: which members of the boundary tie group an output may take, and its order. */
 typedef struct topk_params {
     kp_topk_ties ties;
@@ -25,13 +23,10 @@ typedef struct topk_data {
     int32_t *starts, *ends;
     int have_ref;
     kp_topk_ref ref;
-    struct {
-        const kp_output *out;
-        topk_params params;
-        kp_topk_judgement j;
-    } judged[MAX_JUDGED];
-    int njudged;
+    kp_memo judged; /* judgements of outputs, per rule parameters */
 } topk_data;
+
+static void free_judgement(void *j); /* the memo's: a judgement and what it holds */
 
 /* vLLM's indexer top-k takes an exact path at <= 32 rows and a bucketed one above (families.md §C2). */
 static const kp_threshold thresholds[] = {
@@ -42,6 +37,7 @@ static const kp_threshold thresholds[] = {
 static int topk_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp_error *err) {
     topk_data *d = v->data = kp_calloc(1, sizeof *d, "topk case", err);
     if (!d) return err->code;
+    d->judged = (kp_memo){.params_bytes = sizeof(topk_params), .free_value = free_judgement};
     int rc = kp_topk_case_read(c, &d->tc, err);
     if (rc) return rc;
     v->batch = d->tc.rows, v->rows_total = d->tc.rows + extra_rows;
@@ -56,7 +52,7 @@ static int topk_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, k
 
 static void topk_release(void *data) {
     topk_data *d = data;
-    for (int i = 0; i < d->njudged; i++) kp_topk_judgement_free(&d->judged[i].j);
+    kp_memo_clear(&d->judged);
     if (d->have_ref) kp_topk_ref_free(&d->ref);
     free(d);
 }
@@ -139,27 +135,26 @@ static void topk_describe_params(const void *params, cJSON *out) {
 
 /* What an exact check explains its differences with when the config declares no rule parameters: the
  * strictest tie policy, and no order (exact compares sets). */
-static void topk_default_params(void *params) { *(topk_params *)params = (topk_params){KP_TOPK_TIES_LOWEST_INDEX, KP_TOPK_ORDER_ANY}; }
+static void topk_default_params(void *params) {
+    topk_params *p = params;
+    p->ties = KP_TOPK_TIES_LOWEST_INDEX, p->order = KP_TOPK_ORDER_ANY;
+}
+
+static void free_judgement(void *j) {
+    kp_topk_judgement_free(j);
+    free(j);
+}
 
 static const kp_topk_judgement *judge(topk_data *d, const topk_params *params, const kp_output *o, kp_error *err) {
-    for (int i = 0; i < d->njudged; i++)
-        if (d->judged[i].out == o && d->judged[i].params.ties == params->ties && d->judged[i].params.order == params->order)
-            return &d->judged[i].j;
+    kp_topk_judgement *j = kp_memo_find(&d->judged, o, params);
+    if (j) return j;
     KP_ASSERT(d->have_ref); /* the harness computes the reference before any judging */
-    if (d->njudged == MAX_JUDGED) { /* evict the oldest */
-        kp_topk_judgement_free(&d->judged[0].j);
-        memmove(&d->judged[0], &d->judged[1], sizeof d->judged[0] * (MAX_JUDGED - 1));
-        d->njudged--;
-    }
-    const int slot = d->njudged;
+    if (!(j = kp_calloc(1, sizeof *j, "a judgement", err))) return NULL;
     const double t0 = kp_now();
-    int rc = kp_topk_judge(&d->ref, d->scores, d->tc.stride, o->t[0].data, o->t[1].data, params->ties, params->order,
-                           &d->judged[slot].j, err);
+    const int rc = kp_topk_judge(&d->ref, d->scores, d->tc.stride, o->t[0].data, o->t[1].data, params->ties, params->order, j, err);
     kp_stage_add(KP_STAGE_JUDGING, kp_now() - t0);
-    if (rc) return NULL;
-    d->judged[slot].out = o, d->judged[slot].params = *params;
-    d->njudged++;
-    return &d->judged[slot].j;
+    if (rc) return free(j), NULL;
+    return kp_memo_add(&d->judged, o, params, j);
 }
 
 /* One row of a judgement, with its index lists as evidence. */

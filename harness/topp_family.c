@@ -13,8 +13,6 @@
 #include "kp_device.h"
 #include "kp_harness.h"
 
-#define MAX_JUDGED 8
-
 /* The rule parameters a rule or exact check declares. */
 typedef struct topp_params {
     kp_tie_policy tie_policy;
@@ -27,13 +25,10 @@ typedef struct topp_data {
     float *top_p;  /* [rows_total] */
     int have_ref;
     kp_topp_ref ref;
-    struct {
-        const kp_output *out;
-        topp_params params;
-        kp_topp_judgement j;
-    } judged[MAX_JUDGED];
-    int njudged;
+    kp_memo judged; /* judgements of outputs, per rule parameters */
 } topp_data;
+
+static void free_judgement(void *j); /* the memo's: a judgement and what it holds */
 
 /* Batch sizes where a topp impl changes path: probes of T and T + 1 rows straddle each (63/64/65). */
 static const kp_threshold thresholds[] = {
@@ -45,6 +40,7 @@ static const kp_threshold thresholds[] = {
 static int topp_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp_error *err) {
     topp_data *d = v->data = kp_calloc(1, sizeof *d, "topp case", err);
     if (!d) return err->code;
+    d->judged = (kp_memo){.params_bytes = sizeof(topp_params), .free_value = free_judgement};
     int rc = kp_topp_case_read(c, &d->tc, err);
     if (rc) return rc;
     v->batch = d->tc.batch, v->rows_total = d->tc.batch + extra_rows;
@@ -58,7 +54,7 @@ static int topp_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, k
 
 static void topp_release(void *data) {
     topp_data *d = data;
-    for (int i = 0; i < d->njudged; i++) kp_topp_judgement_free(&d->judged[i].j);
+    kp_memo_clear(&d->judged);
     if (d->have_ref) kp_topp_ref_free(&d->ref);
     free(d);
 }
@@ -140,28 +136,26 @@ static void topp_describe_params(const void *params, cJSON *out) {
 
 /* What an exact check explains its differences with when the config declares no rule parameters: the
  * design's band for f32 kernels summing ~10^5 terms (DESIGN.md "topp"), written into the receipt. */
-static void topp_default_params(void *params) { *(topp_params *)params = (topp_params){KP_TIE_MINIMAL_INDEX, 1e-6}; }
+static void topp_default_params(void *params) { /* field by field: the padding stays as zeroed, params compare by bytes */
+    topp_params *p = params;
+    p->tie_policy = KP_TIE_MINIMAL_INDEX, p->band = 1e-6;
+}
+
+static void free_judgement(void *j) {
+    kp_topp_judgement_free(j);
+    free(j);
+}
 
 static const kp_topp_judgement *judge(topp_data *d, const topp_params *params, const kp_output *o, kp_error *err) {
-    for (int i = 0; i < d->njudged; i++)
-        if (d->judged[i].out == o && d->judged[i].params.tie_policy == params->tie_policy &&
-            d->judged[i].params.band == params->band)
-            return &d->judged[i].j;
+    kp_topp_judgement *j = kp_memo_find(&d->judged, o, params);
+    if (j) return j;
     KP_ASSERT(d->have_ref); /* the harness computes the reference before any judging */
-    if (d->njudged == MAX_JUDGED) { /* evict the oldest */
-        kp_topp_judgement_free(&d->judged[0].j);
-        memmove(&d->judged[0], &d->judged[1], sizeof d->judged[0] * (MAX_JUDGED - 1));
-        d->njudged--;
-    }
-    int slot = d->njudged;
-    double t0 = kp_now();
-    int rc = kp_topp_judge(&d->ref, d->logits, o->t[0].data, o->t[0].row_stride, params->tie_policy, params->band,
-                           &d->judged[slot].j, err);
+    if (!(j = kp_calloc(1, sizeof *j, "a judgement", err))) return NULL;
+    const double t0 = kp_now();
+    const int rc = kp_topp_judge(&d->ref, d->logits, o->t[0].data, o->t[0].row_stride, params->tie_policy, params->band, j, err);
     kp_stage_add(KP_STAGE_JUDGING, kp_now() - t0);
-    if (rc) return NULL;
-    d->judged[slot].out = o, d->judged[slot].params = *params;
-    d->njudged++;
-    return &d->judged[slot].j;
+    if (rc) return free(j), NULL;
+    return kp_memo_add(&d->judged, o, params, j);
 }
 
 static void add_bits(cJSON *obj, const char *key, float v) {
