@@ -174,7 +174,11 @@ static int row_json(const kp_topk_judgement *j, int64_t r, cJSON *row, kp_eviden
     if (kp_evidence_list(ev, row, "strict", name, j->strict_idx + j->strict_off[r], j->strict_off[r + 1] - j->strict_off[r], err))
         return err->code;
     snprintf(name, sizeof name, "%s.row%lld.tie", tag, (long long)r);
-    return kp_evidence_list(ev, row, "tie", name, j->tie_idx + j->tie_off[r], j->tie_off[r + 1] - j->tie_off[r], err);
+    if (kp_evidence_list(ev, row, "tie", name, j->tie_idx + j->tie_off[r], j->tie_off[r + 1] - j->tie_off[r], err))
+        return err->code;
+    snprintf(name, sizeof name, "%s.row%lld.missing", tag, (long long)r);
+    return kp_evidence_list(ev, row, "missing", name, j->missing_idx + j->missing_off[r],
+                            j->missing_off[r + 1] - j->missing_off[r], err);
 }
 
 static void ref_row_json(const topk_data *d, int64_t r, cJSON *row) {

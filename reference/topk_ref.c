@@ -147,7 +147,7 @@ typedef struct judge_job {
     const int32_t *indices;
     const float *values;
     kp_topk_judgement *j;
-    int64_t **strict, **tie; /* per row, malloc'd; counts in the row judgement */
+    int64_t **strict, **tie, **missing; /* per row, malloc'd; counts in the row judgement */
     atomic_int failed;
 } judge_job;
 
@@ -168,9 +168,10 @@ static void judge_row(void *ctx, int64_t r) {
     uint8_t *mine = calloc((size_t)(rr->len ? rr->len : 1), 1), *theirs = calloc((size_t)(rr->len ? rr->len : 1), 1);
     int32_t *order = malloc(sizeof *order * (size_t)ref->k), *sorted = malloc(sizeof *sorted * (size_t)ref->k);
     int64_t *strict = malloc(sizeof *strict * (size_t)(2 * ref->k + 1)), *tie = malloc(sizeof *tie * (size_t)(2 * ref->k + 1));
-    if (!mine || !theirs || !order || !sorted || !strict || !tie) {
+    int64_t *missing = malloc(sizeof *missing * (size_t)(ref->k + 1));
+    if (!mine || !theirs || !order || !sorted || !strict || !tie || !missing) {
         atomic_store(&job->failed, 1);
-        free(mine), free(theirs), free(order), free(sorted), free(strict), free(tie);
+        free(mine), free(theirs), free(order), free(sorted), free(strict), free(tie), free(missing);
         return;
     }
     const int32_t shift = ref->index_base == 1 ? 0 : rr->start; /* declared base -> window position */
@@ -201,6 +202,7 @@ static void judge_row(void *ctx, int64_t r) {
         const uint32_t key = order_key(x[rr->start + w]);
         if (key == rr->boundary_key) tie[rj->tie_count++] = rr->start + w;
         else strict[rj->strict_count++] = rr->start + w;
+        if (theirs[w]) missing[rj->missing_count++] = rr->start + w;
         rj->dropped += !mine[w] && key > rr->boundary_key;
     }
     rj->order_ok = true;
@@ -213,7 +215,7 @@ static void judge_row(void *ctx, int64_t r) {
     rj->rule_ok = rj->strict_count == 0 && rj->out_of_window == 0 && rj->duplicates == 0 && rj->value_mismatch == 0 &&
                   rj->fill_misplaced == 0 && rj->fill_value_bad == 0 && rj->valid == rr->count && rj->order_ok &&
                   (job->j->ties == KP_TOPK_TIES_ANY || rj->tie_count == 0);
-    job->strict[r] = strict, job->tie[r] = tie;
+    job->strict[r] = strict, job->tie[r] = tie, job->missing[r] = missing;
     free(mine), free(theirs), free(order), free(sorted);
 }
 
@@ -229,11 +231,14 @@ int kp_topk_judge(const kp_topk_ref *ref, const float *scores, int64_t stride, c
     out->row = kp_calloc((size_t)R, sizeof *out->row, "topk judgement", err);
     out->strict_off = kp_calloc((size_t)R + 1, sizeof(int64_t), "topk judgement", err);
     out->tie_off = kp_calloc((size_t)R + 1, sizeof(int64_t), "topk judgement", err);
+    out->missing_off = kp_calloc((size_t)R + 1, sizeof(int64_t), "topk judgement", err);
     judge_job job = {.ref = ref, .scores = scores, .stride = stride, .indices = indices, .values = values, .j = out};
     job.strict = kp_calloc((size_t)R, sizeof *job.strict, "topk judgement", err);
     job.tie = kp_calloc((size_t)R, sizeof *job.tie, "topk judgement", err);
+    job.missing = kp_calloc((size_t)R, sizeof *job.missing, "topk judgement", err);
     int rc = 0;
-    if (!out->row || !out->strict_off || !out->tie_off || !job.strict || !job.tie) rc = err->code;
+    if (!out->row || !out->strict_off || !out->tie_off || !out->missing_off || !job.strict || !job.tie || !job.missing)
+        rc = err->code;
     if (!rc) {
         atomic_init(&job.failed, 0);
         kp_parallel_for(R, judge_row, &job);
@@ -242,25 +247,30 @@ int kp_topk_judge(const kp_topk_ref *ref, const float *scores, int64_t stride, c
     for (int64_t r = 0; !rc && r < R; r++) {
         out->strict_off[r + 1] = out->strict_off[r] + out->row[r].strict_count;
         out->tie_off[r + 1] = out->tie_off[r] + out->row[r].tie_count;
+        out->missing_off[r + 1] = out->missing_off[r] + out->row[r].missing_count;
         out->rows_rule_ok += out->row[r].rule_ok;
     }
     if (!rc) {
         out->strict_idx = kp_calloc((size_t)out->strict_off[R] + 1, sizeof(int64_t), "topk judgement", err);
         out->tie_idx = kp_calloc((size_t)out->tie_off[R] + 1, sizeof(int64_t), "topk judgement", err);
-        if (!out->strict_idx || !out->tie_idx) rc = err->code;
+        out->missing_idx = kp_calloc((size_t)out->missing_off[R] + 1, sizeof(int64_t), "topk judgement", err);
+        if (!out->strict_idx || !out->tie_idx || !out->missing_idx) rc = err->code;
     }
     for (int64_t r = 0; !rc && r < R; r++) {
         memcpy(out->strict_idx + out->strict_off[r], job.strict[r], sizeof(int64_t) * (size_t)out->row[r].strict_count);
         memcpy(out->tie_idx + out->tie_off[r], job.tie[r], sizeof(int64_t) * (size_t)out->row[r].tie_count);
+        memcpy(out->missing_idx + out->missing_off[r], job.missing[r], sizeof(int64_t) * (size_t)out->row[r].missing_count);
     }
     for (int64_t r = 0; job.strict && r < R; r++) free(job.strict[r]);
     for (int64_t r = 0; job.tie && r < R; r++) free(job.tie[r]);
-    free(job.strict), free(job.tie);
+    for (int64_t r = 0; job.missing && r < R; r++) free(job.missing[r]);
+    free(job.strict), free(job.tie), free(job.missing);
     if (rc) kp_topk_judgement_free(out);
     return rc;
 }
 
 void kp_topk_judgement_free(kp_topk_judgement *j) {
     free(j->row), free(j->strict_off), free(j->strict_idx), free(j->tie_off), free(j->tie_idx);
+    free(j->missing_off), free(j->missing_idx);
     memset(j, 0, sizeof *j);
 }

@@ -52,6 +52,7 @@ typedef struct kp_topk_row_judgement {
     int64_t duplicates;      /* an index given twice */
     int64_t value_mismatch;  /* a value not bit-identical to the score at its index */
     int64_t strict_count, tie_count; /* selection differences, classified */
+    int64_t missing_count;   /* of those, entries of the answer the output lacks */
     int64_t dropped;         /* unselected entries strictly before the boundary value: lost candidates */
     bool order_ok;           /* the valid entries are in the declared order */
     bool rule_ok;
@@ -65,6 +66,7 @@ typedef struct kp_topk_judgement {
     kp_topk_row_judgement *row;
     int64_t *strict_off, *strict_idx; /* CSR over rows */
     int64_t *tie_off, *tie_idx;
+    int64_t *missing_off, *missing_idx; /* entries of the answer the output lacks (strict or tie) */
 } kp_topk_judgement;
 
 /* Judge indices and values ([rows, k] each) produced from scores against the reference. A selection

@@ -158,6 +158,7 @@ Test(reference_topk, the_judge_passes_the_answer_and_catches_each_planted_defect
             j = must_judge(&ref, row10, 10, tie_idx, tie_val, KP_TOPK_TIES_ANY, KP_TOPK_ORDER_ANY);
             cr_assert(!j.row[0].rule_ok && j.row[0].strict_count == 2 && j.row[0].dropped == 1, "base %d fill %d", base, fill);
             cr_assert_eq(j.strict_idx[0], 5, "indices in the judgement are row positions");
+            cr_assert(j.row[0].missing_count == 1 && j.missing_idx[0] == 7, "the missing entry is the 8 at position 7");
             kp_topk_judgement_free(&j);
             kp_topk_ref_free(&ref);
 #undef RESET
