@@ -1,0 +1,182 @@
+/* moe_case.c: moe fields, their canonical form, the model shapes and the seeded generator of expert
+ * weights (quantized to NVFP4), activations and routing. Built with -ffp-contract=off and no libm
+ * transcendental, so inputs are bit-identical anywhere. */
+#include "moe_case.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kp_rng.h"
+
+static const struct {
+    const char *name;
+    int64_t hidden, inter, experts, topk;
+    int gated;
+} models[] = {
+    {"glm53", 4096, 2048, 288, 8, 1},    /* GLM-5.3-Flash, the seed's model */
+    {"qwen3", 2048, 768, 128, 8, 1},     /* Qwen3-30B-A3B */
+    {"nemotron", 2688, 1856, 128, 6, 0}, /* Nemotron-3-Nano: relu^2, non-gated */
+    {"glm47", 2048, 1536, 64, 4, 1},     /* GLM-4.7-Flash: below 1024 routed slots, a deterministic align path */
+};
+#define NMODELS ((int)(sizeof models / sizeof models[0]))
+
+static const char *const profile_names[KP_MOE_PROFILE_COUNT] = {"uniform", "hot", "straddle", "single"};
+static const char *const known_keys[] = {"model", "m", "seed", "profile", "hidden", "inter", "scale_dir"};
+
+enum { SLOT_X = 0, SLOT_ROUTE = 1, SLOT_WEIGHTS = 2 };
+
+static uint64_t slot_offset(int slot, uint64_t at) { return ((uint64_t)slot << 56) + at; }
+
+int kp_moe_case_read(const kp_case *c, kp_moe_case *out, kp_error *err) {
+    memset(out, 0, sizeof *out);
+    for (int i = 0; i < c->nparams; i++) {
+        int known = 0;
+        for (size_t k = 0; k < sizeof known_keys / sizeof *known_keys; k++) known |= !strcmp(c->params[i].key, known_keys[k]);
+        if (!known)
+            return kp_fail(err, KP_EXIT_USAGE, "case moe: field '%s' is unknown (known: model, m, seed, profile, hidden, "
+                           "inter, scale_dir)", c->params[i].key);
+    }
+    const char *model = kp_case_get(c, "model"), *profile = kp_case_get(c, "profile"), *dir = kp_case_get(c, "scale_dir");
+    if (!model) return kp_fail(err, KP_EXIT_USAGE, "case moe: field 'model' is required");
+    int found = -1;
+    for (int i = 0; i < NMODELS; i++)
+        if (!strcmp(model, models[i].name)) found = i;
+    if (found < 0) return kp_fail(err, KP_EXIT_USAGE, "case moe: field 'model': '%s' is unknown (glm53, qwen3, nemotron, glm47)", model);
+    out->model = models[found].name, out->hidden = models[found].hidden, out->inter = models[found].inter;
+    out->experts = models[found].experts, out->topk = models[found].topk, out->gated = models[found].gated;
+    if (!profile) return kp_fail(err, KP_EXIT_USAGE, "case moe: field 'profile' is required");
+    out->profile = KP_MOE_PROFILE_COUNT;
+    for (int p = 0; p < KP_MOE_PROFILE_COUNT; p++)
+        if (!strcmp(profile, profile_names[p])) out->profile = (kp_moe_profile)p;
+    if (out->profile == KP_MOE_PROFILE_COUNT)
+        return kp_fail(err, KP_EXIT_USAGE, "case moe: field 'profile': '%s' is unknown (uniform, hot, straddle, single)", profile);
+    if (dir && strcmp(dir, "divide") && strcmp(dir, "multiply"))
+        return kp_fail(err, KP_EXIT_USAGE, "case moe: field 'scale_dir': '%s' is unknown (divide, multiply)", dir);
+    out->scale_dir = dir && !strcmp(dir, "multiply") ? KP_NVFP4_MULTIPLY : KP_NVFP4_DIVIDE;
+    int rc;
+    if ((rc = kp_case_int(c, "m", 1, 65536, &out->m, err)) || (rc = kp_case_uint(c, "seed", &out->seed, err)) ||
+        (kp_case_get(c, "hidden") && (rc = kp_case_int(c, "hidden", 16, 65536, &out->hidden, err))) ||
+        (kp_case_get(c, "inter") && (rc = kp_case_int(c, "inter", 16, 65536, &out->inter, err))))
+        return rc;
+    if (out->hidden % KP_NVFP4_BLOCK || out->inter % KP_NVFP4_BLOCK)
+        return kp_fail(err, KP_EXIT_USAGE, "case moe: fields 'hidden' and 'inter': %lld and %lld must be multiples of 16 "
+                       "(NVFP4 blocks along K)", (long long)out->hidden, (long long)out->inter);
+    if (out->profile == KP_MOE_SINGLE && out->m != 1)
+        return kp_fail(err, KP_EXIT_USAGE, "case moe: field 'm': profile=single is one row, not %lld", (long long)out->m);
+    return 0;
+}
+
+/* Validate fields, rewrite values canonically, drop fields equal to their defaults. */
+static int normalize(kp_case *c, kp_error *err) {
+    kp_moe_case mc;
+    int rc = kp_moe_case_read(c, &mc, err);
+    if (rc) return rc;
+    char text[32];
+    for (int i = 0; i < NMODELS; i++) {
+        if (strcmp(models[i].name, mc.model)) continue;
+        if (mc.hidden == models[i].hidden) kp_case_unset(c, "hidden");
+        if (mc.inter == models[i].inter) kp_case_unset(c, "inter");
+    }
+    if (mc.scale_dir == KP_NVFP4_DIVIDE) kp_case_unset(c, "scale_dir");
+    snprintf(text, sizeof text, "%lld", (long long)mc.m);
+    if ((rc = kp_case_set(c, "m", text, err))) return rc;
+    snprintf(text, sizeof text, "%llu", (unsigned long long)mc.seed);
+    if ((rc = kp_case_set(c, "seed", text, err))) return rc;
+    if (kp_case_get(c, "hidden")) snprintf(text, sizeof text, "%lld", (long long)mc.hidden), rc = kp_case_set(c, "hidden", text, err);
+    if (!rc && kp_case_get(c, "inter")) snprintf(text, sizeof text, "%lld", (long long)mc.inter), rc = kp_case_set(c, "inter", text, err);
+    return rc;
+}
+
+const kp_case_family kp_moe_case_family = {
+    .name = "moe",
+    .generator_version = KP_MOE_GENERATOR_VERSION,
+    .fields_help = "model m seed profile [hidden inter scale_dir]; models: glm53 qwen3 nemotron glm47; profiles: uniform "
+                   "hot straddle single; scale_dir: divide multiply",
+    .normalize = normalize,
+};
+
+int64_t kp_moe_w13_rows(const kp_moe_case *mc) { return mc->gated ? 2 * mc->inter : mc->inter; }
+
+/* n draws from `at` of slot `slot`, as (u - 1/2) / 8 in f32. */
+static int draw_weights(kp_rng *rng, uint64_t at, int64_t n, float *w, uint32_t *scratch, kp_error *err) {
+    int rc = kp_rng_draw(rng, slot_offset(SLOT_WEIGHTS, at), scratch, (size_t)n, err);
+    for (int64_t i = 0; !rc && i < n; i++) w[i] = (float)((kp_unit(scratch[i]) - 0.5) / 8.0);
+    return rc;
+}
+
+int kp_moe_case_expert(const kp_moe_case *mc, int64_t e, uint8_t *w13, uint8_t *s13, float *g13, uint8_t *w2,
+                       uint8_t *s2, float *g2, kp_error *err) {
+    const int64_t n13 = kp_moe_w13_rows(mc) * mc->hidden, n2 = mc->hidden * mc->inter, most = n13 > n2 ? n13 : n2;
+    float *w = kp_calloc((size_t)most, sizeof *w, "expert weights", err);
+    uint32_t *scratch = kp_calloc((size_t)most, sizeof *scratch, "expert draws", err);
+    kp_rng rng;
+    int rc = w && scratch ? kp_rng_open(&rng, mc->seed, err) : err->code, opened = rc == 0;
+    const uint64_t at = (uint64_t)e * (uint64_t)(n13 + n2);
+    if (!rc) rc = draw_weights(&rng, at, n13, w, scratch, err);
+    if (!rc) rc = kp_nvfp4_quantize(w, kp_moe_w13_rows(mc), mc->hidden, mc->scale_dir, w13, s13, g13, err);
+    if (!rc) rc = draw_weights(&rng, at + (uint64_t)n13, n2, w, scratch, err);
+    if (!rc) rc = kp_nvfp4_quantize(w, mc->hidden, mc->inter, mc->scale_dir, w2, s2, g2, err);
+    if (opened) kp_rng_close(&rng);
+    free(w), free(scratch);
+    return rc;
+}
+
+static float with_low_bit(double v) { /* nonzero low 16 bits: bf16 rounding changes the value */
+    float f = (float)v;
+    uint32_t b;
+    memcpy(&b, &f, sizeof b);
+    b |= 1u;
+    memcpy(&f, &b, sizeof f);
+    return f;
+}
+
+/* Row r's experts: the profile's forced ones first, then the rest drawn without replacement from
+ * [pool, experts) (a partial Fisher-Yates over perm, which is the identity on entry and on return). */
+static void route_row(const kp_moe_case *mc, int64_t r, const uint32_t *d, int32_t *perm, int32_t *ids) {
+    int64_t n = 0, pool = 0;
+    if (mc->profile == KP_MOE_HOT) ids[n++] = 0, pool = 1;
+    if (mc->profile == KP_MOE_STRADDLE) {
+        if (r < 31) ids[n++] = 0;
+        if (r < 32) ids[n++] = 1;
+        if (r < 33) ids[n++] = 2;
+        pool = 3;
+    }
+    const int64_t size = mc->experts - pool, picks = mc->topk - n;
+    for (int64_t j = 0; j < picks; j++) {
+        const int64_t pick = j + kp_index(d[j], size - j);
+        const int32_t t = perm[j];
+        perm[j] = perm[pick], perm[pick] = t;
+        ids[n + j] = (int32_t)pool + perm[j];
+    }
+    for (int64_t j = picks - 1; j >= 0; j--) { /* undo the swaps, so perm is the identity again */
+        const int64_t pick = j + kp_index(d[j], size - j);
+        const int32_t t = perm[j];
+        perm[j] = perm[pick], perm[pick] = t;
+    }
+}
+
+int kp_moe_case_rows(const kp_moe_case *mc, int64_t first, int64_t n, float *x, int32_t *ids, float *weights, kp_error *err) {
+    const int64_t H = mc->hidden, K = mc->topk, span = 2 * K; /* routing draws a row: picks, then weights */
+    uint32_t *d = kp_calloc((size_t)(H > span ? H : span), sizeof *d, "moe draws", err);
+    int32_t *perm = kp_calloc((size_t)mc->experts, sizeof *perm, "moe routing", err);
+    kp_rng rng;
+    int rc = d && perm ? kp_rng_open(&rng, mc->seed, err) : err->code, opened = rc == 0;
+    for (int64_t e = 0; perm && e < mc->experts; e++) perm[e] = (int32_t)e;
+    if (!rc) rc = kp_rng_seek(&rng, slot_offset(SLOT_X, (uint64_t)first * (uint64_t)H), err);
+    for (int64_t i = 0; !rc && i < n; i++) {
+        if ((rc = kp_rng_next(&rng, d, (size_t)H, err))) break;
+        for (int64_t h = 0; h < H; h++) x[i * H + h] = with_low_bit((kp_unit(d[h]) - 0.5) * 4.0);
+    }
+    if (!rc) rc = kp_rng_seek(&rng, slot_offset(SLOT_ROUTE, (uint64_t)first * (uint64_t)span), err);
+    for (int64_t i = 0; !rc && i < n; i++) {
+        if ((rc = kp_rng_next(&rng, d, (size_t)span, err))) break;
+        route_row(mc, first + i, d, perm, ids + i * K);
+        double sum = 0;
+        for (int64_t j = 0; j < K; j++) sum += kp_unit(d[K + j]) + 0.25;
+        for (int64_t j = 0; j < K; j++) weights[i * K + j] = with_low_bit((kp_unit(d[K + j]) + 0.25) / sum);
+    }
+    if (opened) kp_rng_close(&rng);
+    free(d), free(perm);
+    return rc;
+}

@@ -1,0 +1,54 @@
+/* moe_case.h: the moe family's case fields, model shapes, routing profiles and seeded generation of
+ * NVFP4 expert weights (cases/kp_nvfp4.h), activations and routing (DESIGN.md "moe", families.md §E1).
+ *
+ * Fields: model (glm53, qwen3, nemotron, glm47), m (rows), seed, profile; optional hidden and inter
+ * (smaller sizes of the model's layer for host gates; multiples of 16), scale_dir (`divide`: the global
+ * scale stored as 2688 / amax, or `multiply`: stored as amax / 2688).
+ * Every value comes from raw Philox draws (kp_rng) with + - * / only, each tensor at its own slot:
+ *   weights   expert e's W13 ([2 inter, hidden] gate then up, or [inter, hidden] for relu^2) and W2
+ *             ([hidden, inter]) drawn as (u - 1/2) / 8 and quantized to NVFP4 along their K (hidden,
+ *             then inter), one global scale per expert and tensor;
+ *   x         [m, hidden]: (u - 1/2) * 4 with the lowest mantissa bit set, so every activation has
+ *             nonzero low 16 bits and rounding it to bf16 changes it;
+ *   ids       [m, topk] distinct experts per row, by profile:
+ *               uniform   topk experts drawn without replacement;
+ *               hot       expert 0 in every row (> 32 and > 64 rows once m > 64), the rest uniform;
+ *               straddle  experts 0, 1 and 2 in the first 31, 32 and 33 rows: their counts straddle 32;
+ *               single    m = 1;
+ *   weights   [m, topk] positive, normalized to sum 1 over a row, then each with its lowest mantissa bit
+ *             set: not bf16-representable.
+ * Row r of x, ids and weights is the same whatever m. */
+#ifndef KP_MOE_CASE_H
+#define KP_MOE_CASE_H
+
+#include <stdint.h>
+
+#include "kp_case.h"
+#include "kp_nvfp4.h"
+
+typedef enum kp_moe_profile { KP_MOE_UNIFORM = 0, KP_MOE_HOT, KP_MOE_STRADDLE, KP_MOE_SINGLE, KP_MOE_PROFILE_COUNT } kp_moe_profile;
+
+typedef struct kp_moe_case {
+    const char *model;
+    int64_t hidden, inter, experts, topk, m;
+    int gated; /* SiLU(gate) * up when 1, relu(up)^2 when 0 */
+    uint64_t seed;
+    kp_moe_profile profile;
+    kp_nvfp4_scale_dir scale_dir;
+} kp_moe_case;
+
+#define KP_MOE_GENERATOR_VERSION "moe/v1"
+
+/* moe's row of the case-family table (cases/case_families.c). */
+extern const kp_case_family kp_moe_case_family;
+int kp_moe_case_read(const kp_case *c, kp_moe_case *out, kp_error *err);
+/* Rows of W13 (2 inter when gated, else inter). */
+int64_t kp_moe_w13_rows(const kp_moe_case *mc);
+/* Expert e's quantized weights: w13 [w13_rows, hidden / 2] with scales [w13_rows, hidden / 16] and its
+ * global scale, w2 [hidden, inter / 2] with scales [hidden, inter / 16] and its global scale. */
+int kp_moe_case_expert(const kp_moe_case *mc, int64_t e, uint8_t *w13, uint8_t *s13, float *g13, uint8_t *w2,
+                       uint8_t *s2, float *g2, kp_error *err);
+/* Rows [first, first + n): x [n, hidden], ids [n, topk], weights [n, topk]. */
+int kp_moe_case_rows(const kp_moe_case *mc, int64_t first, int64_t n, float *x, int32_t *ids, float *weights, kp_error *err);
+
+#endif

@@ -1,0 +1,136 @@
+/* test_cases_moe.c: moe case names and generation: the model shapes and canonical names, bad fields
+ * refused naming the field, a row the same whatever m, activations and routing weights that bf16 cannot
+ * hold, each routing profile's expert counts, and expert weights quantized to NVFP4 along their K. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../cases/moe_case.h"
+
+static kp_moe_case read_case(const char *name, char *canonical) {
+    kp_case c;
+    kp_moe_case mc;
+    kp_error err = {0};
+    cr_assert_eq(kp_case_parse(name, &c, &err) || kp_case_normalize(&c, &err) || kp_moe_case_read(&c, &mc, &err), 0, "%s",
+                 err.msg);
+    if (canonical) kp_case_format(&c, canonical, KP_CASE_NAME_MAX);
+    return mc;
+}
+
+typedef struct rows {
+    float *x, *w;
+    int32_t *ids;
+} rows;
+
+static rows make_rows(const kp_moe_case *mc, int64_t first, int64_t n) {
+    rows g = {malloc(sizeof(float) * (size_t)(n * mc->hidden)), malloc(sizeof(float) * (size_t)(n * mc->topk)),
+              malloc(sizeof(int32_t) * (size_t)(n * mc->topk))};
+    kp_error err = {0};
+    cr_assert_eq(kp_moe_case_rows(mc, first, n, g.x, g.ids, g.w, &err), 0, "%s", err.msg);
+    return g;
+}
+static void drop(rows *g) { free(g->x), free(g->w), free(g->ids); }
+
+static int low16(float v) {
+    uint32_t b;
+    memcpy(&b, &v, sizeof b);
+    return (int)(b & 0xffffu);
+}
+
+Test(cases_moe, models_have_their_shapes_and_names_are_canonical) {
+    char name[KP_CASE_NAME_MAX];
+    kp_moe_case g = read_case("moe(m=800,model=glm53,profile=uniform,scale_dir=divide,seed=1)", name);
+    cr_assert(g.hidden == 4096 && g.inter == 2048 && g.experts == 288 && g.topk == 8 && g.gated);
+    cr_assert_str_eq(name, "moe(m=800,model=glm53,profile=uniform,seed=1)", "defaults dropped");
+    kp_moe_case n = read_case("moe(hidden=256,inter=128,m=2,model=nemotron,profile=hot,scale_dir=multiply,seed=2)", name);
+    cr_assert(n.experts == 128 && n.topk == 6 && !n.gated && n.hidden == 256 && n.inter == 128 && n.scale_dir == KP_NVFP4_MULTIPLY);
+    cr_assert_eq(kp_moe_w13_rows(&n), 128, "relu^2 is not gated: W13 is the up projection alone");
+    cr_assert_eq(kp_moe_w13_rows(&g), 4096, "gated: gate and up");
+    struct {
+        const char *name, *needle;
+    } bad[] = {
+        {"moe(m=1,model=glm5,profile=uniform,seed=1)", "'model': 'glm5' is unknown"},
+        {"moe(m=2,model=qwen3,profile=single,seed=1)", "profile=single is one row"},
+        {"moe(hidden=100,m=2,model=qwen3,profile=uniform,seed=1)", "multiples of 16"},
+        {"moe(m=0,model=qwen3,profile=uniform,seed=1)", "'m'"},
+        {"moe(m=1,model=qwen3,profile=uniform,scale_dir=up,seed=1)", "'scale_dir': 'up' is unknown"},
+        {"moe(m=1,model=qwen3,profile=uniform,seed=1,tokens=3)", "'tokens' is unknown"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        kp_case c;
+        kp_error err = {0};
+        cr_assert_eq(kp_case_parse(bad[i].name, &c, &err), 0);
+        cr_assert_eq(kp_case_normalize(&c, &err), KP_EXIT_USAGE, "%s", bad[i].name);
+        cr_assert(strstr(err.msg, bad[i].needle), "%s: %s", bad[i].name, err.msg);
+    }
+}
+
+Test(cases_moe, rows_are_the_same_whatever_m_and_bf16_cannot_hold_them) {
+    kp_moe_case mc = read_case("moe(hidden=64,inter=32,m=40,model=qwen3,profile=uniform,seed=3)", NULL);
+    rows all = make_rows(&mc, 0, 40), tail = make_rows(&mc, 30, 10);
+    cr_assert(!memcmp(all.x + 30 * 64, tail.x, sizeof(float) * 10 * 64), "activations of rows 30..39");
+    cr_assert(!memcmp(all.ids + 30 * 8, tail.ids, sizeof(int32_t) * 10 * 8), "routing of rows 30..39");
+    cr_assert(!memcmp(all.w + 30 * 8, tail.w, sizeof(float) * 10 * 8));
+    for (int i = 0; i < 40 * 64; i++) cr_assert(low16(all.x[i]) != 0 && fabsf(all.x[i]) < 2.0f, "x[%d]", i);
+    for (int r = 0; r < 40; r++) {
+        double sum = 0;
+        for (int j = 0; j < 8; j++) {
+            const float w = all.w[r * 8 + j];
+            cr_assert(w > 0 && low16(w) != 0, "row %d weight %d: %a", r, j, (double)w);
+            sum += w;
+            const int32_t e = all.ids[r * 8 + j];
+            cr_assert(e >= 0 && e < 128, "row %d expert %d", r, e);
+            for (int q = 0; q < j; q++) cr_assert_neq(all.ids[r * 8 + q], e, "row %d routes to expert %d twice", r, e);
+        }
+        cr_assert(fabs(sum - 1.0) < 1e-5, "row %d's weights sum to %g", r, sum);
+    }
+    drop(&all), drop(&tail);
+}
+
+static int64_t count_rows_with(const kp_moe_case *mc, const rows *g, int32_t expert) {
+    int64_t n = 0;
+    for (int64_t r = 0; r < mc->m; r++)
+        for (int64_t j = 0; j < mc->topk; j++) n += g->ids[r * mc->topk + j] == expert;
+    return n;
+}
+
+Test(cases_moe, routing_profiles_give_their_expert_counts) {
+    kp_moe_case hot = read_case("moe(hidden=32,inter=32,m=100,model=glm53,profile=hot,seed=4)", NULL);
+    rows h = make_rows(&hot, 0, hot.m);
+    cr_assert_eq(count_rows_with(&hot, &h, 0), 100, "the hot expert is in every row: > 32 and > 64");
+    drop(&h);
+    kp_moe_case st = read_case("moe(hidden=32,inter=32,m=50,model=qwen3,profile=straddle,seed=5)", NULL);
+    rows s = make_rows(&st, 0, st.m);
+    cr_assert_eq(count_rows_with(&st, &s, 0), 31);
+    cr_assert_eq(count_rows_with(&st, &s, 1), 32);
+    cr_assert_eq(count_rows_with(&st, &s, 2), 33);
+    drop(&s);
+    kp_moe_case one = read_case("moe(hidden=32,inter=32,m=1,model=glm47,profile=single,seed=6)", NULL);
+    rows o = make_rows(&one, 0, 1);
+    for (int j = 0; j < 4; j++) cr_assert(o.ids[j] >= 0 && o.ids[j] < 64);
+    drop(&o);
+}
+
+Test(cases_moe, expert_weights_are_nvfp4_along_k_and_differ_between_experts) {
+    kp_moe_case mc = read_case("moe(hidden=64,inter=32,m=1,model=qwen3,profile=single,seed=7)", NULL);
+    const int64_t r13 = kp_moe_w13_rows(&mc); /* 64 rows of 64 */
+    uint8_t w13[2][64 * 64 / 2], s13[2][64 * 64 / 16], w2[2][64 * 32 / 2], s2[2][64 * 32 / 16];
+    float g13[2], g2[2];
+    kp_error err = {0};
+    for (int e = 0; e < 2; e++)
+        cr_assert_eq(kp_moe_case_expert(&mc, e * 100, w13[e], s13[e], &g13[e], w2[e], s2[e], &g2[e], &err), 0, "%s", err.msg);
+    cr_assert(memcmp(w13[0], w13[1], sizeof w13[0]), "experts 0 and 100 drew the same weights");
+    double *deq = malloc(sizeof *deq * (size_t)(r13 * 64));
+    kp_nvfp4_dequantize(w13[0], s13[0], r13, 64, g13[0], KP_NVFP4_DIVIDE, deq);
+    double amax = 0;
+    for (int64_t i = 0; i < r13 * 64; i++) amax = fmax(amax, fabs(deq[i]));
+    cr_assert(amax > 0.05 && amax < 0.07, "weights drawn in [-1/16, 1/16): dequantized amax %g", amax);
+    for (int i = 0; i < 64 * 64 / 16; i++) cr_assert_eq(s13[0][i] & 0x80, 0, "scale %d has its sign bit set", i);
+    /* the same expert again: the same bytes */
+    uint8_t again[64 * 64 / 2], sa[64 * 64 / 16], wa[64 * 32 / 2], sb[64 * 32 / 16];
+    float ga, gb;
+    cr_assert_eq(kp_moe_case_expert(&mc, 0, again, sa, &ga, wa, sb, &gb, &err), 0);
+    cr_assert(!memcmp(again, w13[0], sizeof again) && !memcmp(sa, s13[0], sizeof sa) && ga == g13[0]);
+    free(deq);
+}
