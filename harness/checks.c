@@ -29,9 +29,11 @@ static bool needs_probes(const kp_check_spec *s) {
 /* Extra rows a case's checks need beyond its batch: batch probes fill up to the largest threshold + 1. */
 static int64_t case_extra_rows(const kp_case_spec *cs) {
     int64_t extra = 0;
+    kp_threshold th[KP_THRESHOLDS_MAX];
+    const int nth = kp_family_thresholds(cs->fam, &cs->c, th);
     for (int k = 0; k < cs->nchecks; k++)
-        for (int t = 0; needs_probes(&cs->checks[k]) && t < cs->fam->nthresholds; t++)
-            if (cs->fam->thresholds[t].rows + 1 > extra) extra = cs->fam->thresholds[t].rows + 1;
+        for (int t = 0; needs_probes(&cs->checks[k]) && t < nth; t++)
+            if (th[t].rows + 1 > extra) extra = th[t].rows + 1;
     return extra;
 }
 
@@ -113,7 +115,7 @@ void kp_check_stub(const kp_check_spec *spec, kp_result result, const char *why,
     cJSON_AddStringToObject(chk, "summary", why);
 }
 
-static void check_header(const kp_family *fam, const kp_check_spec *spec, cJSON *chk) {
+static void check_header(const kp_family *fam, const kp_case *c, const kp_check_spec *spec, cJSON *chk) {
     check_head(spec, chk);
     cJSON *params = cJSON_AddObjectToObject(chk, "params");
     const kp_check_kind kind = spec->kind == KP_CHECK_EXPECT ? spec->of : spec->kind;
@@ -132,13 +134,16 @@ static void check_header(const kp_family *fam, const kp_check_spec *spec, cJSON 
         cJSON_AddStringToObject(params, "comparison", "bitwise, every output element as the impl wrote it (order included)");
     if (spec->runs) kp_json_add_int(params, "runs", spec->runs);
     if (kind == KP_CHECK_BATCH) {
-        cJSON_AddStringToObject(params, "probes", "each row alone, two halves, and for each threshold T the case's rows "
+        cJSON_AddStringToObject(params, "probes", "each row alone, two halves, the whole batch reversed (it must move "
+                                                  "at least 10% of its rows), and for each threshold T the case's rows "
                                                   "reversed then filler rows in batches of T and T + 1 (reversedT)");
         cJSON *ts = cJSON_AddArrayToObject(params, "thresholds");
-        for (int t = 0; t < fam->nthresholds; t++) {
+        kp_threshold th[KP_THRESHOLDS_MAX];
+        const int nth = kp_family_thresholds(fam, c, th);
+        for (int t = 0; t < nth; t++) {
             cJSON *o = cJSON_CreateObject();
-            kp_json_add_int(o, "rows", fam->thresholds[t].rows);
-            cJSON_AddStringToObject(o, "why", fam->thresholds[t].why);
+            kp_json_add_int(o, "rows", th[t].rows);
+            cJSON_AddStringToObject(o, "why", th[t].why);
             cJSON_AddItemToArray(ts, o);
         }
     }
@@ -156,7 +161,14 @@ static kp_result not_ok(const kp_case_out *o, cJSON *chk) {
     return o->status;
 }
 
-/* Row ia of output a against row ib of output b, every tensor, element by element (dtype-sized; in the
+/* Whether output tensor k records the impl's work order, not its answer (the family's order_outputs). */
+static bool order_tensor(const kp_case_ctx *ctx, const kp_output *o, int k) {
+    for (int i = 0; ctx->fam->order_outputs && ctx->fam->order_outputs[i]; i++)
+        if (!strcmp(ctx->fam->order_outputs[i], o->t[k].name)) return true;
+    return false;
+}
+
+/* Row ia of output a against row ib of output b, every tensor of the answer, element by element (dtype-sized; in the
  * family's canonical form when `canonical`): the differing indices of each tensor go into row_json as evidence, under `key` when
  * there is one tensor, else under key.<tensor>. Returns the count; -1 with err set on a failure. */
 static int64_t row_diff(kp_case_ctx *ctx, const kp_output *a, int64_t ia, const kp_output *b, int64_t ib, bool canonical,
@@ -166,6 +178,7 @@ static int64_t row_diff(kp_case_ctx *ctx, const kp_output *a, int64_t ia, const 
     static _Thread_local int64_t idx_cap;
     int64_t total = 0;
     for (int k = 0; k < a->ntensors; k++) {
+        if (order_tensor(ctx, a, k)) continue;
         int64_t n = 0, elems;
         const unsigned char *x = kp_output_row(&ctx->prep, a, k, ia, canonical, &elems, &ba);
         const unsigned char *y = kp_output_row(&ctx->prep, b, k, ib, canonical, &elems, &bb);
@@ -193,7 +206,7 @@ static int64_t row_diff(kp_case_ctx *ctx, const kp_output *a, int64_t ia, const 
     return total;
 }
 
-/* SHA-256 of rows [r0, r1) of an output as it is, tensors in order within a row. */
+/* SHA-256 of rows [r0, r1) of an output's answer as it is, tensors in order within a row. */
 static void rows_digest(kp_case_ctx *ctx, const kp_output *o, int64_t r0, int64_t r1, char hex[KP_SHA256_HEX_LEN]) {
     kp_sha256 h;
     kp_error err;
@@ -201,6 +214,7 @@ static void rows_digest(kp_case_ctx *ctx, const kp_output *o, int64_t r0, int64_
     kp_rowbuf buf = {0};
     for (int64_t r = r0; r < r1; r++)
         for (int k = 0; k < o->ntensors; k++) {
+            if (order_tensor(ctx, o, k)) continue;
             int64_t elems;
             const void *row = kp_output_row(&ctx->prep, o, k, r, false, &elems, &buf);
             kp_sha256_update(&h, row, (size_t)elems * kp_dtype_size(o->t[k].dtype));
@@ -209,15 +223,21 @@ static void rows_digest(kp_case_ctx *ctx, const kp_output *o, int64_t r0, int64_
     kp_sha256_final_hex(&h, hex);
 }
 
-/* Whether row ia of a and row ib of b are the same bits (in the family's canonical form when `canonical`). */
-static bool rows_equal(kp_case_ctx *ctx, const kp_output *a, int64_t ia, const kp_output *b, int64_t ib, bool canonical) {
+/* Whether row ia of a and row ib of b are the same bits in tensor k (in the family's canonical form when
+ * `canonical`). */
+static bool tensor_rows_equal(kp_case_ctx *ctx, const kp_output *a, int64_t ia, const kp_output *b, int64_t ib, int k,
+                              bool canonical) {
     static _Thread_local kp_rowbuf ba, bb;
-    for (int k = 0; k < a->ntensors; k++) {
-        int64_t elems;
-        const void *x = kp_output_row(&ctx->prep, a, k, ia, canonical, &elems, &ba);
-        const void *y = kp_output_row(&ctx->prep, b, k, ib, canonical, &elems, &bb);
-        if (memcmp(x, y, (size_t)elems * kp_dtype_size(a->t[k].dtype))) return false;
-    }
+    int64_t elems;
+    const void *x = kp_output_row(&ctx->prep, a, k, ia, canonical, &elems, &ba);
+    const void *y = kp_output_row(&ctx->prep, b, k, ib, canonical, &elems, &bb);
+    return !memcmp(x, y, (size_t)elems * kp_dtype_size(a->t[k].dtype));
+}
+
+/* Whether row ia of a and row ib of b are the same bits in every tensor of the answer. */
+static bool rows_equal(kp_case_ctx *ctx, const kp_output *a, int64_t ia, const kp_output *b, int64_t ib, bool canonical) {
+    for (int k = 0; k < a->ntensors; k++)
+        if (!order_tensor(ctx, a, k) && !tensor_rows_equal(ctx, a, ia, b, ib, k, canonical)) return false;
     return true;
 }
 
@@ -330,9 +350,9 @@ static kp_result check_repeat(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON
     char(*row_digest)[KP_SHA256_HEX_LEN] = calloc((size_t)(B * spec->runs), KP_SHA256_HEX_LEN); /* "" = same as run 1 */
     char(*whole)[KP_SHA256_HEX_LEN] = calloc((size_t)spec->runs, KP_SHA256_HEX_LEN);             /* "" = same as run 1 */
     int64_t *rows = malloc(sizeof *rows * (size_t)B);
-    uint8_t *varies = calloc((size_t)B, 1);
-    if (!row_digest || !whole || !rows || !varies) {
-        free(row_digest), free(whole), free(rows), free(varies);
+    uint8_t *varies = calloc((size_t)B, 1), *tensor_varies = calloc((size_t)(B * first->ntensors), 1);
+    if (!row_digest || !whole || !rows || !varies || !tensor_varies) {
+        free(row_digest), free(whole), free(rows), free(varies), free(tensor_varies);
         cJSON_AddStringToObject(chk, "summary", "out of host memory");
         return KP_FAILED;
     }
@@ -352,8 +372,11 @@ static kp_result check_repeat(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON
         const double t0 = kp_now();
         int any = 0;
         for (int64_t r = 0; r < B; r++) {
+            for (int k = 0; k < first->ntensors; k++)
+                if (order_tensor(ctx, first, k)) tensor_varies[r * first->ntensors + k] |= !tensor_rows_equal(ctx, out, r, first, r, k, false);
             if (rows_equal(ctx, out, r, first, r, false)) continue;
             any = 1;
+            for (int k = 0; k < first->ntensors; k++) tensor_varies[r * first->ntensors + k] |= !tensor_rows_equal(ctx, out, r, first, r, k, false);
             if (!varies[r]) rows_digest(ctx, first, r, r + 1, row_digest[r * spec->runs]);
             varies[r] = 1;
             rows_digest(ctx, out, r, r + 1, row_digest[r * spec->runs + run]);
@@ -387,13 +410,29 @@ static kp_result check_repeat(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON
             }
             cJSON_AddItemToArray(varying, row);
         }
-        char summary[200];
-        snprintf(summary, sizeof summary, "%d distinct outputs over %d runs; %lld/%lld rows vary", distinct, spec->runs,
-                 (long long)nvary, (long long)B);
+        /* per output tensor, the rows where it varied; an order output (a MoE's slots) is not part of the
+           answer, but says whether the impl's work order changed at all: a run whose order never changed
+           tested nothing about order */
+        cJSON *by_tensor = cJSON_AddObjectToObject(f, "rows_varying_by_tensor");
+        char per[200] = "";
+        for (int k = 0; k < first->ntensors; k++) {
+            int64_t n = 0;
+            for (int64_t r = 0; r < B; r++) n += tensor_varies[r * first->ntensors + k];
+            kp_json_add_int(by_tensor, first->t[k].name, n);
+            if (order_tensor(ctx, first, k)) {
+                const size_t len = strlen(per);
+                snprintf(per + len, sizeof per - len, "; the work order (%s) changed in %lld rows", first->t[k].name,
+                         (long long)n);
+                cJSON_AddBoolToObject(f, "order_changed", n > 0);
+            }
+        }
+        char summary[400];
+        snprintf(summary, sizeof summary, "%d distinct outputs over %d runs; %lld/%lld rows vary%s", distinct, spec->runs,
+                 (long long)nvary, (long long)B, per);
         cJSON_AddStringToObject(chk, "summary", summary);
         result = distinct == 1 ? KP_PASSED : KP_INCORRECT;
     }
-    free(row_digest), free(whole), free(rows), free(varies);
+    free(row_digest), free(whole), free(rows), free(varies), free(tensor_varies);
     return result;
 }
 
@@ -416,7 +455,9 @@ kp_result kp_batch_probe(kp_case_ctx *ctx, const kp_impl *impl, const kp_output 
     for (int64_t i = 0; i < nrows; i++) {
         if (rows[i] >= ctx->batch) continue; /* filler rows only perturb */
         pr->rows_probed++;
-        pr->rows_moved += rows[i] != i || nrows != ctx->batch;
+        if (nrows != ctx->batch) pr->rows_moved++;
+        else if (ctx->fam->row_moved) pr->rows_moved += ctx->fam->row_moved(ctx->prep.v.data, full_out, rows[i], out, i);
+        else pr->rows_moved += rows[i] != i;
         if (rows_equal(ctx, out, i, full_out, rows[i], true)) continue;
         cJSON *row = cJSON_CreateObject();
         kp_json_add_int(row, "row", rows[i]);
@@ -472,12 +513,28 @@ static kp_result check_batch(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON 
         result = kp_batch_probe(ctx, spec->impl[0], a->out, half ? "upper_half" : "lower_half", rows, hi - lo, probes, &pr);
         differ += pr.rows_differ, vacuous += pr.vacuous, nprobes++;
     }
+    /* the whole batch reversed: the same rows in other positions (in a MoE, other slots of their experts);
+       moving fewer than a tenth of its rows makes it vacuous */
+    if (B > 1 && result == KP_PASSED) {
+        for (int64_t r = 0; r < B; r++) rows[r] = B - 1 - r;
+        result = kp_batch_probe(ctx, spec->impl[0], a->out, "permuted", rows, B, probes, &pr);
+        const int few = pr.rows_moved * 10 < pr.rows_probed;
+        if (result == KP_PASSED && few && !pr.vacuous) {
+            pr.vacuous = 1;
+            cJSON *p = cJSON_GetArrayItem(probes, cJSON_GetArraySize(probes) - 1);
+            cJSON_ReplaceItemInObjectCaseSensitive(p, "vacuous", cJSON_CreateTrue());
+            cJSON_AddStringToObject(p, "why_vacuous", "it moved fewer than 10% of its rows");
+        }
+        differ += pr.rows_differ, vacuous += pr.vacuous, nprobes++;
+    }
     /* T and T + 1 rows for each threshold T: the case's rows reversed, then filler rows */
-    int64_t done[2 * 16];
+    kp_threshold th[KP_THRESHOLDS_MAX];
+    const int nth = kp_family_thresholds(fam, &ctx->cs->c, th);
+    int64_t done[2 * KP_THRESHOLDS_MAX];
     int ndone = 0;
-    for (int t = 0; t < fam->nthresholds && result == KP_PASSED; t++)
+    for (int t = 0; t < nth && result == KP_PASSED; t++)
         for (int side = 0; side < 2 && result == KP_PASSED; side++) {
-            const int64_t n = fam->thresholds[t].rows + side;
+            const int64_t n = th[t].rows + side;
             KP_ASSERT(n >= 1 && n <= total);
             int seen = 0;
             for (int d = 0; d < ndone; d++) seen |= done[d] == n;
@@ -496,7 +553,7 @@ static kp_result check_batch(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON 
                 cJSON *s = cJSON_GetObjectItemCaseSensitive(p, "straddles");
                 if (!s) s = cJSON_AddArrayToObject(p, "straddles");
                 cJSON *o = cJSON_CreateObject();
-                kp_json_add_int(o, "threshold", fam->thresholds[t].rows);
+                kp_json_add_int(o, "threshold", th[t].rows);
                 cJSON_AddStringToObject(o, "side", side ? "above" : "at");
                 cJSON_AddItemToArray(s, o);
             }
@@ -551,7 +608,7 @@ static kp_result check_expect(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON
 }
 
 kp_result kp_check_run(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON *chk) {
-    check_header(ctx->fam, spec, chk);
+    check_header(ctx->fam, &ctx->cs->c, spec, chk);
     const double t0 = kp_now();
     kp_result r = KP_FAILED;
     switch (spec->kind) { /* every kind listed: -Wswitch flags one left out */

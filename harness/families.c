@@ -7,13 +7,22 @@
 
 extern const kp_family kp_topp_family; /* harness/topp_family.c */
 extern const kp_family kp_topk_family; /* harness/topk_family.c */
+extern const kp_family kp_moe_family;  /* harness/moe_family.c */
 
 static const void *const builtin[] = {
     &kp_topp_family,
     &kp_topk_family,
+    &kp_moe_family,
 };
 _Static_assert(offsetof(kp_family, name) == 0, "a table row begins with its name (kp_table)");
 kp_table kp_families = {builtin, (int)(sizeof builtin / sizeof builtin[0]), {0}, 0};
+
+int kp_family_thresholds(const kp_family *fam, const kp_case *c, kp_threshold t[KP_THRESHOLDS_MAX]) {
+    if (fam->case_thresholds) return fam->case_thresholds(c, t);
+    const int n = fam->nthresholds < KP_THRESHOLDS_MAX ? fam->nthresholds : KP_THRESHOLDS_MAX;
+    for (int i = 0; i < n; i++) t[i] = fam->thresholds[i];
+    return n;
+}
 
 int kp_family_check(const kp_family *fam, kp_error *err) {
     if (!fam->name || !fam->cases || strcmp(fam->name, fam->cases->name))
@@ -29,7 +38,8 @@ int kp_family_check(const kp_family *fam, kp_error *err) {
                        fam->name);
     int ntol = 0;
     while (fam->tolerance_outputs && fam->tolerance_outputs[ntol]) ntol++;
-    if (ntol > KP_MAX_TENSORS || fam->nthresholds < 0 || (fam->nthresholds && !fam->thresholds))
+    if (ntol > KP_MAX_TENSORS || fam->nthresholds < 0 || fam->nthresholds > KP_THRESHOLDS_MAX ||
+        (fam->nthresholds && !fam->thresholds))
         return kp_fail(err, KP_EXIT_USAGE, "family %s: at most %d tolerance outputs, and thresholds with their count",
                        fam->name, KP_MAX_TENSORS);
     for (int t = 0; t < fam->nthresholds; t++)

@@ -241,6 +241,7 @@ typedef struct kp_threshold {
     int64_t rows;
     const char *why;
 } kp_threshold;
+#define KP_THRESHOLDS_MAX 16 /* of one case */
 
 /* One family: a declaration plus hooks. The harness reads the tables; hooks marked (optional) may be
  * NULL, and then a check that needs one is refused when the config loads, naming the family. */
@@ -254,6 +255,9 @@ typedef struct kp_family {
     const char *const *defects;            /* `expect` defect names has_defect knows, NULL-terminated (or NULL) */
     const char *const *tolerance_outputs;  /* outputs the reference gives in float64 for a tolerance check, in
                                               output order from the first, NULL-terminated (or NULL: no check) */
+    const char *const *order_outputs;      /* outputs that record the order an impl worked in rather than its answer
+                                              (a MoE's slots), NULL-terminated (or NULL): exact, batch and repeat's
+                                              verdict leave them out; repeat reports where they changed */
     const kp_threshold *thresholds;        /* batch sizes where impls switch paths (or NULL) */
     int nthresholds;
     size_t args_bytes;                     /* sizeof its kp_*_args, at most KP_ARGS_MAX */
@@ -296,6 +300,15 @@ typedef struct kp_family {
      * set: sorted); `elems` elements of the tensor's dtype from row into canon. NULL: bits as they are.
      * repeat compares the bits as written: an order that changes run to run is a change. */
     void (*canonical_row)(const void *data, int tensor, const void *row, void *canon, int64_t elems);
+    /* The batch sizes where impls switch paths for this case, when they depend on its fields (a MoE's block
+     * sizes depend on its experts and top-k): at most KP_THRESHOLDS_MAX into t, their count returned.
+     * NULL: the static thresholds above. */
+    int (*case_thresholds)(const kp_case *c, kp_threshold *t);
+    /* Whether a row ran in another situation in a probe of the case's own batch size than in the full batch
+     * (row full_row of full, row probe_row of probe), judged from what the impls wrote (a MoE says which slot
+     * each routed pair took). NULL: a row moved when its position did. A probe of another size always
+     * moves its rows. */
+    bool (*row_moved)(const void *data, const kp_output *full, int64_t full_row, const kp_output *probe, int64_t probe_row);
     /* Bytes moved and FLOPs of one run of nrows, for GB/s and TFLOP/s in bench (NULL: not reported). */
     double (*bytes_moved)(const void *data, int64_t nrows);
     double (*flops)(const void *data, int64_t nrows);
@@ -307,6 +320,8 @@ static inline const kp_family *kp_family_find(const char *name) { return kp_tabl
 static inline int kp_family_count(void) { return kp_table_count(&kp_families); }
 static inline const kp_family *kp_family_at(int i) { return kp_table_at(&kp_families, i); }
 static inline void kp_family_names(char *buf, size_t len) { kp_table_names(&kp_families, buf, len); }
+/* A case's batch thresholds (the family's case_thresholds, else its static list) into t; their count. */
+int kp_family_thresholds(const kp_family *fam, const kp_case *c, kp_threshold t[KP_THRESHOLDS_MAX]);
 /* Whether a record is complete and consistent (required hooks, sizes, hooks that come in pairs). */
 int kp_family_check(const kp_family *fam, kp_error *err);
 /* Add a family after the built-in rows (a test's own family), with its case family; KP_EXIT_USAGE for a

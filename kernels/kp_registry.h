@@ -11,12 +11,18 @@ extern const kp_impl kp_topp_split_logit_host;
 extern const kp_impl kp_topp_split_prob_host;
 extern const kp_impl kp_topk_radix_buffer_host;
 extern const kp_impl kp_topk_radix_exact_host;
+extern const kp_impl kp_moe_marlin_like_host;
+extern const kp_impl kp_moe_marlin_gemv32_host;
+extern const kp_impl kp_moe_invariant_host;
 #ifdef KP_HAVE_CUDA
 /* Built-in CUDA impls (kernels/cuda/). */
 extern const kp_impl kp_topp_split_logit_cuda;
 extern const kp_impl kp_topp_split_prob_cuda;
 extern const kp_impl kp_topk_radix_buffer_cuda;
 extern const kp_impl kp_topk_radix_exact_cuda;
+extern const kp_impl kp_moe_marlin_like_cuda;
+extern const kp_impl kp_moe_marlin_gemv32_cuda;
+extern const kp_impl kp_moe_invariant_cuda;
 #endif
 
 /* The number of registered impls, and the i-th. */

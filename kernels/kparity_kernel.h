@@ -62,8 +62,43 @@ typedef struct kp_topk_args {
     size_t workspace_bytes;
 } kp_topk_args;
 
+/* moe: NVFP4 mixture of experts, W4A16 (DESIGN.md "moe"). For each row t and slot j < topk, with
+ * e = ids[t, j]: h = W13_e x_t (W13_e = [gate; up] when gated), a = silu(gate) * up (gated) or
+ * relu(up)^2, y = W2_e a, and out[t] = sum over j of weights[t, j] * y. Weights are NVFP4: packed E2M1
+ * codes (element 2i in the low nibble of byte i), one E4M3 scale per 16 elements along K (linear
+ * layout, [N, K / 16]), and one f32 global scale per expert and tensor, which dequantization divides
+ * by (KP_MOE_SCALE_DIVIDE: stored as 2688 / amax) or multiplies by (KP_MOE_SCALE_MULTIPLY). The
+ * precision an impl computes in is its own (the harness holds it to a tolerance), but it must say
+ * where each routed pair went: slots[t, j] = the position of pair (t, j) among the rows the impl ran
+ * for expert e (0 for the first), the token order a batch probe or a repeated run may change. */
+enum { KP_MOE_SCALE_DIVIDE = 0, KP_MOE_SCALE_MULTIPLY = 1 };
+typedef struct kp_moe_args {
+    const float *x;         /* [rows, hidden] f32 activations */
+    const int32_t *ids;     /* [rows, topk] experts, in [0, experts), distinct within a row */
+    const float *weights;   /* [rows, topk] routing weights, f32 */
+    const uint8_t *w13;     /* [experts, w13_rows, hidden / 2]; w13_rows = 2 inter (gated) or inter */
+    const uint8_t *s13;     /* [experts, w13_rows, hidden / 16] E4M3 */
+    const float *g13;       /* [experts] */
+    const uint8_t *w2;      /* [experts, hidden, inter / 2] */
+    const uint8_t *s2;      /* [experts, hidden, inter / 16] E4M3 */
+    const float *g2;        /* [experts] */
+    float *out;             /* [rows, hidden] f32 */
+    int32_t *slots;         /* [rows, topk] int32 */
+    int64_t rows;
+    int64_t hidden;         /* a multiple of 16 */
+    int64_t inter;          /* a multiple of 16 */
+    int64_t experts;
+    int32_t topk;
+    int32_t gated;          /* 1: silu(gate) * up; 0: relu(up)^2 */
+    int32_t scale_dir;      /* KP_MOE_SCALE_DIVIDE or KP_MOE_SCALE_MULTIPLY */
+    int32_t sm_count;       /* multiprocessors of the device (CUDA impls); 0 for host impls */
+    void *stream;           /* cudaStream_t for KP_MEMORY_CUDA impls, NULL for host impls */
+    void *workspace;        /* workspace_bytes() bytes, same memory as the tensors, may be NULL if 0 */
+    size_t workspace_bytes;
+} kp_moe_args;
+
 /* One implementation. `args` points at the family's argument struct (kp_topp_args for "topp",
- * kp_topk_args for "topk").
+ * kp_topk_args for "topk", kp_moe_args for "moe").
  * run() must be callable repeatedly on the same args; it may return before the device finishes
  * (the harness synchronizes the stream). `message` receives a one-line reason on refusal or failure. */
 typedef struct kp_impl {

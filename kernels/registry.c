@@ -15,11 +15,17 @@ static const kp_impl *const builtin_impls[] = {
     &kp_topp_split_prob_host,
     &kp_topk_radix_buffer_host,
     &kp_topk_radix_exact_host,
+    &kp_moe_marlin_like_host,
+    &kp_moe_marlin_gemv32_host,
+    &kp_moe_invariant_host,
 #ifdef KP_HAVE_CUDA
     &kp_topp_split_logit_cuda,
     &kp_topp_split_prob_cuda,
     &kp_topk_radix_buffer_cuda,
     &kp_topk_radix_exact_cuda,
+    &kp_moe_marlin_like_cuda,
+    &kp_moe_marlin_gemv32_cuda,
+    &kp_moe_invariant_cuda,
 #endif
 };
 #define BUILTIN_COUNT ((int)(sizeof builtin_impls / sizeof builtin_impls[0]))

@@ -40,7 +40,7 @@ static void expect_usage(const char *text, const char *needle) {
 
 Test(cli, bad_configs_exit_2_naming_the_field) {
     expect_usage("{\"schema\": \"kparity.gate/v1\", \"name\": ", "malformed JSON");
-    expect_usage(HEAD "\"cases\":[{\"case\":\"moe(batch=1)\",\"checks\":" RULE "}]}", "'moe' is unknown");
+    expect_usage(HEAD "\"cases\":[{\"case\":\"nosuch(batch=1)\",\"checks\":" RULE "}]}", "'nosuch' is unknown");
     expect_usage(HEAD "\"cases\":[{\"family\":\"mla\",\"params\":{},\"checks\":" RULE "}]}", "cases[0].family");
     expect_usage("{\"schema\":\"kparity.gate/v1\",\"name\":\"t\",\"impls\":{\"candidate\":\"topp.magic@host\"},\"cases\":[]}",
                  "impls.candidate: impl 'topp.magic@host' is unknown");

@@ -1,0 +1,241 @@
+/* moe_family.c: the moe family's record for the harness: activations, routing and NVFP4 expert
+ * weights in; the output and the slot each routed pair took out; the float64 reference for the
+ * tolerance check; thresholds from the case's experts and top-k (Marlin's block sizes, its atomic
+ * slot path, the 32-row GEMV switch); a row moved by a probe when one of its pairs changed slot. */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../cases/moe_case.h"
+#include "../kernels/moe_plan.h"
+#include "../reference/moe_ref.h"
+#include "kp_device.h"
+#include "kp_harness.h"
+
+typedef struct moe_data {
+    kp_moe_case mc;
+    /* the inputs (the harness holds them) */
+    float *x, *weights, *scales; /* scales: [2, experts], W13's then W2's */
+    int32_t *ids;
+    uint8_t *w13, *s13, *w2, *s2;
+    double *ref; /* [m, hidden] */
+} moe_data;
+
+enum { IN_X = 0, IN_IDS, IN_WEIGHTS, IN_W13, IN_S13, IN_W2, IN_S2, IN_SCALES };
+
+/* Rows at which the modelled impls change what they run, for this case's experts and top-k. */
+static int moe_case_thresholds(const kp_case *c, kp_threshold *t) {
+    static const char *const why_bsm[] = {
+        "marlin_like's block_size_m steps from 8 to 16 rows above here (rows * topk / experts / 8 reaches 0.9)",
+        "marlin_like's block_size_m steps from 16 to 32 rows above here",
+        "marlin_like's block_size_m steps from 32 to 48 rows above here (and its tile from {n 128, k 128} to {n 256, k 64})",
+        "marlin_like's block_size_m steps from 48 to 64 rows above here",
+    };
+    kp_moe_case mc;
+    kp_error err = {0};
+    if (kp_moe_case_read(c, &mc, &err)) return 0;
+    int n = 0;
+    t[n++] = (kp_threshold){KP_MOE_GEMV_ROWS, "marlin_gemv32 runs an expert with at most 32 rows in f32 and one with more "
+                                              "in bf16: a hot or straddle expert crosses 32 rows here"};
+    static const int sizes[] = {8, 16, 32, 48};
+    for (int i = 0; i < 4; i++) {
+        int64_t T = (int64_t)(0.9 * sizes[i] * (double)mc.experts / (double)mc.topk) + 1;
+        while (T > 1 && kp_marlin_block_size_m(T, (int32_t)mc.topk, mc.experts) > sizes[i]) T--;
+        if (T > KP_MOE_GEMV_ROWS) t[n++] = (kp_threshold){T, why_bsm[i]};
+    }
+    if (mc.experts <= 64)
+        t[n++] = (kp_threshold){(1023 / mc.topk), "marlin_like's token order turns atomic at 1024 routed slots (with "
+                                                  "at most 64 experts): one row more than this"};
+    return n;
+}
+
+static int64_t probe_rows(const kp_case *c) {
+    kp_threshold t[KP_THRESHOLDS_MAX];
+    int64_t most = 0;
+    for (int i = 0, n = moe_case_thresholds(c, t); i < n; i++) most = t[i].rows + 1 > most ? t[i].rows + 1 : most;
+    return most;
+}
+
+static double weight_bytes(const kp_moe_case *mc) {
+    return (double)mc->experts * (double)(kp_moe_w13_rows(mc) + mc->inter) * (double)mc->hidden * (0.5 + 1.0 / 16.0);
+}
+
+typedef struct gen_job {
+    moe_data *d;
+    kp_error err;
+    atomic_int failed;
+} gen_job;
+
+static void gen_expert(void *ctx, int64_t e) {
+    gen_job *g = ctx;
+    const kp_moe_case *mc = &g->d->mc;
+    const int64_t H = mc->hidden, I = mc->inter, R = kp_moe_w13_rows(mc);
+    kp_error err = {0};
+    if (kp_moe_case_expert(mc, e, g->d->w13 + e * R * (H / 2), g->d->s13 + e * R * (H / 16), g->d->scales + e,
+                           g->d->w2 + e * H * (I / 2), g->d->s2 + e * H * (I / 16), g->d->scales + mc->experts + e, &err) &&
+        !atomic_exchange(&g->failed, 1))
+        g->err = err;
+}
+
+static int moe_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp_error *err) {
+    moe_data *d = v->data = kp_calloc(1, sizeof *d, "moe case", err);
+    if (!d) return err->code;
+    int rc = kp_moe_case_read(c, &d->mc, err);
+    if (rc) return rc;
+    const kp_moe_case *mc = &d->mc;
+    const int64_t H = mc->hidden, I = mc->inter, E = mc->experts, K = mc->topk, R = kp_moe_w13_rows(mc);
+    v->batch = mc->m, v->rows_total = mc->m + extra_rows;
+    const int64_t xs[2] = {mc->m, H}, rs[2] = {mc->m, K}, w13s[3] = {E, R, H / 2}, s13s[3] = {E, R, H / 16},
+                  w2s[3] = {E, H, I / 2}, s2s[3] = {E, H, I / 16}, gs[2] = {2, E};
+    if ((rc = kp_view_input(v, "x", KP_F32, 2, xs, 0, true, err)) || (rc = kp_view_input(v, "ids", KP_I32, 2, rs, 0, true, err)) ||
+        (rc = kp_view_input(v, "weights", KP_F32, 2, rs, 0, true, err)) ||
+        (rc = kp_view_input(v, "w13", KP_U8, 3, w13s, 0, false, err)) ||
+        (rc = kp_view_input(v, "s13", KP_U8, 3, s13s, 0, false, err)) ||
+        (rc = kp_view_input(v, "w2", KP_U8, 3, w2s, 0, false, err)) ||
+        (rc = kp_view_input(v, "s2", KP_U8, 3, s2s, 0, false, err)) ||
+        (rc = kp_view_input(v, "global_scales", KP_F32, 2, gs, 0, false, err)))
+        return rc;
+    d->x = v->inputs[IN_X].data, d->ids = v->inputs[IN_IDS].data, d->weights = v->inputs[IN_WEIGHTS].data;
+    d->w13 = v->inputs[IN_W13].data, d->s13 = v->inputs[IN_S13].data, d->w2 = v->inputs[IN_W2].data;
+    d->s2 = v->inputs[IN_S2].data, d->scales = v->inputs[IN_SCALES].data;
+    if ((rc = kp_moe_case_rows(mc, 0, v->rows_total, d->x, d->ids, d->weights, err))) return rc;
+    gen_job g = {.d = d};
+    atomic_init(&g.failed, 0);
+    kp_parallel_for(E, gen_expert, &g); /* experts draw from their own offsets: any order gives the same bytes */
+    if (atomic_load(&g.failed)) return *err = g.err, err->code;
+    return 0;
+}
+
+static void moe_release(void *data) {
+    moe_data *d = data;
+    free(d->ref);
+    free(d);
+}
+
+static size_t moe_estimate(const kp_case *c, int nimpls, kp_error *err) {
+    kp_moe_case mc;
+    if (kp_moe_case_read(c, &mc, err)) return 0;
+    const double rows = (double)(mc.m + probe_rows(c)), pairs = (double)mc.m * (double)mc.topk;
+    const double most = (double)(kp_moe_w13_rows(&mc) > mc.hidden ? kp_moe_w13_rows(&mc) : mc.hidden) * (double)mc.hidden;
+    /* inputs, the generator's per-thread scratch, the reference and its scratch, and per impl run kept at once
+       an output (+ repeat/probe scratch) and a host impl's workspace */
+    const double bytes = rows * (double)(mc.hidden + 2 * mc.topk) * 4.0 + weight_bytes(&mc) + (double)mc.experts * 8.0 +
+                         (double)kp_thread_count() * most * 8.0 + (double)mc.m * (double)mc.hidden * 8.0 +
+                         kp_moe_reference_bytes(&mc, mc.m) + (double)(nimpls + 3) * pairs * ((double)mc.hidden / (double)mc.topk + 1.0) * 4.0 +
+                         pairs * (double)(mc.hidden + mc.inter) * 4.0 + (double)mc.experts * 32.0;
+    return bytes > 1.8e19 ? 0 : (size_t)bytes;
+}
+
+static kp_moe_args args_for(const kp_moe_case *mc, int64_t rows) {
+    return (kp_moe_args){.rows = rows, .hidden = mc->hidden, .inter = mc->inter, .experts = mc->experts,
+                         .topk = (int32_t)mc->topk, .gated = mc->gated,
+                         .scale_dir = mc->scale_dir == KP_NVFP4_MULTIPLY ? KP_MOE_SCALE_MULTIPLY : KP_MOE_SCALE_DIVIDE};
+}
+
+static size_t moe_estimate_device(const kp_case *c, const kp_impl *impl, kp_error *err) {
+    kp_moe_case mc;
+    if (kp_moe_case_read(c, &mc, err)) return 0;
+    const int64_t extra = probe_rows(c), rows = mc.m > extra ? mc.m : extra;
+    kp_moe_args args = args_for(&mc, rows);
+    args.sm_count = kp_device_sm_count();
+    const size_t ws = impl->workspace_bytes ? impl->workspace_bytes(&args) : 0;
+    /* every input uploaded once, then the gathered rows of a run and its outputs, each with guards */
+    const double row_bytes = (double)(mc.hidden + 2 * mc.topk) * 4.0;
+    const double bytes = (double)(mc.m + extra) * row_bytes + weight_bytes(&mc) + (double)mc.experts * 8.0 +
+                         (double)rows * (row_bytes + (double)(mc.hidden + mc.topk) * 4.0) + (double)ws + 16.0 * 2 * 4096;
+    return bytes > 1.8e19 ? 0 : (size_t)bytes;
+}
+
+static int moe_outputs(const void *data, int64_t nrows, kp_tensor *t) {
+    const moe_data *d = data;
+    t[0] = (kp_tensor){.name = "out", .dtype = KP_F32, .ndim = 2, .shape = {nrows, d->mc.hidden}, .batched = 1};
+    t[1] = (kp_tensor){.name = "slots", .dtype = KP_I32, .ndim = 2, .shape = {nrows, d->mc.topk}, .batched = 1};
+    return 2;
+}
+
+static void moe_fill_args(const void *data, const kp_launch_bufs *b, void *args) {
+    const moe_data *d = data;
+    kp_moe_args a = args_for(&d->mc, b->nrows);
+    a.x = b->in[IN_X], a.ids = b->in[IN_IDS], a.weights = b->in[IN_WEIGHTS];
+    a.w13 = b->in[IN_W13], a.s13 = b->in[IN_S13], a.w2 = b->in[IN_W2], a.s2 = b->in[IN_S2];
+    a.g13 = b->in[IN_SCALES], a.g2 = (const float *)b->in[IN_SCALES] + d->mc.experts;
+    a.out = b->out[0], a.slots = b->out[1];
+    a.sm_count = b->sm_count, a.stream = b->stream, a.workspace = b->workspace, a.workspace_bytes = b->workspace_bytes;
+    *(kp_moe_args *)args = a;
+}
+
+static int moe_reference(void *data, const void *params, kp_reference *ref, kp_error *err) {
+    (void)params;
+    moe_data *d = data;
+    if (!d->ref) {
+        double *out = kp_calloc((size_t)(d->mc.m * d->mc.hidden), sizeof *out, "moe reference output", err);
+        if (!out) return err->code;
+        const kp_moe_ref_in in = {.mc = &d->mc, .rows = d->mc.m, .x = d->x, .ids = d->ids, .weights = d->weights,
+                                  .w13 = d->w13, .s13 = d->s13, .w2 = d->w2, .s2 = d->s2, .g13 = d->scales,
+                                  .g2 = d->scales + d->mc.experts};
+        int rc = kp_moe_reference(&in, out, err);
+        if (rc) return free(out), rc;
+        d->ref = out;
+    }
+    ref->digest_tag = "kparity.reference.moe/v1";
+    ref->arrays[0] = (kp_tensor){.name = "out", .dtype = KP_F64, .ndim = 2, .shape = {d->mc.m, d->mc.hidden}, .data = d->ref};
+    ref->narrays = 1;
+    return 0;
+}
+
+static bool moe_row_moved(const void *data, const kp_output *full, int64_t full_row, const kp_output *probe, int64_t probe_row) {
+    const moe_data *d = data;
+    const int32_t *a = (const int32_t *)full->t[1].data + full_row * d->mc.topk;
+    const int32_t *b = (const int32_t *)probe->t[1].data + probe_row * d->mc.topk;
+    return memcmp(a, b, sizeof *a * (size_t)d->mc.topk) != 0;
+}
+
+static double moe_flops(const void *data, int64_t nrows) {
+    const moe_data *d = data;
+    return 2.0 * (double)nrows * (double)d->mc.topk * (double)(kp_moe_w13_rows(&d->mc) + d->mc.inter) * (double)d->mc.hidden;
+}
+
+/* Weight bytes of the experts a batch of nrows routes to (each read once), activations and outputs. */
+static double moe_bytes_moved(const void *data, int64_t nrows) {
+    const moe_data *d = data;
+    uint8_t *used = calloc((size_t)d->mc.experts, 1);
+    int64_t nused = 0;
+    for (int64_t i = 0; used && i < nrows * d->mc.topk; i++) nused += !used[d->ids[i]]++;
+    free(used);
+    return weight_bytes(&d->mc) * (double)nused / (double)d->mc.experts +
+           (double)nrows * (double)(2 * d->mc.hidden + 3 * d->mc.topk) * 4.0;
+}
+
+static const char *const bench_cases[] = {
+    "moe(m=1,model=glm53,profile=single,seed=1)",       "moe(m=32,model=glm53,profile=uniform,seed=1)",
+    "moe(m=800,model=glm53,profile=uniform,seed=1)",    "moe(m=2304,model=glm53,profile=uniform,seed=1)",
+    "moe(m=1,model=qwen3,profile=single,seed=1)",       "moe(m=32,model=qwen3,profile=uniform,seed=1)",
+    "moe(m=800,model=qwen3,profile=uniform,seed=1)",    "moe(m=2304,model=qwen3,profile=uniform,seed=1)",
+    NULL,
+};
+static const char *const tolerance_outputs[] = {"out", NULL};
+static const char *const order_outputs[] = {"slots", NULL}; /* where each pair ran, not part of the answer */
+
+const kp_family kp_moe_family = {
+    .name = "moe",
+    .cases = &kp_moe_case_family,
+    .reference_provider = "reference.moe@host-f64",
+    .reference_rule = "out[t] = sum over j of weights[t, j] * W2_e act(W13_e x_t), e = ids[t, j], in float64 on the NVFP4 "
+                      "weights dequantized exactly; act = silu(gate) * up, or relu(up)^2",
+    .bench_cases = bench_cases,
+    .tolerance_outputs = tolerance_outputs,
+    .order_outputs = order_outputs,
+    .args_bytes = sizeof(kp_moe_args),
+    .prepare = moe_prepare,
+    .release = moe_release,
+    .estimate_bytes = moe_estimate,
+    .estimate_device_bytes = moe_estimate_device,
+    .outputs = moe_outputs,
+    .fill_args = moe_fill_args,
+    .reference = moe_reference,
+    .case_thresholds = moe_case_thresholds,
+    .row_moved = moe_row_moved,
+    .bytes_moved = moe_bytes_moved,
+    .flops = moe_flops,
+};

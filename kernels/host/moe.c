@@ -1,0 +1,284 @@
+/* moe.c: the host ports of moe.invariant (candidate), moe.marlin_like (incumbent) and its gemv_rows
+ * variant moe.marlin_gemv32: the steps of kernels/moe_plan.h in f32, one expert per kp_parallel_for
+ * item. The incumbent's atomic arrival order is a seeded shuffle of the routed pairs, a new one each
+ * call, as atomics give on a GPU. */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kp_registry.h"
+#include "../moe_plan.h"
+
+enum { ALGO_INVARIANT = 0, ALGO_MARLIN = 1, ALGO_MARLIN_GEMV = 2 };
+#define PAIR_GROUP 4 /* pairs whose dot products run side by side: independent f32 chains, same order each */
+
+typedef struct moe_plan_host {
+    const kp_moe_args *a;
+    int algo;
+    int64_t pairs, w13_rows;
+    int32_t *order;        /* [pairs]: pair indices (t * topk + j) grouped by expert, each expert's in slot order */
+    int64_t *first;        /* [experts + 1]: expert e's pairs are order[first[e] .. first[e + 1]) */
+    int64_t *block0;       /* [experts]: the launch-wide index of expert e's first block (marlin) */
+    int bsm;               /* marlin's block_size_m */
+    int64_t tile_n, tile_k, iters1, iters2, n_tiles1, n_tiles2, k_tiles1, k_tiles2;
+    float *act;            /* [pairs, inter]: the second GEMM's input, by pair index */
+    float *y;              /* [pairs, hidden]: each pair's contribution (before the routing weight, for invariant) */
+    atomic_int failed;
+} moe_plan_host;
+
+static int moe_host_check(const char *name, const void *args, char *message, size_t message_len) {
+    const char *why = kp_moe_args_problem(args);
+    if (!why) return KP_RUN_OK;
+    if (message && message_len) snprintf(message, message_len, "%s: %s", name, why);
+    return KP_RUN_NOT_SUPPORTED;
+}
+
+static size_t moe_host_workspace_bytes(const void *args) {
+    const kp_moe_args *a = args;
+    const double pairs = (double)a->rows * a->topk;
+    const double bytes = pairs * (double)(a->inter + a->hidden) * 4.0 + pairs * 4.0 + (double)(a->experts + 1) * 16.0 + 256;
+    return bytes > 1.8e19 ? 0 : (size_t)bytes;
+}
+
+static uint64_t splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Slots and the per-expert order: token order, or (atomic) the arrival order of a seeded shuffle. */
+static void route(moe_plan_host *p, uint64_t call, int64_t *count) {
+    const kp_moe_args *a = p->a;
+    const int atomic = p->algo != ALGO_INVARIANT && kp_marlin_atomic_order(a->rows, a->topk, a->experts);
+    int32_t *arrival = p->order; /* the arrival order, then overwritten by the per-expert order */
+    for (int64_t i = 0; i < p->pairs; i++) arrival[i] = (int32_t)i;
+    if (atomic) {
+        uint64_t s = call * 0x9e3779b97f4a7c15ull;
+        for (int64_t i = p->pairs - 1; i > 0; i--) {
+            const int64_t k = (int64_t)(splitmix(&s) % (uint64_t)(i + 1));
+            const int32_t t = arrival[i];
+            arrival[i] = arrival[k], arrival[k] = t;
+        }
+    }
+    memset(count, 0, sizeof *count * (size_t)a->experts);
+    for (int64_t q = 0; q < p->pairs; q++) {
+        const int32_t i = arrival[q];
+        a->slots[i] = (int32_t)count[a->ids[i]]++;
+    }
+    p->first[0] = 0;
+    for (int64_t e = 0; e < a->experts; e++) p->first[e + 1] = p->first[e] + count[e];
+    for (int64_t i = 0; i < p->pairs; i++) p->order[p->first[a->ids[i]] + a->slots[i]] = (int32_t)i;
+    int64_t blocks = 0;
+    for (int64_t e = 0; e < a->experts; e++) p->block0[e] = blocks, blocks += (count[e] + p->bsm - 1) / p->bsm;
+    p->k_tiles1 = (a->hidden + p->tile_k - 1) / p->tile_k, p->n_tiles1 = (p->w13_rows + p->tile_n - 1) / p->tile_n;
+    p->k_tiles2 = (a->inter + p->tile_k - 1) / p->tile_k, p->n_tiles2 = (a->hidden + p->tile_n - 1) / p->tile_n;
+    const int64_t grid = a->sm_count > 0 ? a->sm_count : KP_MOE_HOST_SMS;
+    p->iters1 = kp_marlin_iters(p->k_tiles1, p->n_tiles1, blocks, grid);
+    p->iters2 = kp_marlin_iters(p->k_tiles2, p->n_tiles2, blocks, grid);
+}
+
+/* Weight row n of an NVFP4 tensor [N, K] into w (exact: e2m1 * sf). */
+static void dequant_row(const uint8_t *codes, const uint8_t *scales, int64_t n, int64_t K, float *w) {
+    const uint8_t *c = codes + n * (K / 2), *s = scales + n * (K / 16);
+    for (int64_t b = 0; b < K / 16; b++) {
+        const float sf = kp_moe_e4m3(s[b]);
+        for (int64_t i = 0; i < 8; i++) {
+            w[b * 16 + 2 * i] = kp_moe_e2m1(c[b * 8 + i] & 15u) * sf;
+            w[b * 16 + 2 * i + 1] = kp_moe_e2m1(c[b * 8 + i] >> 4) * sf;
+        }
+    }
+}
+
+/* The f32 dot products of weight row w with the inputs in[g] (g < ng), each one chain in ascending k;
+ * where `cut` is given, a new partial sum starts at every k tile it names for that input (marlin's
+ * stream-K), and each partial is added to the bf16 running total in f32 and rounded to bf16 again. */
+typedef struct cuts {
+    const moe_plan_host *p;
+    int64_t block[PAIR_GROUP], nt, n_tiles, k_tiles, iters;
+} cuts;
+
+static void dots(const float *w, const float *const *in, int ng, int64_t K, const cuts *cut, float *out) {
+    float part[PAIR_GROUP] = {0}, total[PAIR_GROUP] = {0};
+    const int64_t step = cut ? cut->p->tile_k : K;
+    for (int64_t k0 = 0; k0 < K; k0 += step) {
+        if (cut && k0 > 0)
+            for (int g = 0; g < ng; g++)
+                if (kp_marlin_cut(cut->block[g], cut->nt, k0 / step, cut->n_tiles, cut->k_tiles, cut->iters))
+                    total[g] = kp_bf16_round(total[g] + part[g]), part[g] = 0.0f;
+        const int64_t k1 = k0 + step < K ? k0 + step : K;
+        if (ng == PAIR_GROUP)
+            for (int64_t k = k0; k < k1; k++) {
+                part[0] += in[0][k] * w[k];
+                part[1] += in[1][k] * w[k];
+                part[2] += in[2][k] * w[k];
+                part[3] += in[3][k] * w[k];
+            }
+        else
+            for (int g = 0; g < ng; g++)
+                for (int64_t k = k0; k < k1; k++) part[g] += in[g][k] * w[k];
+    }
+    for (int g = 0; g < ng; g++) out[g] = cut ? kp_bf16_round(total[g] + part[g]) : part[g];
+}
+
+static float silu(float g) { return g / (1.0f + expf(-g)); }
+
+/* Expert e: both GEMMs for all its pairs, into p->act and p->y. */
+static void expert_item(void *ctx, int64_t e) {
+    moe_plan_host *p = ctx;
+    const kp_moe_args *a = p->a;
+    const int64_t n = p->first[e + 1] - p->first[e], H = a->hidden, I = a->inter;
+    if (n == 0) return;
+    const int f32_path = p->algo == ALGO_MARLIN_GEMV && n <= KP_MOE_GEMV_ROWS;
+    const int marlin = p->algo != ALGO_INVARIANT && !f32_path, round_in = !f32_path;
+    const int32_t *pairs = p->order + p->first[e];
+    const float alpha13 = kp_moe_alpha(a->g13[e], a->scale_dir), alpha2 = kp_moe_alpha(a->g2[e], a->scale_dir);
+    const int64_t K_most = H > I ? H : I;
+    float *w = malloc(sizeof *w * (size_t)K_most), *xin = malloc(sizeof *xin * (size_t)(n * H));
+    float *h = malloc(sizeof *h * (size_t)(n * p->w13_rows));
+    if (!w || !xin || !h) {
+        atomic_store(&p->failed, 1);
+        free(w), free(xin), free(h);
+        return;
+    }
+    for (int64_t q = 0; q < n; q++) { /* the expert's activations, rounded to bf16 unless f32 */
+        const float *x = a->x + (pairs[q] / a->topk) * H;
+        for (int64_t k = 0; k < H; k++) xin[q * H + k] = round_in ? kp_bf16_round(x[k]) : x[k];
+    }
+    const uint8_t *w13 = a->w13 + e * p->w13_rows * (H / 2), *s13 = a->s13 + e * p->w13_rows * (H / 16);
+    const uint8_t *w2 = a->w2 + e * H * (I / 2), *s2 = a->s2 + e * H * (I / 16);
+    cuts c = {.p = p};
+    for (int64_t r = 0; r < p->w13_rows; r++) { /* GEMM1: h[q, r] */
+        dequant_row(w13, s13, r, H, w);
+        c.nt = r / p->tile_n, c.n_tiles = p->n_tiles1, c.k_tiles = p->k_tiles1, c.iters = p->iters1;
+        for (int64_t q0 = 0; q0 < n; q0 += PAIR_GROUP) {
+            const int ng = (int)(n - q0 < PAIR_GROUP ? n - q0 : PAIR_GROUP);
+            const float *in[PAIR_GROUP];
+            float out[PAIR_GROUP];
+            for (int g = 0; g < ng; g++) in[g] = xin + (q0 + g) * H, c.block[g] = p->block0[e] + (q0 + g) / p->bsm;
+            dots(w, in, ng, H, marlin ? &c : NULL, out);
+            for (int g = 0; g < ng; g++)
+                h[(q0 + g) * p->w13_rows + r] =
+                    marlin ? kp_bf16_round(kp_bf16_round(out[g]) * kp_bf16_round(alpha13)) : out[g] * alpha13;
+        }
+    }
+    for (int64_t q = 0; q < n; q++) { /* the activation, the second GEMM's input */
+        const float *hq = h + q * p->w13_rows;
+        float *act = p->act + (int64_t)pairs[q] * I;
+        for (int64_t i = 0; i < I; i++) {
+            const float v = a->gated ? silu(hq[i]) * hq[I + i] : (hq[i] > 0.0f ? hq[i] * hq[i] : 0.0f);
+            act[i] = f32_path ? v : kp_bf16_round(v);
+        }
+    }
+    for (int64_t r = 0; r < H; r++) { /* GEMM2: y[pair, r] */
+        dequant_row(w2, s2, r, I, w);
+        c.nt = r / p->tile_n, c.n_tiles = p->n_tiles2, c.k_tiles = p->k_tiles2, c.iters = p->iters2;
+        for (int64_t q0 = 0; q0 < n; q0 += PAIR_GROUP) {
+            const int ng = (int)(n - q0 < PAIR_GROUP ? n - q0 : PAIR_GROUP);
+            const float *in[PAIR_GROUP];
+            float out[PAIR_GROUP];
+            for (int g = 0; g < ng; g++) in[g] = p->act + (int64_t)pairs[q0 + g] * I, c.block[g] = p->block0[e] + (q0 + g) / p->bsm;
+            dots(w, in, ng, I, marlin ? &c : NULL, out);
+            for (int g = 0; g < ng; g++) {
+                const float wt = a->weights[pairs[q0 + g]];
+                float v;
+                if (marlin) v = kp_bf16_round(kp_bf16_round(out[g]) * kp_bf16_round(kp_bf16_round(alpha2) * kp_bf16_round(wt)));
+                else if (f32_path) v = out[g] * (alpha2 * wt);
+                else v = out[g] * alpha2;
+                p->y[(int64_t)pairs[q0 + g] * H + r] = v;
+            }
+        }
+    }
+    free(w), free(xin), free(h);
+}
+
+/* Row t: the sum over its slots in ascending j. */
+static void combine_item(void *ctx, int64_t t) {
+    moe_plan_host *p = ctx;
+    const kp_moe_args *a = p->a;
+    const int64_t H = a->hidden, K = a->topk;
+    float *out = a->out + t * H;
+    for (int64_t h = 0; h < H; h++) {
+        float s = 0.0f;
+        if (p->algo == ALGO_INVARIANT)
+            for (int64_t j = 0; j < K; j++) s += a->weights[t * K + j] * p->y[(t * K + j) * H + h];
+        else if (K >= 2 && K <= 4) { /* moe_sum accumulates in the bf16 scalar type */
+            s = p->y[t * K * H + h];
+            for (int64_t j = 1; j < K; j++) s = kp_bf16_round(s + p->y[(t * K + j) * H + h]);
+        } else {
+            for (int64_t j = 0; j < K; j++) s += p->y[(t * K + j) * H + h];
+            s = kp_bf16_round(s);
+        }
+        out[h] = s;
+    }
+}
+
+static int moe_host_run(const void *args, char *message, size_t message_len, int algo, const char *name) {
+    static atomic_uint_fast64_t calls;
+    const kp_moe_args *a = args;
+    int rc = moe_host_check(name, args, message, message_len);
+    if (rc) return rc;
+    if (!a->workspace || a->workspace_bytes < moe_host_workspace_bytes(args)) {
+        snprintf(message, message_len, "%s: the workspace is missing or smaller than workspace_bytes()", name);
+        return KP_RUN_FAILED;
+    }
+    for (int64_t i = 0; i < a->rows * a->topk; i++)
+        if (a->ids[i] < 0 || a->ids[i] >= a->experts) {
+            snprintf(message, message_len, "%s: ids[%lld] = %d is outside [0, %lld)", name, (long long)i, a->ids[i],
+                     (long long)a->experts);
+            return KP_RUN_NOT_SUPPORTED;
+        }
+    moe_plan_host p = {.a = a, .algo = algo, .pairs = a->rows * a->topk, .w13_rows = kp_moe_w13_rows_of(a)};
+    p.bsm = kp_marlin_block_size_m(a->rows, a->topk, a->experts);
+    kp_marlin_tile(p.bsm, &p.tile_n, &p.tile_k);
+    unsigned char *ws = a->workspace;
+    p.act = (float *)ws, ws += sizeof(float) * (size_t)(p.pairs * a->inter);
+    p.y = (float *)ws, ws += sizeof(float) * (size_t)(p.pairs * a->hidden);
+    p.first = (int64_t *)ws, ws += sizeof(int64_t) * (size_t)(a->experts + 1);
+    p.block0 = (int64_t *)ws, ws += sizeof(int64_t) * (size_t)a->experts;
+    p.order = (int32_t *)ws;
+    atomic_init(&p.failed, 0);
+    int64_t *count = malloc(sizeof *count * (size_t)a->experts);
+    if (!count) {
+        snprintf(message, message_len, "%s: out of host memory", name);
+        return KP_RUN_FAILED;
+    }
+    route(&p, atomic_fetch_add(&calls, 1) + 1, count);
+    free(count);
+    kp_parallel_for(a->experts, expert_item, &p);
+    if (atomic_load(&p.failed)) {
+        snprintf(message, message_len, "%s: out of host memory", name);
+        return KP_RUN_FAILED;
+    }
+    kp_parallel_for(a->rows, combine_item, &p);
+    return KP_RUN_OK;
+}
+
+static int marlin_like_run(const void *args, char *message, size_t message_len) {
+    return moe_host_run(args, message, message_len, ALGO_MARLIN, "moe.marlin_like@host");
+}
+static int marlin_gemv32_run(const void *args, char *message, size_t message_len) {
+    return moe_host_run(args, message, message_len, ALGO_MARLIN_GEMV, "moe.marlin_gemv32@host");
+}
+static int invariant_run(const void *args, char *message, size_t message_len) {
+    return moe_host_run(args, message, message_len, ALGO_INVARIANT, "moe.invariant@host");
+}
+static int marlin_like_supports(const void *args, char *message, size_t message_len) {
+    return moe_host_check("moe.marlin_like@host", args, message, message_len);
+}
+static int marlin_gemv32_supports(const void *args, char *message, size_t message_len) {
+    return moe_host_check("moe.marlin_gemv32@host", args, message, message_len);
+}
+static int invariant_supports(const void *args, char *message, size_t message_len) {
+    return moe_host_check("moe.invariant@host", args, message, message_len);
+}
+
+const kp_impl kp_moe_marlin_like_host = {KP_ABI_VERSION, "moe", "moe.marlin_like@host", KP_MEMORY_HOST,
+                                         moe_host_workspace_bytes, marlin_like_supports, marlin_like_run};
+const kp_impl kp_moe_marlin_gemv32_host = {KP_ABI_VERSION, "moe", "moe.marlin_gemv32@host", KP_MEMORY_HOST,
+                                           moe_host_workspace_bytes, marlin_gemv32_supports, marlin_gemv32_run};
+const kp_impl kp_moe_invariant_host = {KP_ABI_VERSION, "moe", "moe.invariant@host", KP_MEMORY_HOST,
+                                       moe_host_workspace_bytes, invariant_supports, invariant_run};

@@ -1,0 +1,195 @@
+/* moe_ref.c: the NVFP4 MoE's float64 reference (moe_ref.h). Three passes, each over independent items
+ * on every core: (expert, 16 intermediate columns) for the first GEMM and the activation, (expert, 16
+ * output columns) for the second, then one row at a time the sum over slots. Weight rows are
+ * dequantized to float64 per item and dotted with 4 pairs x 2 rows at a time, each dot product in
+ * 4 lanes (k mod 4) added in order at the end: an order fixed by K alone, which vector units of any
+ * width follow bit for bit (no FMA: reference/ builds with -ffp-contract=off). */
+#include "moe_ref.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kp_detmath.h"
+
+#define COLS 16 /* weight rows an item dequantizes */
+#define GQ 4    /* pairs a dot block takes */
+#define GR 2    /* weight rows a dot block takes */
+
+#if defined(__x86_64__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define KP_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef KP_CLONES
+#define KP_CLONES
+#endif
+
+/* out[q * GR + r] = x[q] . w[r] over K (a multiple of 4), in 4 lanes added in order. */
+KP_CLONES static void dot_block(const double *const x[GQ], const double *const w[GR], int64_t K, double out[GQ * GR]) {
+    double acc[GQ * GR][4] = {{0}};
+    for (int64_t k = 0; k < K; k += 4)
+        for (int q = 0; q < GQ; q++)
+            for (int r = 0; r < GR; r++)
+                for (int l = 0; l < 4; l++) acc[q * GR + r][l] += x[q][k + l] * w[r][k + l];
+    for (int i = 0; i < GQ * GR; i++) out[i] = (acc[i][0] + acc[i][1]) + (acc[i][2] + acc[i][3]);
+}
+
+typedef struct ref_job {
+    const kp_moe_ref_in *in;
+    int64_t w13_rows, pairs;
+    int32_t *order;   /* [pairs]: pair indices by expert, each expert's in token order */
+    int64_t *first;   /* [experts + 1] */
+    double *act;      /* [pairs, inter] */
+    double *y;        /* [pairs, hidden] */
+    double *out;
+    atomic_int failed;
+} ref_job;
+
+static void dequant_rows(const uint8_t *codes, const uint8_t *scales, const int64_t *rows, int n, int64_t K, double *w) {
+    for (int i = 0; i < n; i++) {
+        const uint8_t *c = codes + rows[i] * (K / 2), *s = scales + rows[i] * (K / 16);
+        for (int64_t k = 0; k < K; k++)
+            w[i * K + k] = (double)kp_e2m1_value(kp_nvfp4_code_at(c, k)) * (double)kp_e4m3_value(s[k / 16]);
+    }
+}
+
+static double global_apply(double dot, float g, kp_nvfp4_scale_dir dir) {
+    return dir == KP_NVFP4_DIVIDE ? dot / (double)g : dot * (double)g;
+}
+
+/* Dots of the n inputs in[] (each K doubles) with the nw rows of w, into res[q * nw + r]. */
+static void dots(const double *const *in, int64_t n, const double *w, int nw, int64_t K, double *res) {
+    for (int64_t q0 = 0; q0 < n; q0 += GQ)
+        for (int r0 = 0; r0 < nw; r0 += GR) {
+            const double *x[GQ], *wr[GR];
+            double o[GQ * GR];
+            for (int q = 0; q < GQ; q++) x[q] = in[q0 + q < n ? q0 + q : n - 1];
+            for (int r = 0; r < GR; r++) wr[r] = w + (r0 + r < nw ? r0 + r : nw - 1) * K;
+            dot_block(x, wr, K, o);
+            for (int q = 0; q < GQ && q0 + q < n; q++)
+                for (int r = 0; r < GR && r0 + r < nw; r++) res[(q0 + q) * nw + r0 + r] = o[q * GR + r];
+        }
+}
+
+/* Item (expert, column block) of a pass: the expert's pair count and the block's first column. */
+static int64_t item_at(const ref_job *j, int64_t item, int64_t cols, int64_t *e, int64_t *c0) {
+    const int64_t blocks = (cols + COLS - 1) / COLS;
+    *e = item / blocks, *c0 = (item % blocks) * COLS;
+    return j->first[*e + 1] - j->first[*e];
+}
+
+/* Pass 1: act[pair, i] for i in the item's columns. */
+static void gemm1_item(void *ctx, int64_t item) {
+    ref_job *j = ctx;
+    const kp_moe_ref_in *in = j->in;
+    const kp_moe_case *mc = in->mc;
+    const int64_t H = mc->hidden, I = mc->inter;
+    int64_t e, c0;
+    const int64_t n = item_at(j, item, I, &e, &c0);
+    if (n == 0) return;
+    const int nc = (int)(I - c0 < COLS ? I - c0 : COLS), nw = mc->gated ? 2 * nc : nc;
+    double *xd = malloc(sizeof *xd * (size_t)(n * H)), *w = malloc(sizeof *w * (size_t)(nw * H));
+    double *res = malloc(sizeof *res * (size_t)(n * nw));
+    const double **rows = malloc(sizeof *rows * (size_t)n);
+    if (!xd || !w || !res || !rows) {
+        atomic_store(&j->failed, 1);
+        free(xd), free(w), free(res), free(rows);
+        return;
+    }
+    const int32_t *pairs = j->order + j->first[e];
+    for (int64_t q = 0; q < n; q++) {
+        const float *x = in->x + (pairs[q] / mc->topk) * H;
+        for (int64_t k = 0; k < H; k++) xd[q * H + k] = (double)x[k];
+        rows[q] = xd + q * H;
+    }
+    int64_t wrows[2 * COLS];
+    for (int i = 0; i < nc; i++) wrows[i] = c0 + i, wrows[nc + i] = I + c0 + i; /* gate rows, then up rows */
+    dequant_rows(in->w13 + e * j->w13_rows * (H / 2), in->s13 + e * j->w13_rows * (H / 16), wrows, nw, H, w);
+    dots(rows, n, w, nw, H, res);
+    const float g = in->g13[e];
+    for (int64_t q = 0; q < n; q++)
+        for (int i = 0; i < nc; i++) {
+            const double a = global_apply(res[q * nw + i], g, mc->scale_dir);
+            double v;
+            if (mc->gated) v = a / (1.0 + kp_exp_det(-a)) * global_apply(res[q * nw + nc + i], g, mc->scale_dir);
+            else v = a > 0.0 ? a * a : 0.0;
+            j->act[(int64_t)pairs[q] * I + c0 + i] = v;
+        }
+    free(xd), free(w), free(res), free(rows);
+}
+
+/* Pass 2: y[pair, h] for h in the item's columns. */
+static void gemm2_item(void *ctx, int64_t item) {
+    ref_job *j = ctx;
+    const kp_moe_ref_in *in = j->in;
+    const kp_moe_case *mc = in->mc;
+    const int64_t H = mc->hidden, I = mc->inter;
+    int64_t e, c0;
+    const int64_t n = item_at(j, item, H, &e, &c0);
+    if (n == 0) return;
+    const int nw = (int)(H - c0 < COLS ? H - c0 : COLS);
+    double *w = malloc(sizeof *w * (size_t)(nw * I)), *res = malloc(sizeof *res * (size_t)(n * nw));
+    const double **rows = malloc(sizeof *rows * (size_t)n);
+    if (!w || !res || !rows) {
+        atomic_store(&j->failed, 1);
+        free(w), free(res), free(rows);
+        return;
+    }
+    const int32_t *pairs = j->order + j->first[e];
+    for (int64_t q = 0; q < n; q++) rows[q] = j->act + (int64_t)pairs[q] * I;
+    int64_t wrows[COLS];
+    for (int i = 0; i < nw; i++) wrows[i] = c0 + i;
+    dequant_rows(in->w2 + e * H * (I / 2), in->s2 + e * H * (I / 16), wrows, nw, I, w);
+    dots(rows, n, w, nw, I, res);
+    for (int64_t q = 0; q < n; q++)
+        for (int i = 0; i < nw; i++) j->y[(int64_t)pairs[q] * H + c0 + i] = global_apply(res[q * nw + i], in->g2[e], mc->scale_dir);
+    free(w), free(res), free(rows);
+}
+
+/* Pass 3: row t's sum over its slots, j ascending. */
+static void combine_item(void *ctx, int64_t t) {
+    ref_job *j = ctx;
+    const kp_moe_case *mc = j->in->mc;
+    const int64_t H = mc->hidden, K = mc->topk;
+    for (int64_t h = 0; h < H; h++) {
+        double s = 0.0;
+        for (int64_t k = 0; k < K; k++) s += (double)j->in->weights[t * K + k] * j->y[(t * K + k) * H + h];
+        j->out[t * H + h] = s;
+    }
+}
+
+double kp_moe_reference_bytes(const kp_moe_case *mc, int64_t rows) {
+    const double pairs = (double)rows * (double)mc->topk;
+    return pairs * (double)(mc->inter + mc->hidden) * 8.0 + pairs * 4.0 + (double)(mc->experts + 1) * 8.0 +
+           (double)kp_thread_count() * (64.0 * (double)mc->hidden * 8.0 + 2.0 * COLS * (double)(mc->hidden + mc->inter) * 8.0);
+}
+
+int kp_moe_reference(const kp_moe_ref_in *in, double *out, kp_error *err) {
+    const kp_moe_case *mc = in->mc;
+    ref_job j = {.in = in, .w13_rows = kp_moe_w13_rows(mc), .pairs = in->rows * mc->topk, .out = out};
+    atomic_init(&j.failed, 0);
+    for (int64_t i = 0; i < j.pairs; i++)
+        if (in->ids[i] < 0 || in->ids[i] >= mc->experts)
+            return kp_fail(err, KP_EXIT_USAGE, "moe reference: ids[%lld] = %d is outside [0, %lld)", (long long)i,
+                           in->ids[i], (long long)mc->experts);
+    j.order = kp_calloc((size_t)j.pairs, sizeof *j.order, "moe reference order", err);
+    j.first = kp_calloc((size_t)mc->experts + 1, sizeof *j.first, "moe reference order", err);
+    j.act = j.order && j.first ? kp_calloc((size_t)(j.pairs * mc->inter), sizeof *j.act, "moe reference activations", err) : NULL;
+    j.y = j.act ? kp_calloc((size_t)(j.pairs * mc->hidden), sizeof *j.y, "moe reference expert outputs", err) : NULL;
+    int rc = j.y ? 0 : err->code;
+    if (!rc) { /* a counting sort by expert, token order within one */
+        for (int64_t i = 0; i < j.pairs; i++) j.first[in->ids[i] + 1]++;
+        for (int64_t e = 0; e < mc->experts; e++) j.first[e + 1] += j.first[e];
+        int64_t *at = kp_calloc((size_t)mc->experts, sizeof *at, "moe reference order", err);
+        if (!at) rc = err->code;
+        for (int64_t i = 0; at && i < j.pairs; i++) j.order[j.first[in->ids[i]] + at[in->ids[i]]++] = (int32_t)i;
+        free(at);
+    }
+    if (!rc) kp_parallel_for(mc->experts * ((mc->inter + COLS - 1) / COLS), gemm1_item, &j);
+    if (!rc && !atomic_load(&j.failed)) kp_parallel_for(mc->experts * ((mc->hidden + COLS - 1) / COLS), gemm2_item, &j);
+    if (!rc && !atomic_load(&j.failed)) kp_parallel_for(in->rows, combine_item, &j);
+    if (!rc && atomic_load(&j.failed)) rc = kp_fail(err, KP_EXIT_ENV, "moe reference: out of host memory");
+    free(j.order), free(j.first), free(j.act), free(j.y);
+    return rc;
+}

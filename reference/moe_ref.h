@@ -1,0 +1,33 @@
+/* moe_ref.h: the float64 reference for the NVFP4 MoE (DESIGN.md "moe"), written from the rule, never
+ * from an impl: for each row t and slot j with e = ids[t, j], h = W13_e x_t, a = silu(gate) * up (or
+ * relu(up)^2), y = W2_e a, and out[t] = sum over j ascending of weights[t, j] * y.
+ * Weights are the NVFP4 codes times their E4M3 scales, exactly (cases/kp_nvfp4.h); the global scale is
+ * applied to each dot product in float64 (divided or multiplied, as the case declares). Activations and
+ * routing weights are read as the f32 inputs are, unrounded. exp is kp_exp_det and every sum is in a
+ * fixed order (4 lanes over K, then the lanes in order), so the digest is the same on every machine. */
+#ifndef KP_MOE_REF_H
+#define KP_MOE_REF_H
+
+#include <stdint.h>
+
+#include "../cases/kp_common.h"
+#include "../cases/moe_case.h"
+
+/* A case's tensors, as cases/moe_case.h lays them out (weights of expert e at e times its size). */
+typedef struct kp_moe_ref_in {
+    const kp_moe_case *mc;
+    int64_t rows;
+    const float *x;       /* [rows, hidden] */
+    const int32_t *ids;   /* [rows, topk] */
+    const float *weights; /* [rows, topk] */
+    const uint8_t *w13, *s13, *w2, *s2;
+    const float *g13, *g2;
+} kp_moe_ref_in;
+
+/* out [rows, hidden]. Experts and blocks of weight rows run in parallel (kp_parallel_for).
+ * KP_EXIT_USAGE for an id outside [0, experts); KP_EXIT_ENV when memory runs out. */
+int kp_moe_reference(const kp_moe_ref_in *in, double *out, kp_error *err);
+/* Host bytes kp_moe_reference needs besides its inputs and out. */
+double kp_moe_reference_bytes(const kp_moe_case *mc, int64_t rows);
+
+#endif
