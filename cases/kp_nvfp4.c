@@ -14,9 +14,15 @@ float kp_e2m1_value(uint8_t code) {
 }
 
 float kp_e4m3_value(uint8_t bits) {
-    const int e = (bits >> 3) & 0xf, m = bits & 7;
+    const uint32_t e = (bits >> 3) & 0xfu, m = bits & 7u;
     if (e == 15 && m == 7) return NAN;
-    const float v = e ? ldexpf(1.0f + (float)m / 8.0f, e - 7) : ldexpf((float)m / 8.0f, -6);
+    float v;
+    if (e) { /* (1 + m / 8) * 2^(e - 7), built from its f32 bits (exact) */
+        const uint32_t f = ((e + 120u) << 23) | (m << 20);
+        memcpy(&v, &f, sizeof v);
+    } else {
+        v = (float)m / 512.0f; /* m / 8 * 2^-6, exact */
+    }
     return (bits & 0x80u) ? -v : v;
 }
 
@@ -38,7 +44,12 @@ static uint8_t nearest(float x, int n, float (*value)(uint8_t)) {
 
 uint8_t kp_e2m1_quantize(float x) {
     if (isnan(x)) return 0;
-    return (uint8_t)((signbit(x) ? 8u : 0u) | nearest(fabsf(x), 8, kp_e2m1_value));
+    /* nearest() over the 8 magnitudes, unrolled without branches: the code is the number of midpoints
+       (0.25, 0.75, ..., 5, exact in f32) below |x|, a midpoint itself going to the even code (counted
+       with > where the code below it is even, >= where it is odd) */
+    const float a = fabsf(x);
+    const uint8_t code = (uint8_t)((a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) + (a > 5.0f));
+    return (uint8_t)((signbit(x) ? 8u : 0u) | code);
 }
 
 uint8_t kp_e4m3_quantize(float x) {
