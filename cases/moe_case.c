@@ -98,28 +98,31 @@ const kp_case_family kp_moe_case_family = {
 
 int64_t kp_moe_w13_rows(const kp_moe_case *mc) { return mc->gated ? 2 * mc->inter : mc->inter; }
 
-/* n draws from `at` of slot `slot`, as (u - 1/2) / 8 in f32. */
-static int draw_weights(kp_rng *rng, uint64_t at, int64_t n, float *w, uint32_t *scratch, kp_error *err) {
-    int rc = kp_rng_draw(rng, slot_offset(SLOT_WEIGHTS, at), scratch, (size_t)n, err);
-    for (int64_t i = 0; !rc && i < n; i++) w[i] = (float)((kp_unit(scratch[i]) - 0.5) / 8.0);
+int kp_moe_case_experts(const kp_moe_case *mc, int64_t e0, int64_t ne, uint8_t *w13, uint8_t *s13, float *g13, uint8_t *w2,
+                        uint8_t *s2, float *g2, kp_error *err) {
+    /* experts' draws are contiguous (expert e's W13 then W2 from e * per): one cuRAND call for all ne, whose
+       host generator costs milliseconds a call whatever its size */
+    const int64_t R = kp_moe_w13_rows(mc), H = mc->hidden, I = mc->inter, n13 = R * H, n2 = H * I, per = n13 + n2;
+    float *w = kp_calloc((size_t)per, sizeof *w, "expert weights", err);
+    uint32_t *draws = w ? kp_calloc((size_t)(per * ne), sizeof *draws, "expert draws", err) : NULL;
+    kp_rng rng;
+    int rc = draws ? kp_rng_open(&rng, mc->seed, err) : err->code, opened = rc == 0;
+    if (!rc) rc = kp_rng_draw(&rng, slot_offset(SLOT_WEIGHTS, (uint64_t)e0 * (uint64_t)per), draws, (size_t)(per * ne), err);
+    for (int64_t q = 0; !rc && q < ne; q++) {
+        const uint32_t *d = draws + q * per;
+        for (int64_t i = 0; i < n13; i++) w[i] = (float)((kp_unit(d[i]) - 0.5) / 8.0); /* (u - 1/2) / 8 in f32 */
+        rc = kp_nvfp4_quantize(w, R, H, mc->scale_dir, w13 + q * R * (H / 2), s13 + q * R * (H / 16), g13 + q, err);
+        for (int64_t i = 0; !rc && i < n2; i++) w[i] = (float)((kp_unit(d[n13 + i]) - 0.5) / 8.0);
+        if (!rc) rc = kp_nvfp4_quantize(w, H, I, mc->scale_dir, w2 + q * H * (I / 2), s2 + q * H * (I / 16), g2 + q, err);
+    }
+    if (opened) kp_rng_close(&rng);
+    free(w), free(draws);
     return rc;
 }
 
 int kp_moe_case_expert(const kp_moe_case *mc, int64_t e, uint8_t *w13, uint8_t *s13, float *g13, uint8_t *w2,
                        uint8_t *s2, float *g2, kp_error *err) {
-    const int64_t n13 = kp_moe_w13_rows(mc) * mc->hidden, n2 = mc->hidden * mc->inter, most = n13 > n2 ? n13 : n2;
-    float *w = kp_calloc((size_t)most, sizeof *w, "expert weights", err);
-    uint32_t *scratch = kp_calloc((size_t)most, sizeof *scratch, "expert draws", err);
-    kp_rng rng;
-    int rc = w && scratch ? kp_rng_open(&rng, mc->seed, err) : err->code, opened = rc == 0;
-    const uint64_t at = (uint64_t)e * (uint64_t)(n13 + n2);
-    if (!rc) rc = draw_weights(&rng, at, n13, w, scratch, err);
-    if (!rc) rc = kp_nvfp4_quantize(w, kp_moe_w13_rows(mc), mc->hidden, mc->scale_dir, w13, s13, g13, err);
-    if (!rc) rc = draw_weights(&rng, at + (uint64_t)n13, n2, w, scratch, err);
-    if (!rc) rc = kp_nvfp4_quantize(w, mc->hidden, mc->inter, mc->scale_dir, w2, s2, g2, err);
-    if (opened) kp_rng_close(&rng);
-    free(w), free(scratch);
-    return rc;
+    return kp_moe_case_experts(mc, e, 1, w13, s13, g13, w2, s2, g2, err);
 }
 
 static float with_low_bit(double v) { /* nonzero low 16 bits: bf16 rounding changes the value */

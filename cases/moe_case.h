@@ -48,6 +48,9 @@ int64_t kp_moe_w13_rows(const kp_moe_case *mc);
  * global scale, w2 [hidden, inter / 2] with scales [hidden, inter / 16] and its global scale. */
 int kp_moe_case_expert(const kp_moe_case *mc, int64_t e, uint8_t *w13, uint8_t *s13, float *g13, uint8_t *w2,
                        uint8_t *s2, float *g2, kp_error *err);
+/* Experts [e0, e0 + ne), each laid out as above, one after another (w13 + q * w13_rows * hidden / 2, ...). */
+int kp_moe_case_experts(const kp_moe_case *mc, int64_t e0, int64_t ne, uint8_t *w13, uint8_t *s13, float *g13, uint8_t *w2,
+                        uint8_t *s2, float *g2, kp_error *err);
 /* Rows [first, first + n): x [n, hidden], ids [n, topk], weights [n, topk]. */
 int kp_moe_case_rows(const kp_moe_case *mc, int64_t first, int64_t n, float *x, int32_t *ids, float *weights, kp_error *err);
 

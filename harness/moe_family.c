@@ -61,19 +61,23 @@ static double weight_bytes(const kp_moe_case *mc) {
     return (double)mc->experts * (double)(kp_moe_w13_rows(mc) + mc->inter) * (double)mc->hidden * (0.5 + 1.0 / 16.0);
 }
 
+/* Experts are drawn in groups of about GEN_DRAWS draws, one group per kp_parallel_for item. */
+#define GEN_DRAWS (8 << 20)
 typedef struct gen_job {
     moe_data *d;
+    int64_t group;
     kp_error err;
     atomic_int failed;
 } gen_job;
 
-static void gen_expert(void *ctx, int64_t e) {
+static void gen_group(void *ctx, int64_t i) {
     gen_job *g = ctx;
     const kp_moe_case *mc = &g->d->mc;
-    const int64_t H = mc->hidden, I = mc->inter, R = kp_moe_w13_rows(mc);
+    const int64_t H = mc->hidden, I = mc->inter, R = kp_moe_w13_rows(mc), e = i * g->group;
+    const int64_t ne = mc->experts - e < g->group ? mc->experts - e : g->group;
     kp_error err = {0};
-    if (kp_moe_case_expert(mc, e, g->d->w13 + e * R * (H / 2), g->d->s13 + e * R * (H / 16), g->d->scales + e,
-                           g->d->w2 + e * H * (I / 2), g->d->s2 + e * H * (I / 16), g->d->scales + mc->experts + e, &err) &&
+    if (kp_moe_case_experts(mc, e, ne, g->d->w13 + e * R * (H / 2), g->d->s13 + e * R * (H / 16), g->d->scales + e,
+                            g->d->w2 + e * H * (I / 2), g->d->s2 + e * H * (I / 16), g->d->scales + mc->experts + e, &err) &&
         !atomic_exchange(&g->failed, 1))
         g->err = err;
 }
@@ -100,9 +104,12 @@ static int moe_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp
     d->w13 = v->inputs[IN_W13].data, d->s13 = v->inputs[IN_S13].data, d->w2 = v->inputs[IN_W2].data;
     d->s2 = v->inputs[IN_S2].data, d->scales = v->inputs[IN_SCALES].data;
     if ((rc = kp_moe_case_rows(mc, 0, v->rows_total, d->x, d->ids, d->weights, err))) return rc;
-    gen_job g = {.d = d};
+    const int64_t per = (R + I) * H, threads = kp_thread_count();
+    int64_t group = GEN_DRAWS / per > 1 ? GEN_DRAWS / per : 1;
+    if ((E + group - 1) / group < threads) group = (E + threads - 1) / threads; /* every core busy */
+    gen_job g = {.d = d, .group = group};
     atomic_init(&g.failed, 0);
-    kp_parallel_for(E, gen_expert, &g); /* experts draw from their own offsets: any order gives the same bytes */
+    kp_parallel_for((E + group - 1) / group, gen_group, &g); /* experts draw from their own offsets: any order, same bytes */
     if (atomic_load(&g.failed)) return *err = g.err, err->code;
     return 0;
 }
@@ -121,7 +128,7 @@ static size_t moe_estimate(const kp_case *c, int nimpls, kp_error *err) {
     /* inputs, the generator's per-thread scratch, the reference and its scratch, and per impl run kept at once
        an output (+ repeat/probe scratch) and a host impl's workspace */
     const double bytes = rows * (double)(mc.hidden + 2 * mc.topk) * 4.0 + weight_bytes(&mc) + (double)mc.experts * 8.0 +
-                         (double)kp_thread_count() * most * 8.0 + (double)mc.m * (double)mc.hidden * 8.0 +
+                         (double)kp_thread_count() * (most * 4.0 + (GEN_DRAWS + 2.0 * most) * 4.0) + (double)mc.m * (double)mc.hidden * 8.0 +
                          kp_moe_reference_bytes(&mc, mc.m) + (double)(nimpls + 3) * pairs * ((double)mc.hidden / (double)mc.topk + 1.0) * 4.0 +
                          pairs * (double)(mc.hidden + mc.inter) * 4.0 + (double)mc.experts * 32.0;
     return bytes > 1.8e19 ? 0 : (size_t)bytes;

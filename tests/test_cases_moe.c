@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../cases/kp_tensor.h"
 #include "../cases/moe_case.h"
 
 static kp_moe_case read_case(const char *name, char *canonical) {
@@ -133,4 +134,45 @@ Test(cases_moe, expert_weights_are_nvfp4_along_k_and_differ_between_experts) {
     cr_assert_eq(kp_moe_case_expert(&mc, 0, again, sa, &ga, wa, sb, &gb, &err), 0);
     cr_assert(!memcmp(again, w13[0], sizeof again) && !memcmp(sa, s13[0], sizeof sa) && ga == g13[0]);
     free(deq);
+}
+
+/* The same case name gives the same bytes on any machine (DESIGN.md "Inputs are bit-reproducible"): the
+ * digests of one case's tensors, pinned; experts drawn in one group or one at a time give the same bytes. */
+Test(cases_moe, digests_are_pinned_and_expert_grouping_changes_nothing) {
+    const kp_moe_case mc = read_case("moe(hidden=256,inter=128,m=1,model=glm53,profile=single,seed=3)", NULL);
+    const int64_t R = kp_moe_w13_rows(&mc), H = mc.hidden, I = mc.inter, E = mc.experts;
+    uint8_t *w13 = malloc((size_t)(E * R * H / 2)), *s13 = malloc((size_t)(E * R * H / 16));
+    uint8_t *w2 = malloc((size_t)(E * H * I / 2)), *s2 = malloc((size_t)(E * H * I / 16)), *one = malloc((size_t)(R * H / 2));
+    float *g = malloc(sizeof(float) * (size_t)(2 * E)), g1, g2;
+    uint8_t *o13 = malloc((size_t)(R * H / 16)), *ow2 = malloc((size_t)(H * I / 2)), *os2 = malloc((size_t)(H * I / 16));
+    kp_error err = {0};
+    cr_assert_eq(kp_moe_case_experts(&mc, 0, E, w13, s13, g, w2, s2, g + E, &err), 0, "%s", err.msg);
+    cr_assert_eq(kp_moe_case_expert(&mc, 201, one, o13, &g1, ow2, os2, &g2, &err), 0, "%s", err.msg);
+    cr_assert(!memcmp(one, w13 + 201 * R * H / 2, (size_t)(R * H / 2)) && !memcmp(ow2, w2 + 201 * H * I / 2, (size_t)(H * I / 2)));
+    cr_assert(!memcmp(o13, s13 + 201 * R * H / 16, (size_t)(R * H / 16)) && !memcmp(os2, s2 + 201 * H * I / 16, (size_t)(H * I / 16)));
+    cr_assert(g1 == g[201] && g2 == g[E + 201]);
+    rows r = make_rows(&mc, 0, 1);
+    char hex[KP_SHA256_HEX_LEN];
+    const struct {
+        kp_dtype dt;
+        int ndim;
+        int64_t shape[3];
+        const void *data;
+        const char *want;
+    } t[] = {
+        {KP_F32, 2, {1, H}, r.x, "e2dc7376edd3ea05c911d31570e83491768e5aebe93092f9e071e57be426d5ea"},
+        {KP_I32, 2, {1, mc.topk}, r.ids, "93ff746ee0e4da7c391c8d281d231942f216d42d8084bfdb7089e15843335763"},
+        {KP_F32, 2, {1, mc.topk}, r.w, "e0b835f371b5ce68d735b61eaa0acb88caffc52987cb65018ca3034f101053e4"},
+        {KP_U8, 3, {E, R, H / 2}, w13, "2affe36add4f01849a86fe3b43c34e04319dfb6398ba48bd4754fe6af66be659"},
+        {KP_U8, 3, {E, R, H / 16}, s13, "1368a0ee50f45fe3e09eee8fa2924eeb2a9aba2d3e6ec2bca3a28a4738f189c6"},
+        {KP_U8, 3, {E, H, I / 2}, w2, "8af9f437d397d9953b1f00805e518fa4027766da2f1da62d4ea8aec7c5426012"},
+        {KP_U8, 3, {E, H, I / 16}, s2, "972fbc2868af404e292205bae8c2fe330bc080f657b6f78e8096853570709de2"},
+        {KP_F32, 2, {2, E}, g, "fd5fe28c78ffcd981db0979ecf9d98fffe22ee34e39e0d0f3f267418c1f38b25"},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
+        kp_buffer_digest(t[i].dt, t[i].ndim, t[i].shape, 0, t[i].data, hex);
+        cr_assert_str_eq(hex, t[i].want, "tensor %zu", i);
+    }
+    drop(&r);
+    free(w13), free(s13), free(w2), free(s2), free(one), free(g), free(o13), free(ow2), free(os2);
 }
