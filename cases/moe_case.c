@@ -3,6 +3,7 @@
  * transcendental, so inputs are bit-identical anywhere. */
 #include "moe_case.h"
 
+#include <math.h> /* sqrt: correctly rounded, like + - * / */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,9 +111,11 @@ int kp_moe_case_experts(const kp_moe_case *mc, int64_t e0, int64_t ne, uint8_t *
     if (!rc) rc = kp_rng_draw(&rng, slot_offset(SLOT_WEIGHTS, (uint64_t)e0 * (uint64_t)per), draws, (size_t)(per * ne), err);
     for (int64_t q = 0; !rc && q < ne; q++) {
         const uint32_t *d = draws + q * per;
-        for (int64_t i = 0; i < n13; i++) w[i] = (float)((kp_unit(d[i]) - 0.5) / 8.0); /* (u - 1/2) / 8 in f32 */
+        /* (u - 1/2) * sqrt(12 / K) in f32: variance 1 / K, so outputs keep one scale at any hidden and inter */
+        const double scale13 = sqrt(12.0 / (double)H), scale2 = sqrt(12.0 / (double)I);
+        for (int64_t i = 0; i < n13; i++) w[i] = (float)((kp_unit(d[i]) - 0.5) * scale13);
         rc = kp_nvfp4_quantize(w, R, H, mc->scale_dir, w13 + q * R * (H / 2), s13 + q * R * (H / 16), g13 + q, err);
-        for (int64_t i = 0; !rc && i < n2; i++) w[i] = (float)((kp_unit(d[n13 + i]) - 0.5) / 8.0);
+        for (int64_t i = 0; !rc && i < n2; i++) w[i] = (float)((kp_unit(d[n13 + i]) - 0.5) * scale2);
         if (!rc) rc = kp_nvfp4_quantize(w, H, I, mc->scale_dir, w2 + q * H * (I / 2), s2 + q * H * (I / 16), g2 + q, err);
     }
     if (opened) kp_rng_close(&rng);
@@ -169,7 +172,7 @@ int kp_moe_case_rows(const kp_moe_case *mc, int64_t first, int64_t n, float *x, 
     if (!rc) rc = kp_rng_seek(&rng, slot_offset(SLOT_X, (uint64_t)first * (uint64_t)H), err);
     for (int64_t i = 0; !rc && i < n; i++) {
         if ((rc = kp_rng_next(&rng, d, (size_t)H, err))) break;
-        for (int64_t h = 0; h < H; h++) x[i * H + h] = with_low_bit((kp_unit(d[h]) - 0.5) * 4.0);
+        for (int64_t h = 0; h < H; h++) x[i * H + h] = with_low_bit((kp_unit(d[h]) - 0.5) * 2.0);
     }
     if (!rc) rc = kp_rng_seek(&rng, slot_offset(SLOT_ROUTE, (uint64_t)first * (uint64_t)span), err);
     for (int64_t i = 0; !rc && i < n; i++) {

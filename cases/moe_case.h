@@ -6,9 +6,10 @@
  * scale stored as 2688 / amax, or `multiply`: stored as amax / 2688).
  * Every value comes from raw Philox draws (kp_rng) with + - * / only, each tensor at its own slot:
  *   weights   expert e's W13 ([2 inter, hidden] gate then up, or [inter, hidden] for relu^2) and W2
- *             ([hidden, inter]) drawn as (u - 1/2) / 8 and quantized to NVFP4 along their K (hidden,
+ *             ([hidden, inter]) drawn as (u - 1/2) * sqrt(12 / K) (variance 1 / K, K = hidden, then inter, so
+ *             outputs have one scale at any size: RMS about 0.1) and quantized to NVFP4 along their K (hidden,
  *             then inter), one global scale per expert and tensor;
- *   x         [m, hidden]: (u - 1/2) * 4 with the lowest mantissa bit set, so every activation has
+ *   x         [m, hidden]: (u - 1/2) * 2 with the lowest mantissa bit set, so every activation has
  *             nonzero low 16 bits and rounding it to bf16 changes it;
  *   ids       [m, topk] distinct experts per row, by profile:
  *               uniform   topk experts drawn without replacement;
@@ -37,7 +38,7 @@ typedef struct kp_moe_case {
     kp_nvfp4_scale_dir scale_dir;
 } kp_moe_case;
 
-#define KP_MOE_GENERATOR_VERSION "moe/v1"
+#define KP_MOE_GENERATOR_VERSION "moe/v2"
 
 /* moe's row of the case-family table (cases/case_families.c). */
 extern const kp_case_family kp_moe_case_family;

@@ -183,8 +183,9 @@ static int parse_check(const kp_config *cfg, const kp_family *fam, const cJSON *
         snprintf(at, sizeof at, "%.300s.of", where);
         if (kp_want_string(member(check, "of"), at, &text, err)) return err->code;
         int of = kp_check_parse(text);
-        if (of != KP_CHECK_RULE && of != KP_CHECK_TOLERANCE && of != KP_CHECK_REPEAT && of != KP_CHECK_BATCH)
-            return kp_fail(err, KP_EXIT_USAGE, "%s: '%s' must be rule, tolerance, repeat or batch", at, text);
+        if (of != KP_CHECK_EXACT && of != KP_CHECK_RULE && of != KP_CHECK_TOLERANCE && of != KP_CHECK_REPEAT &&
+            of != KP_CHECK_BATCH)
+            return kp_fail(err, KP_EXIT_USAGE, "%s: '%s' must be exact, rule, tolerance, repeat or batch", at, text);
         inner = s->of = (kp_check_kind)of;
     }
     for (const cJSON *m = check->child; m; m = m->next)
@@ -198,7 +199,7 @@ static int parse_check(const kp_config *cfg, const kp_family *fam, const cJSON *
     if (inner == KP_CHECK_TOLERANCE && !fam->tolerance_outputs)
         return kp_fail(err, KP_EXIT_USAGE, "%s: family %s's reference gives no continuous output to hold a tolerance to",
                        at, fam->name);
-    if (s->kind == KP_CHECK_EXACT) {
+    if (inner == KP_CHECK_EXACT) {
         const cJSON *impls = member(check, "impls");
         snprintf(at, sizeof at, "%.300s.impls", where);
         if (!cJSON_IsArray(impls) || cJSON_GetArraySize(impls) != 2)

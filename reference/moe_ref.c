@@ -46,11 +46,24 @@ typedef struct ref_job {
     atomic_int failed;
 } ref_job;
 
+/* Rows of an NVFP4 tensor [N, K] as float64: code value times block scale, exact. Per block the 16 code
+ * values are scaled once into a table, then each byte's two nibbles index it (low nibble first). */
 static void dequant_rows(const uint8_t *codes, const uint8_t *scales, const int64_t *rows, int n, int64_t K, double *w) {
+    double e2m1[16];
+    for (int c = 0; c < 16; c++) e2m1[c] = (double)kp_e2m1_value((uint8_t)c);
     for (int i = 0; i < n; i++) {
         const uint8_t *c = codes + rows[i] * (K / 2), *s = scales + rows[i] * (K / 16);
-        for (int64_t k = 0; k < K; k++)
-            w[i * K + k] = (double)kp_e2m1_value(kp_nvfp4_code_at(c, k)) * (double)kp_e4m3_value(s[k / 16]);
+        double *out = w + i * K;
+        for (int64_t b = 0; b < K / 16; b++) {
+            const double sf = (double)kp_e4m3_value(s[b]);
+            double table[16];
+            for (int v = 0; v < 16; v++) table[v] = e2m1[v] * sf;
+            for (int j = 0; j < 8; j++) {
+                const uint8_t byte = c[b * 8 + j];
+                out[b * 16 + 2 * j] = table[byte & 15u];
+                out[b * 16 + 2 * j + 1] = table[byte >> 4];
+            }
+        }
     }
 }
 

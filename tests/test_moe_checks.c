@@ -1,0 +1,283 @@
+/* test_moe_checks.c: the gate's checks on moe through the kparity binary (tolerance against a plugin with planted
+ * NVFP4 defects, batch, repeat), and a batch probe that moves positions but no slot, which must be vacuous. */
+#define _GNU_SOURCE
+#include <cjson/cJSON.h>
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../harness/kp_checks.h"
+#include "../kernels/kp_registry.h"
+#include "kp_test_util.h"
+
+TestSuite(moe_checks, .init = kpt_dir_setup, .fini = kpt_dir_teardown, .timeout = 300);
+
+/* The tolerance checks' case: the gate's shape (hidden 256, inter 128), where the output reaches about
+ * 0.2 and a defect can move it past 0.04; glm47's 64 experts keep the weights cheap to draw. Row 1,
+ * element 37 of [4, 256] is where PERTURB_ONE plants its 0.5. */
+#define TOL_CASE "moe(hidden=256,inter=128,m=4,model=glm47,profile=uniform,seed=11)"
+#define PERTURB_AT 293
+#define ATOL 0.04
+
+/* Build the defect plugin with one -D flag (or none) and a name; returns its path. */
+static char *plugin(const char *flag, const char *name) {
+    char *so, *src, *inc, *def, *at;
+    cr_assert(asprintf(&so, "%s/%s.so", kpt_dir, name) > 0);
+    cr_assert(asprintf(&src, "%s/tests/fixtures/plugin_moe_defects.c", kpt_source_dir()) > 0);
+    cr_assert(asprintf(&inc, "-I%s/kernels", kpt_source_dir()) > 0);
+    cr_assert(asprintf(&def, "-DKPT_NAME=\"%s\"", name) > 0);
+    cr_assert(asprintf(&at, "-DKPT_PERTURB_AT=%d", PERTURB_AT) > 0);
+    char *argv[] = {"/usr/bin/cc", "-shared", "-fPIC", "-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", inc, def, at,
+                    (char *)(flag ? flag : "-DKPT_CLEAN"), "-o", so, src, "-lm", NULL};
+    char *out, *err;
+    int rc = kpt_run(argv, &out, &err);
+    cr_assert_eq(rc, 0, "building the plugin failed: %s", err);
+    free(out), free(err), free(src), free(inc), free(def), free(at);
+    return so;
+}
+
+/* A config: optionally one plugin, the candidate role, atol 0.04 and rtol 0, and the cases (JSON). */
+static char *config(const char *tag, const char *so, const char *candidate, const char *cases) {
+    char *body, *path, *plugins = NULL;
+    if (so) cr_assert(asprintf(&plugins, "\"plugins\":[{\"path\":\"%s\"}],", so) > 0);
+    cr_assert(asprintf(&body,
+                       "{\"schema\":\"kparity.gate/v1\",\"name\":\"t\",%s\"impls\":{\"moe.candidate\":\"%s\"},"
+                       "\"defaults\":{\"atol\":%g,\"rtol\":0},\"cases\":[%s]}",
+                       plugins ? plugins : "", candidate, ATOL, cases) > 0);
+    cr_assert(asprintf(&path, "%s/%s.json", kpt_dir, tag) > 0);
+    cr_assert_eq(kpt_write(path, body, strlen(body)), 0);
+    free(body), free(plugins);
+    return path;
+}
+
+/* Run the gate on a config into bundle <kpt_dir>/<tag>; asserts the exit code, returns case 1's receipt. */
+static cJSON *gate(const char *cfg, const char *tag, int want_rc) {
+    char *out, *o, *e;
+    cr_assert(asprintf(&out, "%s/%s", kpt_dir, tag) > 0);
+    char *argv[] = {kpt_binary(), "gate", "--config", (char *)cfg, "--out", out, "--quiet", NULL};
+    const int rc = kpt_run(argv, &o, &e);
+    cr_assert_eq(rc, want_rc, "%s: exit %d, not %d\n%s\n%s", tag, rc, want_rc, o, e);
+    cJSON *rec = kpt_receipt(out, 1);
+    free(out), free(o), free(e);
+    return rec;
+}
+
+static const cJSON *at(const cJSON *obj, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    cr_assert_not_null(v, "no field %s", key);
+    return v;
+}
+static const char *str(const cJSON *obj, const char *key) {
+    const cJSON *v = at(obj, key);
+    cr_assert(cJSON_IsString(v), "%s is not a string", key);
+    return v->valuestring;
+}
+static double num(const cJSON *obj, const char *key) {
+    const cJSON *v = at(obj, key);
+    cr_assert(cJSON_IsNumber(v), "%s is not a number", key);
+    return v->valuedouble;
+}
+static const cJSON *check_of(const cJSON *rec, int k) {
+    const cJSON *c = cJSON_GetArrayItem(at(rec, "checks"), k);
+    cr_assert_not_null(c, "no check %d", k);
+    return c;
+}
+
+/* The tolerance check of the plugin built with `flag`, named `name`, on TOL_CASE: the check's only tensor. */
+static cJSON *tolerance_of(const char *flag, const char *name, int want_rc, const cJSON **tensor) {
+    char *so = plugin(flag, name);
+    char *cfg = config(name, so, name, "{\"case\":\"" TOL_CASE "\",\"checks\":[{\"check\":\"tolerance\",\"impl\":\"candidate\"}]}");
+    cJSON *rec = gate(cfg, name, want_rc);
+    const cJSON *f = at(check_of(rec, 0), "findings");
+    cr_assert_eq(cJSON_GetArraySize(at(f, "tensors")), 1, "moe's tolerance covers 'out' alone");
+    *tensor = cJSON_GetArrayItem(at(f, "tensors"), 0);
+    cr_assert_str_eq(str(*tensor, "tensor"), "out");
+    free(so), free(cfg);
+    return rec;
+}
+
+/* The receipt's worst element must be where the metrics say: the row whose worst element goes furthest
+ * past the tolerance holds the max-abs index, its |value - reference|, and a positive excess. */
+static void worst_is_named(const cJSON *tensor, const char *what) {
+    const cJSON *m = at(tensor, "metrics"), *rows = at(tensor, "worst_per_row");
+    const double max_abs = num(m, "max_abs"), max_abs_at = num(m, "max_abs_at");
+    cr_assert(max_abs > ATOL, "%s: max abs %g is within the tolerance", what, max_abs);
+    cr_assert_eq(cJSON_GetArraySize(rows), 4, "%s: one worst element per row", what);
+    const cJSON *worst = NULL;
+    for (const cJSON *r = rows->child; r; r = r->next) {
+        const double index = num(r, "index");
+        cr_assert(index >= num(r, "row") * 256 && index < (num(r, "row") + 1) * 256, "%s: row %g's worst is at %g", what,
+                  num(r, "row"), index);
+        if (!worst || num(r, "excess") > num(worst, "excess")) worst = r;
+    }
+    cr_assert(num(worst, "excess") > 0, "%s", what);
+    cr_assert_eq(num(worst, "index"), max_abs_at, "%s: the worst row's element %g is not the max-abs element %g", what,
+                 num(worst, "index"), max_abs_at);
+    cr_assert(fabs(num(worst, "abs") - max_abs) <= 1e-12 * max_abs, "%s: abs %g, max abs %g", what, num(worst, "abs"), max_abs);
+    cr_assert(fabs(fabs(num(worst, "value") - num(worst, "reference")) - max_abs) <= 1e-9 * max_abs, "%s", what);
+}
+
+Test(moe_checks, a_clean_plain_plugin_passes_the_tolerance_check) {
+    const cJSON *t;
+    cJSON *rec = tolerance_of(NULL, "moe.plain@host", 0, &t);
+    cr_assert_str_eq(str(check_of(rec, 0), "result"), "PASSED");
+    cr_assert_str_eq(str(t, "result"), "PASSED");
+    cr_assert_eq(num(at(t, "over_tolerance"), "count"), 0);
+    cr_assert_eq(num(t, "elements"), 4 * 256);
+    cr_assert(num(at(t, "metrics"), "max_abs") < 1e-3, "a plain f32 MoE is %g from the reference", num(at(t, "metrics"), "max_abs"));
+    cJSON_Delete(rec);
+}
+
+Test(moe_checks, nibbles_read_the_wrong_way_round_are_incorrect_and_the_worst_element_is_named) {
+    const cJSON *t;
+    cJSON *rec = tolerance_of("-DKPT_NIBBLE_SWAP", "moe.nibble_swap@host", 1, &t);
+    cr_assert_str_eq(str(check_of(rec, 0), "result"), "INCORRECT");
+    cr_assert_str_eq(str(t, "result"), "INCORRECT");
+    cr_assert_eq(num(at(t, "nonfinite_mismatch"), "count"), 0);
+    cr_assert(num(at(t, "over_tolerance"), "count") > 0);
+    worst_is_named(t, "nibble swap");
+    cJSON_Delete(rec);
+}
+
+Test(moe_checks, a_global_scale_in_the_wrong_direction_is_incorrect_and_the_worst_element_is_named) {
+    const cJSON *t;
+    cJSON *rec = tolerance_of("-DKPT_SCALE_FLIP", "moe.scale_flip@host", 1, &t);
+    cr_assert_str_eq(str(check_of(rec, 0), "result"), "INCORRECT");
+    cr_assert_str_eq(str(t, "result"), "INCORRECT");
+    cr_assert_eq(num(at(t, "nonfinite_mismatch"), "count"), 0, "the flipped scale stays finite at this shape");
+    cr_assert(num(at(t, "over_tolerance"), "count") > 4 * 256 / 2, "most elements are off by orders of magnitude");
+    worst_is_named(t, "scale flip");
+    cr_assert(num(at(t, "metrics"), "max_abs") > 1e6, "max abs %g", num(at(t, "metrics"), "max_abs"));
+    cJSON_Delete(rec);
+}
+
+Test(moe_checks, one_perturbed_element_is_the_one_over_and_the_receipt_names_its_index) {
+    const cJSON *t;
+    cJSON *rec = tolerance_of("-DKPT_PERTURB_ONE", "moe.perturb_one@host", 1, &t);
+    cr_assert_str_eq(str(t, "result"), "INCORRECT");
+    const cJSON *over = at(t, "over_tolerance");
+    cr_assert_eq(num(over, "count"), 1, "exactly one element over");
+    cr_assert_eq(cJSON_GetArraySize(at(over, "first")), 1);
+    cr_assert_eq(cJSON_GetArrayItem(at(over, "first"), 0)->valuedouble, PERTURB_AT, "the element over is the planted one");
+    const cJSON *m = at(t, "metrics");
+    cr_assert_eq(num(m, "max_abs_at"), PERTURB_AT);
+    cr_assert(fabs(num(m, "max_abs") - 0.5) < 1e-3, "max abs %g, planted 0.5", num(m, "max_abs"));
+    const cJSON *row1 = cJSON_GetArrayItem(at(t, "worst_per_row"), PERTURB_AT / 256);
+    cr_assert_eq(num(row1, "row"), PERTURB_AT / 256);
+    cr_assert_eq(num(row1, "index"), PERTURB_AT);
+    cr_assert(fabs(num(row1, "value") - num(row1, "reference") - 0.5) < 1e-3, "value %g, reference %g", num(row1, "value"),
+              num(row1, "reference"));
+    worst_is_named(t, "perturb one");
+    cJSON_Delete(rec);
+}
+
+/* batch on the candidate: every row the same bits in every probe, and no probe vacuous (profile=hot: every
+ * row shares expert 0, so the reversed batch moves every row's slot). The control: marlin_gemv32 on a
+ * straddle case, where a row alone leaves the 32-row GEMV switch, is INCORRECT. */
+Test(moe_checks, batch_passes_the_candidate_with_no_vacuous_probe_and_fails_gemv32) {
+    char *cfg = config("batch", NULL, "moe.invariant@host",
+                       "{\"case\":\"moe(hidden=256,inter=128,m=8,model=glm47,profile=hot,seed=21)\","
+                       "\"checks\":[{\"check\":\"batch\",\"impl\":\"candidate\"}]}");
+    cJSON *rec = gate(cfg, "batch", 0);
+    const cJSON *chk = check_of(rec, 0), *f = at(chk, "findings");
+    cr_assert_str_eq(str(chk, "result"), "PASSED", "%s", str(chk, "summary"));
+    cr_assert_eq(num(f, "vacuous_probes"), 0);
+    cr_assert_eq(num(f, "row_differences"), 0);
+    /* alone x 8, two halves, reversed, and T, T + 1 for glm47's thresholds (32, 115, 230, 255, 460, 691) */
+    cr_assert(cJSON_GetArraySize(at(f, "probes")) >= 8 + 2 + 1 + 2 * 6, "%d probes", cJSON_GetArraySize(at(f, "probes")));
+    const cJSON *permuted = NULL;
+    for (const cJSON *p = at(f, "probes")->child; p; p = p->next)
+        if (!strcmp(str(p, "probe"), "permuted")) permuted = p;
+    cr_assert_not_null(permuted);
+    cr_assert_eq(num(permuted, "rows_moved"), 8, "the reversed batch moves every row to another slot of expert 0");
+    cJSON_Delete(rec);
+    free(cfg);
+    cfg = config("batch_gemv", NULL, "moe.marlin_gemv32@host",
+                 "{\"case\":\"moe(hidden=64,inter=32,m=33,model=glm47,profile=straddle,seed=22)\","
+                 "\"checks\":[{\"check\":\"batch\",\"impl\":\"candidate\"}]}");
+    rec = gate(cfg, "batch_gemv", 1);
+    chk = check_of(rec, 0);
+    cr_assert_str_eq(str(chk, "result"), "INCORRECT");
+    cr_assert(num(at(chk, "findings"), "row_differences") > 0);
+    cJSON_Delete(rec);
+    free(cfg);
+}
+
+/* repeat on the incumbent at glm53 (288 experts, top 8), 800 rows: its atomic slot order changes the bits and
+ * the work order; the candidate on the same case repeats bit for bit, slots too (order_changed false). */
+Test(moe_checks, repeat_fails_marlin_like_with_its_order_changed_and_passes_the_candidate) {
+    char *cfg = config("repeat", NULL, "moe.marlin_like@host",
+                       "{\"case\":\"moe(hidden=256,inter=128,m=800,model=glm53,profile=uniform,seed=1)\",\"checks\":["
+                       "{\"check\":\"repeat\",\"impl\":\"candidate\",\"runs\":3},"
+                       "{\"check\":\"repeat\",\"impl\":\"moe.invariant@host\",\"runs\":3}]}");
+    cJSON *rec = gate(cfg, "repeat", 1);
+    const cJSON *inc = check_of(rec, 0), *f = at(inc, "findings");
+    cr_assert_str_eq(str(inc, "impl"), "moe.marlin_like@host");
+    cr_assert_str_eq(str(inc, "result"), "INCORRECT", "%s", str(inc, "summary"));
+    cr_assert(cJSON_IsTrue(at(f, "order_changed")), "order_changed");
+    cr_assert(num(at(f, "rows_varying_by_tensor"), "slots") > 0);
+    cr_assert(num(at(f, "rows_varying_by_tensor"), "out") > 0);
+    cr_assert(num(f, "distinct_outputs") >= 2);
+    const cJSON *cand = check_of(rec, 1), *g = at(cand, "findings");
+    cr_assert_str_eq(str(cand, "impl"), "moe.invariant@host");
+    cr_assert_str_eq(str(cand, "result"), "PASSED", "%s", str(cand, "summary"));
+    cr_assert(cJSON_IsFalse(at(g, "order_changed")), "the candidate's slots are token order, every run");
+    cr_assert_eq(num(at(g, "rows_varying_by_tensor"), "slots"), 0);
+    cJSON_Delete(rec);
+    free(cfg);
+}
+
+/* A batch probe of the case's own size moves a MoE row only when one of its pairs changes slot. Swapping two
+ * adjacent rows that share no expert changes their positions but no slot of any row: vacuous. Swapping two
+ * that share an expert, or reversing the batch, is not. */
+Test(moe_checks, a_batch_probe_that_moves_no_row_is_vacuous) {
+    kp_case_spec cs = {.fam = kp_family_find("moe")};
+    kp_error err = {0};
+    cr_assert_not_null(cs.fam);
+    cr_assert_eq(kp_case_parse("moe(hidden=32,inter=16,m=16,model=glm47,profile=uniform,seed=31)", &cs.c, &err), 0, "%s", err.msg);
+    cr_assert_eq(kp_case_normalize(&cs.c, &err), 0, "%s", err.msg);
+    kp_case_format(&cs.c, cs.name, sizeof cs.name);
+    kp_evidence ev = {.artifacts = cJSON_CreateArray(), .inline_limit = 16};
+    cJSON *rec = cJSON_CreateObject();
+    kp_case_ctx ctx;
+    cr_assert_eq(kp_case_ctx_open(&ctx, &cs, &ev, rec, &err), 0, "%s", err.msg);
+    enum { M = 16, TOPK = 4 };
+    cr_assert_eq(ctx.batch, M);
+    const int32_t *ids = ctx.prep.v.inputs[1].data; /* [rows, topk]: the family's second input */
+    cr_assert_str_eq(ctx.prep.v.inputs[1].name, "ids");
+    int64_t disjoint = -1, sharing = -1;
+    for (int64_t r = 0; r + 1 < M; r++) {
+        int common = 0;
+        for (int a = 0; a < TOPK; a++)
+            for (int b = 0; b < TOPK; b++) common |= ids[r * TOPK + a] == ids[(r + 1) * TOPK + b];
+        if (!common && disjoint < 0) disjoint = r;
+        if (common && sharing < 0) sharing = r;
+    }
+    cr_assert(disjoint >= 0 && sharing >= 0, "the case needs adjacent rows with and without a common expert (%lld, %lld)",
+              (long long)disjoint, (long long)sharing);
+    int64_t rows[M];
+    for (int64_t r = 0; r < M; r++) rows[r] = r;
+    kp_output *full = NULL;
+    cr_assert_eq(kp_run_rows(&ctx.prep, &kp_moe_invariant_host, rows, M, &full, NULL, &err), KP_PASSED, "%s", err.msg);
+    cJSON *probes = cJSON_CreateArray();
+    kp_probe_result pr;
+    rows[disjoint] = disjoint + 1, rows[disjoint + 1] = disjoint;
+    cr_assert_eq(kp_batch_probe(&ctx, &kp_moe_invariant_host, full, "swap_disjoint", rows, M, probes, &pr), KP_PASSED);
+    cr_assert(pr.vacuous && pr.rows_moved == 0, "two rows with no expert in common swapped: no slot moved, yet %lld rows moved",
+              (long long)pr.rows_moved);
+    cr_assert_eq(pr.rows_differ, 0);
+    rows[disjoint] = disjoint, rows[disjoint + 1] = disjoint + 1;
+    rows[sharing] = sharing + 1, rows[sharing + 1] = sharing;
+    cr_assert_eq(kp_batch_probe(&ctx, &kp_moe_invariant_host, full, "swap_sharing", rows, M, probes, &pr), KP_PASSED);
+    cr_assert(!pr.vacuous && pr.rows_moved == 2, "two rows sharing an expert swapped: %lld rows moved", (long long)pr.rows_moved);
+    cr_assert_eq(pr.rows_differ, 0);
+    for (int64_t r = 0; r < M; r++) rows[r] = M - 1 - r;
+    cr_assert_eq(kp_batch_probe(&ctx, &kp_moe_invariant_host, full, "reversed", rows, M, probes, &pr), KP_PASSED);
+    cr_assert(!pr.vacuous && pr.rows_moved > 0 && pr.rows_differ == 0, "reversed: %lld moved, %lld differ",
+              (long long)pr.rows_moved, (long long)pr.rows_differ);
+    kp_output_free(full);
+    kp_case_ctx_close(&ctx);
+    cJSON_Delete(rec), cJSON_Delete(probes), cJSON_Delete(ev.artifacts);
+}
