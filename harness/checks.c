@@ -578,7 +578,7 @@ static kp_result check_expect(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON
     snprintf(inner.label, sizeof inner.label, "%s %s", kp_check_name(spec->of), spec->impl[0]->name);
     cJSON *in = cJSON_AddObjectToObject(chk, "inner");
     kp_result r = kp_check_run(ctx, &inner, in);
-    char summary[400];
+    char summary[800];
     if (r != KP_PASSED && r != KP_INCORRECT) {
         snprintf(summary, sizeof summary, "the expected-defect check could not run (%s)", kp_result_name(r));
         cJSON_AddStringToObject(chk, "summary", summary);
@@ -596,6 +596,11 @@ static kp_result check_expect(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON
         if (spec->defect[0]) {
             size_t n = strlen(summary);
             snprintf(summary + n, sizeof summary - n, " on %lld/%lld rows", (long long)rows_with, (long long)ctx->batch);
+        }
+        const cJSON *why = cJSON_GetObjectItemCaseSensitive(in, "summary");
+        if (cJSON_IsString(why)) { /* how it showed: the expected check's own summary */
+            size_t n = strlen(summary);
+            snprintf(summary + n, sizeof summary - n, " (%s)", why->valuestring);
         }
         cJSON_AddStringToObject(chk, "summary", summary);
         return KP_PASSED;
