@@ -3,6 +3,7 @@
 #include <stddef.h>
 
 #include "kp_case.h"
+#include "mla_case.h"
 #include "moe_case.h"
 #include "topk_case.h"
 #include "topp_case.h"
@@ -10,7 +11,8 @@
 static const void *const builtin[] = {
     &kp_topp_case_family,
     &kp_topk_case_family,
-    &kp_moe_case_family, /* cases only so far: its harness family comes with issue 17 */
+    &kp_moe_case_family,
+    &kp_mla_case_family, /* cases only so far: its reference, impls and harness family come with issue 18 */
 };
 _Static_assert(offsetof(kp_case_family, name) == 0, "a table row begins with its name (kp_table)");
 kp_table kp_case_families = {builtin, (int)(sizeof builtin / sizeof builtin[0]), {0}, 0};

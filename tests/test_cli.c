@@ -41,7 +41,7 @@ static void expect_usage(const char *text, const char *needle) {
 Test(cli, bad_configs_exit_2_naming_the_field) {
     expect_usage("{\"schema\": \"kparity.gate/v1\", \"name\": ", "malformed JSON");
     expect_usage(HEAD "\"cases\":[{\"case\":\"nosuch(batch=1)\",\"checks\":" RULE "}]}", "'nosuch' is unknown");
-    expect_usage(HEAD "\"cases\":[{\"family\":\"mla\",\"params\":{},\"checks\":" RULE "}]}", "cases[0].family");
+    expect_usage(HEAD "\"cases\":[{\"family\":\"nosuch\",\"params\":{},\"checks\":" RULE "}]}", "cases[0].family");
     expect_usage("{\"schema\":\"kparity.gate/v1\",\"name\":\"t\",\"impls\":{\"candidate\":\"topp.magic@host\"},\"cases\":[]}",
                  "impls.candidate: impl 'topp.magic@host' is unknown");
     expect_usage(HEAD "\"cases\":[{\"case\":\"topp(batch=2,profile=ordinary,seed=1,top_p=0.9,vocab=300)\",\"checks\":"
