@@ -97,8 +97,42 @@ typedef struct kp_moe_args {
     size_t workspace_bytes;
 } kp_moe_args;
 
+/* mla: sparse MLA attention, decode (DESIGN.md "mla"). For request b, query position i and head h, over
+ * the counted slots j of row (b, i) (indices[b, i, j] != -1 and, when topk_length is given,
+ * j < topk_length[b, i]): s_j = sm_scale * q[b, i, h] . K_j (576 values), K_j the cache token at slot
+ * indices[b, i, j], V_j its first 512 values; out = sum_j softmax(s)_j V_j, the attention sink (when
+ * given) adding exp(sink[h]) to the denominator; lse = ln(sum_j exp(s_j)) and max_logits = max_j s_j.
+ * A row with no counted slot: out 0, lse +inf, max_logits -inf. Duplicate slots count twice. A slot of
+ * -1 must never be read. Dim 0 of every batched tensor is the request, so a batch probe moves whole
+ * requests. splits[b] says how many splits the impl cut request b's slots into (the order it worked in,
+ * which a batch may change). */
+enum { KP_MLA_CACHE_FP8_DS_MLA = 0, KP_MLA_CACHE_BF16 = 1 };
+typedef struct kp_mla_args {
+    const uint16_t *q;          /* [batch, s_q, h_q, 576] bf16 bits */
+    const void *cache;          /* [slots, 656] bytes (fp8_ds_mla: 512 e4m3, 4 f32 tile scales, 64 bf16 RoPE)
+                                   or [slots, 576] bf16 */
+    const int32_t *indices;     /* [batch, s_q, topk]: cache slots in [0, slots), or -1 */
+    const int32_t *topk_length; /* [batch, s_q], or NULL */
+    const float *attn_sink;     /* [h_q], or NULL */
+    uint16_t *out;              /* [batch, s_q, h_q, 512] bf16 bits */
+    float *lse;                 /* [batch, s_q, h_q], natural log */
+    float *max_logits;          /* [batch, s_q, h_q] */
+    int32_t *splits;            /* [batch] */
+    int64_t batch;
+    int64_t s_q;
+    int64_t h_q;                /* a multiple of 64 */
+    int64_t topk;               /* a multiple of 64 */
+    int64_t slots;              /* tokens the cache holds */
+    int32_t cache_format;       /* KP_MLA_CACHE_FP8_DS_MLA or KP_MLA_CACHE_BF16 */
+    float sm_scale;
+    int32_t sm_count;           /* multiprocessors of the device (CUDA impls); 0 for host impls */
+    void *stream;               /* cudaStream_t for KP_MEMORY_CUDA impls, NULL for host impls */
+    void *workspace;            /* workspace_bytes() bytes, same memory as the tensors, may be NULL if 0 */
+    size_t workspace_bytes;
+} kp_mla_args;
+
 /* One implementation. `args` points at the family's argument struct (kp_topp_args for "topp",
- * kp_topk_args for "topk", kp_moe_args for "moe").
+ * kp_topk_args for "topk", kp_moe_args for "moe", kp_mla_args for "mla").
  * run() must be callable repeatedly on the same args; it may return before the device finishes
  * (the harness synchronizes the stream). `message` receives a one-line reason on refusal or failure. */
 typedef struct kp_impl {

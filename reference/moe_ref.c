@@ -16,15 +16,6 @@
 #define GQ 4    /* pairs a dot block takes */
 #define GR 2    /* weight rows a dot block takes */
 
-#if defined(__x86_64__) && defined(__has_attribute)
-#if __has_attribute(target_clones)
-#define KP_CLONES __attribute__((target_clones("avx2", "default")))
-#endif
-#endif
-#ifndef KP_CLONES
-#define KP_CLONES
-#endif
-
 /* out[q * GR + r] = x[q] . w[r] over K (a multiple of 4), in 4 lanes added in order. */
 KP_CLONES static void dot_block(const double *const x[GQ], const double *const w[GR], int64_t K, double out[GQ * GR]) {
     double acc[GQ * GR][4] = {{0}};

@@ -1,6 +1,7 @@
 /* test_reference_detmath.c: the deterministic math every reference shares: kp_exp_det against libm
  * over the whole double range with pinned bits, and the compensated sum against a naive one. */
 #include <criterion/criterion.h>
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -56,4 +57,51 @@ Test(reference_detmath, compensated_sum_keeps_what_a_plain_sum_loses) {
     plain += -1.0;
     cr_assert_eq(plain, 0.0, "the control: a plain sum drops every small term");
     cr_assert_eq(kp_nsum_value(&s), 0x1p-33, "compensated: %a", kp_nsum_value(&s));
+}
+
+static int64_t log_ulps(double a, double b) {
+    int64_t ia, ib;
+    memcpy(&ia, &a, 8), memcpy(&ib, &b, 8);
+    if (ia < 0) ia = INT64_MIN - ia;
+    if (ib < 0) ib = INT64_MIN - ib;
+    return ia > ib ? ia - ib : ib - ia;
+}
+
+static uint64_t log_splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Within 2 ulp of libm's log over positive doubles of every exponent (subnormals included), values near 1 (where
+ * the result is tiny), and the special values exactly. */
+Test(reference_detmath, log_within_two_ulp_of_libm) {
+    uint64_t st = 0x6d6c61;
+    int64_t worst = 0;
+    double at = 0;
+    for (int i = 0; i < 400000; i++) {
+        uint64_t bits = log_splitmix(&st);
+        double x;
+        if (i % 4 == 0) bits &= 0x7fffffffffffffffull; /* any positive bit pattern */
+        else if (i % 4 == 1) bits = (bits & 0x000fffffffffffffull) | (0x3feull + (bits >> 63)) << 52; /* [0.5, 2) */
+        else if (i % 4 == 2) bits = 0x3ff0000000000000ull + ((bits >> 20) - (1ull << 43)); /* 1 +- 2^-9 */
+        else bits = (bits & 0x000fffffffffffffull) | ((bits >> 52) % 64 + 1000) << 52; /* around 2^-23 .. 2^40 */
+        memcpy(&x, &bits, 8);
+        if (!(x > 0) || isinf(x)) continue;
+        const int64_t u = log_ulps(kp_log_det(x), log(x));
+        if (u > worst) worst = u, at = x;
+    }
+    const double edge[] = {DBL_MIN, DBL_TRUE_MIN, DBL_MAX, 1.0 + DBL_EPSILON, 1.0 - DBL_EPSILON / 2, 2.0, 0.5, 0x1.6a09e667f3bcdp+0,
+                           0x1.6a09e667f3bcdp-1, 0x1.5bf0a8b145769p+1, 10.0, 1e-300, 1e300, 0x1p-1074 * 3};
+    for (size_t i = 0; i < sizeof edge / sizeof *edge; i++) {
+        const int64_t u = log_ulps(kp_log_det(edge[i]), log(edge[i]));
+        if (u > worst) worst = u, at = edge[i];
+    }
+    cr_assert(worst <= 2, "kp_log_det is %lld ulp from log at %a", (long long)worst, at);
+    cr_assert(kp_log_det(1.0) == 0.0 && !signbit(kp_log_det(1.0)));
+    cr_assert(kp_log_det(0.0) == -INFINITY && kp_log_det(-0.0) == -INFINITY);
+    cr_assert(isnan(kp_log_det(-1.0)) && isnan(kp_log_det(-INFINITY)) && isnan(kp_log_det(NAN)));
+    cr_assert(kp_log_det(INFINITY) == INFINITY);
+    for (int k = -1074; k <= 1023; k++) cr_assert(log_ulps(kp_log_det(ldexp(1.0, k)), log(ldexp(1.0, k))) <= 1, "2^%d", k);
 }
