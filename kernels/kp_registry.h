@@ -14,6 +14,8 @@ extern const kp_impl kp_topk_radix_exact_host;
 extern const kp_impl kp_moe_marlin_like_host;
 extern const kp_impl kp_moe_marlin_gemv32_host;
 extern const kp_impl kp_moe_invariant_host;
+extern const kp_impl kp_mla_split_count_host;
+extern const kp_impl kp_mla_split_size_host;
 #ifdef KP_HAVE_CUDA
 /* Built-in CUDA impls (kernels/cuda/). */
 extern const kp_impl kp_topp_split_logit_cuda;

@@ -18,6 +18,8 @@ static const kp_impl *const builtin_impls[] = {
     &kp_moe_marlin_like_host,
     &kp_moe_marlin_gemv32_host,
     &kp_moe_invariant_host,
+    &kp_mla_split_count_host,
+    &kp_mla_split_size_host,
 #ifdef KP_HAVE_CUDA
     &kp_topp_split_logit_cuda,
     &kp_topp_split_prob_cuda,

@@ -1,0 +1,240 @@
+/* mla.c: the host ports of mla.split_count (incumbent) and mla.split_size (candidate), the sparse MLA
+ * decode of kernels/mla_plan.h in f32 with the production kernel's numerics (families.md §D2, §D5):
+ * fp8 values times their tile scale rounded to bf16, products rounded to bf16; scores in the log2
+ * domain; each split an online softmax over 64-slot blocks whose P is rounded to bf16 for the PV sum
+ * while L sums the f32 P; splits combined in split order in log2, the lse divided by log2(e) at the
+ * end; out rounded to bf16. The two differ only in the plan, so split_size's bits cannot depend on the
+ * batch and split_count's do. One (request, query row, head) per kp_parallel_for item. */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kp_registry.h"
+#include "../mla_plan.h"
+
+#define D_QK 576
+#define D_V 512
+#define LOG2E 1.4426950408889634f
+
+enum { ALGO_SPLIT_COUNT = 0, ALGO_SPLIT_SIZE = 1 };
+
+static float bf16_value(uint16_t h) {
+    const uint32_t b = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &b, sizeof f);
+    return f;
+}
+
+static float bf16_round(float x) { /* nearest even; NaN and inf as they are */
+    uint32_t b;
+    memcpy(&b, &x, sizeof b);
+    if ((b & 0x7f800000u) != 0x7f800000u) b = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &b, sizeof x);
+    return x;
+}
+
+static float e4m3_value(uint8_t c) {
+    const uint32_t e = (c >> 3) & 15u, m = c & 7u;
+    float v;
+    if (e == 15u && m == 7u) return NAN;
+    if (e == 0) v = (float)m / 512.0f;
+    else {
+        const uint32_t bits = ((e + 120u) << 23) | (m << 20);
+        memcpy(&v, &bits, sizeof v);
+    }
+    return c & 0x80u ? -v : v;
+}
+
+/* A cache token's 576 values as the kernel multiplies them: fp8 e4m3 times bf16(scale), rounded to bf16. */
+static void token_values(const kp_mla_args *a, int32_t slot, float *k) {
+    if (a->cache_format == KP_MLA_CACHE_BF16) {
+        const uint16_t *t = (const uint16_t *)a->cache + (int64_t)slot * D_QK;
+        for (int i = 0; i < D_QK; i++) k[i] = bf16_value(t[i]);
+        return;
+    }
+    const uint8_t *t = (const uint8_t *)a->cache + (int64_t)slot * 656;
+    for (int tile = 0; tile < 4; tile++) {
+        float scale;
+        memcpy(&scale, t + 512 + 4 * tile, sizeof scale);
+        const float s = bf16_round(scale);
+        for (int i = 0; i < 128; i++) k[tile * 128 + i] = bf16_round(e4m3_value(t[tile * 128 + i]) * s);
+    }
+    for (int i = 0; i < 64; i++) {
+        uint16_t h;
+        memcpy(&h, t + 528 + 2 * i, sizeof h);
+        k[512 + i] = bf16_value(h);
+    }
+}
+
+static int mla_host_check(const char *name, const void *args, char *message, size_t len) {
+    const kp_mla_args *a = args;
+    const char *why = NULL;
+    if (a->batch < 1 || a->s_q < 1 || a->slots < 1) why = "batch, s_q or slots below 1";
+    else if (a->h_q < 64 || a->h_q % 64) why = "h_q is not a positive multiple of 64";
+    else if (a->topk < 64 || a->topk % 64) why = "topk is not a positive multiple of 64";
+    else if (a->cache_format != KP_MLA_CACHE_FP8_DS_MLA && a->cache_format != KP_MLA_CACHE_BF16) why = "cache_format";
+    else if (!(a->sm_scale > 0.0f) || isinf(a->sm_scale)) why = "sm_scale is not positive and finite";
+    if (!why) return KP_RUN_OK;
+    if (message && len) snprintf(message, len, "%s: %s", name, why);
+    return KP_RUN_NOT_SUPPORTED;
+}
+
+static size_t mla_host_workspace_bytes(const void *args) {
+    const kp_mla_args *a = args;
+    return (size_t)(a->batch * 2 + 1) * sizeof(int64_t) + (size_t)(a->batch * (a->topk / KP_MLA_BLOCK + 1)) * sizeof(int64_t);
+}
+
+typedef struct mla_job {
+    const kp_mla_args *a;
+    const int64_t *nsplits, *first; /* per request: split count and first block of each split */
+    int64_t max_splits;
+    atomic_int failed;
+} mla_job;
+
+/* The counted slots of row (b, i): -1 never counts, nor (with topk_length) a slot at or past it. */
+static int64_t row_length(const kp_mla_args *a, int64_t row) {
+    int64_t n = a->topk;
+    if (a->topk_length) n = a->topk_length[row] < 0 ? 0 : a->topk_length[row] < n ? a->topk_length[row] : n;
+    return n;
+}
+
+static void head_item(void *ctx, int64_t item) {
+    const mla_job *job = ctx;
+    const kp_mla_args *a = job->a;
+    const int64_t h = item % a->h_q, row = item / a->h_q, b = row / a->s_q, len = row_length(a, row);
+    const uint16_t *qb = a->q + (row * a->h_q + h) * D_QK;
+    float q[D_QK], k[D_QK], acc[D_V], out[D_V] = {0};
+    for (int i = 0; i < D_QK; i++) q[i] = bf16_value(qb[i]);
+    const float scale_log2 = a->sm_scale * LOG2E;
+    float max_logit = -INFINITY, gmax = -INFINITY, lse_sum = 0.0f;
+    const int64_t ns = job->nsplits[b];
+    float *split_lse = malloc(sizeof *split_lse * (size_t)ns), *split_out = malloc(sizeof *split_out * (size_t)(ns * D_V));
+    if (!split_lse || !split_out) {
+        atomic_store(&((mla_job *)job)->failed, 1);
+        free(split_lse), free(split_out);
+        return;
+    }
+    for (int64_t s = 0; s < ns; s++) {
+        const int64_t b0 = job->first[b * job->max_splits + s];
+        const int64_t b1 = s + 1 < ns ? job->first[b * job->max_splits + s + 1] : kp_mla_blocks(a->topk);
+        float m = -1e30f, l = 0.0f; /* the kernel's running max starts at -1e30 */
+        memset(acc, 0, sizeof acc);
+        int any = 0;
+        for (int64_t blk = b0; blk < b1; blk++) {
+            float sc[KP_MLA_BLOCK];
+            int32_t slot[KP_MLA_BLOCK];
+            float bmax = -INFINITY;
+            for (int j = 0; j < KP_MLA_BLOCK; j++) {
+                const int64_t at = blk * KP_MLA_BLOCK + j;
+                slot[j] = at < len && at < a->topk ? a->indices[row * a->topk + at] : -1;
+                if (slot[j] < 0 || slot[j] >= a->slots) { slot[j] = -1; continue; }
+                token_values(a, slot[j], k);
+                float dot = 0.0f;
+                for (int i = 0; i < D_QK; i++) dot += q[i] * k[i];
+                const float natural = dot * a->sm_scale;
+                if (natural > max_logit || isnan(natural)) max_logit = natural;
+                sc[j] = dot * scale_log2;
+                if (sc[j] > bmax || isnan(sc[j])) bmax = sc[j];
+            }
+            if (bmax == -INFINITY) continue; /* no counted slot in this block */
+            any = 1;
+            const float mnew = bmax > m || isnan(bmax) ? bmax : m, rescale = exp2f(m - mnew);
+            l *= rescale;
+            for (int i = 0; i < D_V; i++) acc[i] *= rescale;
+            for (int j = 0; j < KP_MLA_BLOCK; j++) {
+                if (slot[j] < 0) continue;
+                const float p = exp2f(sc[j] - mnew);
+                l += p;
+                const float pb = bf16_round(p); /* P in bf16 for the PV product */
+                token_values(a, slot[j], k);
+                for (int i = 0; i < D_V; i++) acc[i] += pb * k[i];
+            }
+            m = mnew;
+        }
+        split_lse[s] = any ? log2f(l) + m : -INFINITY;
+        for (int i = 0; i < D_V; i++) split_out[s * D_V + i] = any ? acc[i] / l : 0.0f;
+        if (split_lse[s] > gmax || isnan(split_lse[s])) gmax = split_lse[s];
+    }
+    float lse2 = INFINITY;
+    if (gmax != -INFINITY) { /* combine in split order, in log2 */
+        for (int64_t s = 0; s < ns; s++) lse_sum += exp2f(split_lse[s] - gmax);
+        for (int64_t s = 0; s < ns; s++) {
+            const float w = exp2f(split_lse[s] - gmax) / lse_sum;
+            for (int i = 0; i < D_V; i++) out[i] += w * split_out[s * D_V + i];
+        }
+        lse2 = log2f(lse_sum) + gmax;
+        if (a->attn_sink) { /* the sink adds exp(sink) to the denominator: out * 1 / (1 + exp(sink - lse)) */
+            const float o_scale = 1.0f / (1.0f + exp2f(a->attn_sink[h] * LOG2E - lse2));
+            for (int i = 0; i < D_V; i++) out[i] *= o_scale;
+        }
+    }
+    uint16_t *ob = a->out + (row * a->h_q + h) * D_V;
+    for (int i = 0; i < D_V; i++) {
+        const float r = bf16_round(out[i]);
+        uint32_t bits;
+        memcpy(&bits, &r, sizeof bits);
+        ob[i] = (uint16_t)(bits >> 16);
+    }
+    a->lse[row * a->h_q + h] = gmax == -INFINITY ? INFINITY : lse2 / LOG2E;
+    a->max_logits[row * a->h_q + h] = max_logit;
+    free(split_lse), free(split_out);
+}
+
+static int mla_host_run(const void *args, char *message, size_t len, int algo, const char *name) {
+    const kp_mla_args *a = args;
+    int rc = mla_host_check(name, args, message, len);
+    if (rc) return rc;
+    for (int64_t i = 0; i < a->batch * a->s_q * a->topk; i++)
+        if (a->indices[i] < -1 || a->indices[i] >= a->slots) {
+            snprintf(message, len, "%s: indices[%lld] = %d is neither -1 nor a slot in [0, %lld)", name, (long long)i,
+                     a->indices[i], (long long)a->slots);
+            return KP_RUN_NOT_SUPPORTED;
+        }
+    if (!a->workspace || a->workspace_bytes < mla_host_workspace_bytes(args)) {
+        snprintf(message, len, "%s: the workspace is missing or smaller than workspace_bytes()", name);
+        return KP_RUN_FAILED;
+    }
+    int64_t *blocks = a->workspace, *nsplits = blocks + a->batch, *first = nsplits + a->batch + 1;
+    const int64_t max_splits = a->topk / KP_MLA_BLOCK + 1;
+    for (int64_t b = 0; b < a->batch; b++) { /* a request's length: its longest row's */
+        int64_t longest = 0;
+        for (int64_t i = 0; i < a->s_q; i++) {
+            const int64_t n = row_length(a, b * a->s_q + i);
+            longest = n > longest ? n : longest;
+        }
+        blocks[b] = kp_mla_blocks(longest);
+    }
+    if (algo == ALGO_SPLIT_COUNT) {
+        const int64_t parts = kp_mla_sm_parts(a->sm_count > 0 ? a->sm_count : KP_MLA_HOST_SMS, a->s_q, a->h_q);
+        if (kp_mla_split_count_plan(blocks, a->batch, parts, nsplits, first, max_splits) < 0) {
+            snprintf(message, len, "%s: the scheduler's parts could not hold the batch", name);
+            return KP_RUN_FAILED;
+        }
+    } else
+        for (int64_t b = 0; b < a->batch; b++) {
+            nsplits[b] = kp_mla_split_size_splits(blocks[b]);
+            for (int64_t s = 0; s < nsplits[b]; s++) first[b * max_splits + s] = s * KP_MLA_SPLIT_BLOCKS;
+        }
+    for (int64_t b = 0; b < a->batch; b++) a->splits[b] = (int32_t)nsplits[b];
+    mla_job job = {.a = a, .nsplits = nsplits, .first = first, .max_splits = max_splits};
+    atomic_init(&job.failed, 0);
+    kp_parallel_for(a->batch * a->s_q * a->h_q, head_item, &job);
+    if (atomic_load(&job.failed)) {
+        snprintf(message, len, "%s: out of host memory", name);
+        return KP_RUN_FAILED;
+    }
+    return KP_RUN_OK;
+}
+
+static int split_count_run(const void *args, char *m, size_t n) { return mla_host_run(args, m, n, ALGO_SPLIT_COUNT, "mla.split_count@host"); }
+static int split_size_run(const void *args, char *m, size_t n) { return mla_host_run(args, m, n, ALGO_SPLIT_SIZE, "mla.split_size@host"); }
+static int split_count_supports(const void *args, char *m, size_t n) { return mla_host_check("mla.split_count@host", args, m, n); }
+static int split_size_supports(const void *args, char *m, size_t n) { return mla_host_check("mla.split_size@host", args, m, n); }
+
+const kp_impl kp_mla_split_count_host = {KP_ABI_VERSION, "mla", "mla.split_count@host", KP_MEMORY_HOST,
+                                         mla_host_workspace_bytes, split_count_supports, split_count_run};
+const kp_impl kp_mla_split_size_host = {KP_ABI_VERSION, "mla", "mla.split_size@host", KP_MEMORY_HOST,
+                                        mla_host_workspace_bytes, split_size_supports, split_size_run};

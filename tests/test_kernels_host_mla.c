@@ -1,0 +1,181 @@
+/* test_kernels_host_mla.c: the sparse MLA host ports (kernels/host/mla.c) through kp_mla_args: both within
+ * FlashMLA's decode tolerances of the float64 reference on caches their bf16 scale rounding keeps exact, empty
+ * rows out 0 and lse +inf, and the split plans' batch dependence: split_count's bits for a request change
+ * between alone and in a batch of 64 (and its splits say why), split_size's never do. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../cases/mla_case.h"
+#include "../kernels/kp_registry.h"
+#include "../kernels/mla_plan.h"
+#include "../reference/mla_ref.h"
+
+TestSuite(kernels_host_mla, .timeout = 240);
+
+typedef struct gen {
+    kp_mla_case mc;
+    kp_mla_sizes s;
+    kp_mla_buffers b;
+    int32_t *slots; /* indices as cache slots, the form impls take */
+    float sink[128];
+} gen;
+
+static gen make(const char *name) {
+    gen g;
+    memset(&g, 0, sizeof g);
+    kp_case c;
+    kp_error err = {0};
+    cr_assert_eq(kp_case_parse(name, &c, &err) || kp_case_normalize(&c, &err) || kp_mla_case_read(&c, &g.mc, &err), 0,
+                 "%s: %s", name, err.msg);
+    kp_mla_case_sizes(&g.mc, g.mc.batch, &g.s);
+    g.b.q = malloc(g.s.q_bytes), g.b.indices = malloc(g.s.indices_bytes), g.b.page_table = malloc(g.s.page_table_bytes);
+    g.b.topk_length = g.mc.topk_length ? malloc(g.s.topk_length_bytes) : NULL;
+    g.b.cache = malloc(g.s.cache_bytes), g.b.kv = malloc(g.s.kv_bytes);
+    g.slots = malloc(g.s.indices_bytes);
+    cr_assert_eq(kp_mla_case_requests(&g.mc, 0, g.mc.batch, &g.b, &err), 0, "%s", err.msg);
+    cr_assert_eq(kp_mla_case_sink(&g.mc, g.sink, &err), 0, "%s", err.msg);
+    for (int64_t r = 0; r < g.s.rows; r++)
+        for (int64_t j = 0; j < g.mc.topk; j++)
+            g.slots[r * g.mc.topk + j] = (int32_t)kp_mla_cache_slot(&g.mc, g.b.page_table + (r / g.mc.s_q) * g.s.pages_per_request,
+                                                                   g.b.indices[r * g.mc.topk + j]);
+    return g;
+}
+
+static void drop(gen *g) {
+    free(g->b.q), free(g->b.indices), free(g->b.topk_length), free(g->b.page_table), free(g->b.cache), free(g->b.kv);
+    free(g->slots);
+}
+
+typedef struct run_out {
+    uint16_t *out;
+    float *lse, *max;
+    int32_t *splits;
+} run_out;
+
+/* Requests [first, first + n) of g through impl. */
+static run_out run(const kp_impl *impl, const gen *g, int64_t first, int64_t n) {
+    const int64_t rows = n * g->mc.s_q, heads = rows * g->mc.h_q, r0 = first * g->mc.s_q;
+    run_out o = {malloc(sizeof(uint16_t) * (size_t)(heads * KP_MLA_D_V)), malloc(sizeof(float) * (size_t)heads),
+                 malloc(sizeof(float) * (size_t)heads), malloc(sizeof(int32_t) * (size_t)n)};
+    kp_mla_args a = {.q = g->b.q + r0 * g->mc.h_q * KP_MLA_D_QK, .cache = g->b.cache, .indices = g->slots + r0 * g->mc.topk,
+                     .topk_length = g->b.topk_length ? g->b.topk_length + r0 : NULL,
+                     .attn_sink = g->mc.sink ? g->sink : NULL, .out = o.out, .lse = o.lse, .max_logits = o.max,
+                     .splits = o.splits, .batch = n, .s_q = g->mc.s_q, .h_q = g->mc.h_q, .topk = g->mc.topk,
+                     .slots = g->s.pages * g->mc.page,
+                     .cache_format = g->mc.cache == KP_MLA_BF16 ? KP_MLA_CACHE_BF16 : KP_MLA_CACHE_FP8_DS_MLA,
+                     .sm_scale = (float)g->mc.sm_scale};
+    a.workspace_bytes = impl->workspace_bytes(&a);
+    a.workspace = malloc(a.workspace_bytes);
+    char msg[256] = "";
+    cr_assert_eq(impl->run(&a, msg, sizeof msg), KP_RUN_OK, "%s: %s", impl->name, msg);
+    free(a.workspace);
+    return o;
+}
+static void run_free(run_out *o) { free(o->out), free(o->lse), free(o->max), free(o->splits); }
+
+static float bf16f(uint16_t h) {
+    const uint32_t b = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &b, sizeof f);
+    return f;
+}
+
+/* Both impls against the reference, on a pow2-scaled fp8 cache and a bf16 one (where rounding the scales to bf16 is
+ * exact): lse within FlashMLA's decode tolerance (abs 1e-6 + rel 8.01/65536) on every head, out's cosine difference
+ * within its 5e-6. Out element by element (abs 1e-3 and rel 2.01/128) is only reported: the modelled kernel's bf16 P
+ * puts 0.1-0.4% of elements, near-zero ones, past both bounds (README, Known limits), an open finding. */
+Test(kernels_host_mla, both_within_flashmla_tolerances_of_the_reference) {
+    const char *names[] = {"mla(batch=3,cache=bf16,h_q=64,profile=mixed,s_kv=700,s_q=2,seed=5,topk=256)",
+                           "mla(batch=2,h_q=64,profile=holes,s_kv=600,scale=pow2,seed=6,topk=128,topk_length=on)"};
+    const kp_impl *impls[] = {&kp_mla_split_count_host, &kp_mla_split_size_host};
+    for (size_t c = 0; c < 2; c++) {
+        gen g = make(names[c]);
+        const int64_t heads = g.s.rows * g.mc.h_q;
+        double *ro = malloc(sizeof(double) * (size_t)(heads * KP_MLA_D_V)), *rl = malloc(sizeof(double) * (size_t)heads),
+               *rm = malloc(sizeof(double) * (size_t)heads);
+        const kp_mla_ref_in in = {.mc = &g.mc, .first = 0, .rows = g.s.rows, .q = g.b.q, .indices = g.b.indices,
+                                  .topk_length = g.b.topk_length, .page_table = g.b.page_table, .cache = g.b.cache,
+                                  .kv = g.b.kv, .sink = g.sink};
+        const kp_mla_ref_out out = {.cache = {ro, rl, rm}};
+        kp_error err = {0};
+        cr_assert_eq(kp_mla_reference(&in, &out, &err), 0, "%s", err.msg);
+        int64_t empty = 0;
+        for (size_t i = 0; i < 2; i++) {
+            run_out o = run(impls[i], &g, 0, g.mc.batch);
+            double sxx = 0, srr = 0, sxr = 0, worst = 0;
+            int64_t n_el = 0, over_sum = 0, over_both = 0;
+            for (int64_t h = 0; h < heads; h++) {
+                if (isinf(rl[h])) { /* an empty row: out 0, lse +inf */
+                    empty += i == 0;
+                    cr_assert(isinf(o.lse[h]) && o.lse[h] > 0, "%s head %lld: lse %g", impls[i]->name, (long long)h, o.lse[h]);
+                    for (int v = 0; v < KP_MLA_D_V; v++) cr_assert_eq(bf16f(o.out[h * KP_MLA_D_V + v]), 0.0f);
+                    continue;
+                }
+                cr_assert(fabs(o.lse[h] - rl[h]) <= 1e-6 + 8.01 / 65536 * fabs(rl[h]), "%s %s head %lld: lse %.9g, reference %.9g",
+                          impls[i]->name, names[c], (long long)h, o.lse[h], rl[h]);
+                for (int v = 0; v < KP_MLA_D_V; v++) {
+                    const double x = bf16f(o.out[h * KP_MLA_D_V + v]), r = ro[h * KP_MLA_D_V + v], d = fabs(x - r);
+                    sxx += x * x, srr += r * r, sxr += x * r, n_el++;
+                    over_sum += d > 1e-3 + 2.01 / 128 * fabs(r);
+                    over_both += d > 1e-3 && d > 2.01 / 128 * fabs(r);
+                    if (d > worst) worst = d;
+                }
+            }
+            const double cos_diff = 1.0 - 2.0 * sxr / (sxx + srr);
+            fprintf(stderr, "%s %s: cosine diff %.3g, worst abs %.3g, %lld/%lld over abs+rel, %lld over both\n", impls[i]->name,
+                    names[c], cos_diff, worst, (long long)over_sum, (long long)n_el, (long long)over_both);
+            cr_assert_leq(cos_diff, 5e-6, "%s %s: cosine diff %g", impls[i]->name, names[c], cos_diff);
+            run_free(&o);
+        }
+        if (c == 0) cr_assert_gt(empty, 0, "the mixed profile must have empty rows");
+        free(ro), free(rl), free(rm);
+        drop(&g);
+    }
+}
+
+/* A request alone and first in a batch of 64: split_count cuts it into other splits (8 against 2 on its H200
+ * model) and its bits change; split_size keeps its splits and its bits. */
+Test(kernels_host_mla, split_count_depends_on_the_batch_and_split_size_does_not) {
+    gen g = make("mla(batch=64,h_q=64,profile=uniform,s_kv=1024,scale=pow2,seed=7,topk=512)");
+    const int64_t per = g.mc.s_q * g.mc.h_q * KP_MLA_D_V;
+    run_out ca = run(&kp_mla_split_count_host, &g, 0, 1), cb = run(&kp_mla_split_count_host, &g, 0, 64);
+    cr_assert_eq(ca.splits[0], 8);
+    cr_assert_eq(cb.splits[0], 2);
+    cr_assert(memcmp(ca.out, cb.out, sizeof(uint16_t) * (size_t)per) || memcmp(ca.lse, cb.lse, sizeof(float) * (size_t)g.mc.h_q),
+              "split_count gave request 0 the same bits with 8 and 2 splits: the control is vacuous");
+    run_out sa = run(&kp_mla_split_size_host, &g, 0, 1), sb = run(&kp_mla_split_size_host, &g, 0, 64);
+    cr_assert(sa.splits[0] == sb.splits[0] && sa.splits[0] == 512 / 64 / KP_MLA_SPLIT_BLOCKS);
+    cr_assert(!memcmp(sa.out, sb.out, sizeof(uint16_t) * (size_t)per) && !memcmp(sa.lse, sb.lse, sizeof(float) * (size_t)g.mc.h_q) &&
+              !memcmp(sa.max, sb.max, sizeof(float) * (size_t)g.mc.h_q));
+    run_free(&ca), run_free(&cb), run_free(&sa), run_free(&sb);
+    drop(&g);
+}
+
+Test(kernels_host_mla, bad_args_are_refused) {
+    gen g = make("mla(batch=1,h_q=64,profile=uniform,s_kv=200,seed=8,topk=64)");
+    kp_mla_args a = {.q = g.b.q, .cache = g.b.cache, .indices = g.slots, .batch = 1, .s_q = 1, .h_q = 64, .topk = 64,
+                     .slots = g.s.pages * g.mc.page, .cache_format = KP_MLA_CACHE_FP8_DS_MLA, .sm_scale = 0.1f};
+    char msg[256];
+    kp_mla_args bad = a;
+    bad.h_q = 48;
+    cr_assert_eq(kp_mla_split_count_host.supports(&bad, msg, sizeof msg), KP_RUN_NOT_SUPPORTED);
+    cr_assert(strstr(msg, "h_q"), "%s", msg);
+    bad = a, bad.topk = 100;
+    cr_assert_eq(kp_mla_split_size_host.supports(&bad, msg, sizeof msg), KP_RUN_NOT_SUPPORTED);
+    bad = a, bad.cache_format = 7;
+    cr_assert_eq(kp_mla_split_size_host.supports(&bad, msg, sizeof msg), KP_RUN_NOT_SUPPORTED);
+    g.slots[5] = (int32_t)a.slots; /* out of the cache: refused before anything is read */
+    uint16_t out[64 * 512];
+    float lse[64], mx[64];
+    int32_t splits[1];
+    a.out = out, a.lse = lse, a.max_logits = mx, a.splits = splits;
+    a.workspace_bytes = kp_mla_split_count_host.workspace_bytes(&a);
+    a.workspace = malloc(a.workspace_bytes);
+    cr_assert_eq(kp_mla_split_count_host.run(&a, msg, sizeof msg), KP_RUN_NOT_SUPPORTED);
+    cr_assert(strstr(msg, "indices[5]"), "%s", msg);
+    free(a.workspace);
+    drop(&g);
+}
