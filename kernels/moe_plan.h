@@ -36,6 +36,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kp_formats.h"
 #include "kparity_kernel.h"
 
 #if defined(__CUDACC__)
@@ -60,39 +61,13 @@ KP_MOE_FN const char *kp_moe_args_problem(const kp_moe_args *a) {
 
 KP_MOE_FN int64_t kp_moe_w13_rows_of(const kp_moe_args *a) { return a->gated ? 2 * a->inter : a->inter; }
 
-/* E2M1 code (0..15) and E4M3 byte to their values (families.md §A). */
+/* An E2M1 code's (0..15) value (families.md §A); E4M3 and bf16 are kp_formats.h's. */
 KP_MOE_FN float kp_moe_e2m1(uint32_t code) {
     const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
     return code & 8u ? -mag[code & 7u] : mag[code & 7u];
 }
-KP_MOE_FN float kp_moe_e4m3(uint32_t b) {
-    const uint32_t e = (b >> 3) & 15u, m = b & 7u;
-    float v;
-    if (e == 15u && m == 7u) {
-        uint32_t nan = 0x7fc00000u;
-        memcpy(&v, &nan, sizeof v);
-        return v;
-    }
-    if (e == 0) v = (float)m * 0.001953125f; /* m / 8 * 2^-6 */
-    else {
-        const uint32_t bits = ((e + 120u) << 23) | (m << 20); /* (1 + m/8) * 2^(e - 7) */
-        memcpy(&v, &bits, sizeof v);
-    }
-    return b & 0x80u ? -v : v;
-}
-
 /* The global scale as a multiplier of a dot product's sum. */
 KP_MOE_FN float kp_moe_alpha(float g, int32_t dir) { return dir == KP_MOE_SCALE_DIVIDE ? 1.0f / g : g; }
-
-/* f32 to the nearest bf16, ties to even, as an f32 (finite inputs; NaN stays NaN). */
-KP_MOE_FN float kp_bf16_round(float x) {
-    uint32_t b;
-    memcpy(&b, &x, sizeof b);
-    if ((b & 0x7f800000u) == 0x7f800000u) return x;
-    b = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
-    memcpy(&x, &b, sizeof x);
-    return x;
-}
 
 /* marlin_like's slot order: atomic arrival unless the single-block counting path applies (few slots
  * and at most 64 experts), moe_align_sum_kernels.cu. */

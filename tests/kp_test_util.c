@@ -2,6 +2,8 @@
 #define _GNU_SOURCE
 #include "kp_test_util.h"
 
+#include "../kernels/kp_registry.h"
+
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
 
@@ -157,4 +159,16 @@ cJSON *kpt_receipt(const char *bundle, int index) {
     cr_assert_not_null(doc, "%s does not parse", path);
     free(text), free(path);
     return doc;
+}
+
+const kp_impl *impl_named(const char *name) {
+    const kp_impl *impl = kp_impl_find(name);
+    cr_assert_not_null(impl, "no impl named %s in this build", name);
+    return impl;
+}
+
+void *alloc_or_die(size_t bytes) {
+    void *p = calloc(bytes ? bytes : 1, 1);
+    cr_assert_not_null(p, "out of host memory for %zu bytes", bytes);
+    return p;
 }

@@ -39,6 +39,10 @@ int kpt_write(const char *path, const void *data, size_t len);
 /* Whether this build has CUDA impls and a GPU answers, asked in a throwaway child so the calling
  * process never holds CUDA state (Criterion forks). */
 int kpt_gpu_available(void);
+/* Lookup and allocation that fail the test instead of returning NULL (alloc_or_die zeroes, and takes 0). */
+struct kp_impl;
+const struct kp_impl *impl_named(const char *name);
+void *alloc_or_die(size_t bytes);
 /* Remove a folder tree (best effort). */
 void kpt_rmtree(const char *path);
 

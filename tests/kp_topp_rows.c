@@ -87,12 +87,6 @@ float *alloc_floats(int64_t n) {
     return p;
 }
 
-const kp_impl *impl_named(const char *name) {
-    const kp_impl *impl = kp_impl_find(name);
-    cr_assert(impl, "impl %s is not registered", name);
-    return impl;
-}
-
 row_verdict judge_row(const float *x, const float *y, int64_t vocab) {
     row_verdict v = {0, 0, 0, 0.0, INFINITY, INFINITY, -INFINITY, 0};
     float m32 = -INFINITY;

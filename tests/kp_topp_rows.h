@@ -32,10 +32,8 @@ void make_forced_batch(float *x, float *p, int64_t batch, forced_shape sh, float
  * a pool, so each row sits at a new position. */
 void rotate_rows(float *x, float *p, const float *pool, const float *ppool, int64_t pool_rows, int64_t batch,
                  int64_t shift, int64_t vocab);
-/* Allocation and lookup that fail the test instead of returning NULL. */
+/* Allocation that fails the test instead of returning NULL (impl_named is kp_test_util.h's). */
 float *alloc_floats(int64_t n);
-struct kp_impl;
-const struct kp_impl *impl_named(const char *name);
 
 /* What a float64 look at one output row finds: the kernel tests' own judge, independent of
  * reference/. */

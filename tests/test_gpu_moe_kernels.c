@@ -28,11 +28,6 @@
 static const char *const impl_names[] = {"moe.invariant@cuda", "moe.marlin_like@cuda", "moe.marlin_gemv32@cuda"};
 #define IMPLS 3
 
-static const kp_impl *impl_named(const char *name) {
-    const kp_impl *impl = kp_impl_find(name);
-    cr_assert_not_null(impl, "no impl named %s in this build", name);
-    return impl;
-}
 
 static uint32_t bits_of(float x) {
     uint32_t b;
@@ -40,11 +35,6 @@ static uint32_t bits_of(float x) {
     return b;
 }
 
-static void *alloc_or_die(size_t bytes) {
-    void *p = calloc(bytes ? bytes : 1, 1);
-    cr_assert_not_null(p, "out of host memory for %zu bytes", bytes);
-    return p;
-}
 
 /* ---- inputs: a case's expert weights (all experts) and its rows ---- */
 

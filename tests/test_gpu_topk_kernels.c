@@ -19,11 +19,6 @@
 #include "kp_gpu_test.h"
 #include "kp_test_util.h"
 
-static const kp_impl *impl_named(const char *name) {
-    const kp_impl *impl = kp_impl_find(name);
-    cr_assert_not_null(impl, "no impl named %s in this build", name);
-    return impl;
-}
 
 static uint32_t bits_of(float x) {
     uint32_t b;
@@ -36,11 +31,6 @@ static float float_of(uint32_t b) {
     return x;
 }
 
-static void *alloc_or_die(size_t bytes) {
-    void *p = calloc(bytes ? bytes : 1, 1);
-    cr_assert_not_null(p, "out of host memory for %zu bytes", bytes);
-    return p;
-}
 
 /* ---- inputs ---- */
 

@@ -192,34 +192,35 @@ __device__ __forceinline__ float bf16r(float v) { return kp_bf16_round(v); }
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
 
 /* Exclusive scan of N ints over a block of MOE_SCAN_THREADS; total receives the block's sums. */
+/* Inclusive scan of N ints across a warp, in place. */
+template <int N>
+__device__ __forceinline__ void warp_inclusive_scan(int (&x)[N]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1)
+#pragma unroll
+        for (int k = 0; k < N; k++) {
+            const int t = __shfl_up_sync(0xffffffffu, x[k], off);
+            if (lane >= off) x[k] += t;
+        }
+}
+
 template <int N>
 __device__ void block_exclusive_scan(int (&v)[N], int (&total)[N], int (*warp_sums)[N]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int inc[N];
 #pragma unroll
     for (int k = 0; k < N; k++) inc[k] = v[k];
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1)
-#pragma unroll
-        for (int k = 0; k < N; k++) {
-            const int t = __shfl_up_sync(0xffffffffu, inc[k], off);
-            if (lane >= off) inc[k] += t;
-        }
+    warp_inclusive_scan<N>(inc);
     if (lane == 31)
 #pragma unroll
         for (int k = 0; k < N; k++) warp_sums[warp][k] = inc[k];
     __syncthreads();
-    if (warp == 0) {
+    if (warp == 0) { /* the warps' sums, scanned by warp 0 */
         int s[N];
 #pragma unroll
         for (int k = 0; k < N; k++) s[k] = warp_sums[lane][k];
-#pragma unroll
-        for (int off = 1; off < 32; off <<= 1)
-#pragma unroll
-            for (int k = 0; k < N; k++) {
-                const int t = __shfl_up_sync(0xffffffffu, s[k], off);
-                if (lane >= off) s[k] += t;
-            }
+        warp_inclusive_scan<N>(s);
 #pragma unroll
         for (int k = 0; k < N; k++) warp_sums[lane][k] = s[k];
     }
@@ -742,7 +743,7 @@ static __global__ void __launch_bounds__(MOE_F32_THREADS) moe_f32_kernel(moe_run
         __syncthreads(); /* the last step's reads are done */
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const float sf = kp_moe_e4m3(sb[h]);
+            const float sf = kp_e4m3_decode(sb[h]);
             float *dst = ws + lr * MOE_F32_KC + kq * 32 + h * 16;
 #pragma unroll
             for (int q = 0; q < 8; q++) {

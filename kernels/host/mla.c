@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../kp_formats.h"
 #include "../kp_registry.h"
 #include "../mla_plan.h"
 
@@ -21,51 +22,24 @@
 
 enum { ALGO_SPLIT_COUNT = 0, ALGO_SPLIT_SIZE = 1 };
 
-static float bf16_value(uint16_t h) {
-    const uint32_t b = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &b, sizeof f);
-    return f;
-}
-
-static float bf16_round(float x) { /* nearest even; NaN and inf as they are */
-    uint32_t b;
-    memcpy(&b, &x, sizeof b);
-    if ((b & 0x7f800000u) != 0x7f800000u) b = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
-    memcpy(&x, &b, sizeof x);
-    return x;
-}
-
-static float e4m3_value(uint8_t c) {
-    const uint32_t e = (c >> 3) & 15u, m = c & 7u;
-    float v;
-    if (e == 15u && m == 7u) return NAN;
-    if (e == 0) v = (float)m / 512.0f;
-    else {
-        const uint32_t bits = ((e + 120u) << 23) | (m << 20);
-        memcpy(&v, &bits, sizeof v);
-    }
-    return c & 0x80u ? -v : v;
-}
-
 /* A cache token's 576 values as the kernel multiplies them: fp8 e4m3 times bf16(scale), rounded to bf16. */
 static void token_values(const kp_mla_args *a, int32_t slot, float *k) {
     if (a->cache_format == KP_MLA_CACHE_BF16) {
         const uint16_t *t = (const uint16_t *)a->cache + (int64_t)slot * D_QK;
-        for (int i = 0; i < D_QK; i++) k[i] = bf16_value(t[i]);
+        for (int i = 0; i < D_QK; i++) k[i] = kp_bf16_value(t[i]);
         return;
     }
     const uint8_t *t = (const uint8_t *)a->cache + (int64_t)slot * 656;
     for (int tile = 0; tile < 4; tile++) {
         float scale;
         memcpy(&scale, t + 512 + 4 * tile, sizeof scale);
-        const float s = bf16_round(scale);
-        for (int i = 0; i < 128; i++) k[tile * 128 + i] = bf16_round(e4m3_value(t[tile * 128 + i]) * s);
+        const float s = kp_bf16_round(scale);
+        for (int i = 0; i < 128; i++) k[tile * 128 + i] = kp_bf16_round(kp_e4m3_decode(t[tile * 128 + i]) * s);
     }
     for (int i = 0; i < 64; i++) {
         uint16_t h;
         memcpy(&h, t + 528 + 2 * i, sizeof h);
-        k[512 + i] = bf16_value(h);
+        k[512 + i] = kp_bf16_value(h);
     }
 }
 
@@ -106,15 +80,16 @@ static void head_item(void *ctx, int64_t item) {
     const kp_mla_args *a = job->a;
     const int64_t h = item % a->h_q, row = item / a->h_q, b = row / a->s_q, len = row_length(a, row);
     const uint16_t *qb = a->q + (row * a->h_q + h) * D_QK;
-    float q[D_QK], k[D_QK], acc[D_V], out[D_V] = {0};
-    for (int i = 0; i < D_QK; i++) q[i] = bf16_value(qb[i]);
+    float q[D_QK], acc[D_V], out[D_V] = {0};
+    for (int i = 0; i < D_QK; i++) q[i] = kp_bf16_value(qb[i]);
     const float scale_log2 = a->sm_scale * LOG2E;
     float max_logit = -INFINITY, gmax = -INFINITY, lse_sum = 0.0f;
     const int64_t ns = job->nsplits[b];
     float *split_lse = malloc(sizeof *split_lse * (size_t)ns), *split_out = malloc(sizeof *split_out * (size_t)(ns * D_V));
-    if (!split_lse || !split_out) {
+    float *kblock = malloc(sizeof *kblock * KP_MLA_BLOCK * D_QK); /* a block's tokens, decoded once for both passes */
+    if (!split_lse || !split_out || !kblock) {
         atomic_store(&((mla_job *)job)->failed, 1);
-        free(split_lse), free(split_out);
+        free(split_lse), free(split_out), free(kblock);
         return;
     }
     for (int64_t s = 0; s < ns; s++) {
@@ -131,6 +106,7 @@ static void head_item(void *ctx, int64_t item) {
                 const int64_t at = blk * KP_MLA_BLOCK + j;
                 slot[j] = at < len && at < a->topk ? a->indices[row * a->topk + at] : -1;
                 if (slot[j] < 0 || slot[j] >= a->slots) { slot[j] = -1; continue; }
+                float *k = kblock + j * D_QK;
                 token_values(a, slot[j], k);
                 float dot = 0.0f;
                 for (int i = 0; i < D_QK; i++) dot += q[i] * k[i];
@@ -148,8 +124,7 @@ static void head_item(void *ctx, int64_t item) {
                 if (slot[j] < 0) continue;
                 const float p = exp2f(sc[j] - mnew);
                 l += p;
-                const float pb = bf16_round(p); /* P in bf16 for the PV product */
-                token_values(a, slot[j], k);
+                const float pb = kp_bf16_round(p), *k = kblock + j * D_QK; /* P in bf16 for the PV product */
                 for (int i = 0; i < D_V; i++) acc[i] += pb * k[i];
             }
             m = mnew;
@@ -172,15 +147,10 @@ static void head_item(void *ctx, int64_t item) {
         }
     }
     uint16_t *ob = a->out + (row * a->h_q + h) * D_V;
-    for (int i = 0; i < D_V; i++) {
-        const float r = bf16_round(out[i]);
-        uint32_t bits;
-        memcpy(&bits, &r, sizeof bits);
-        ob[i] = (uint16_t)(bits >> 16);
-    }
+    for (int i = 0; i < D_V; i++) ob[i] = kp_bf16_bits(out[i]);
     a->lse[row * a->h_q + h] = gmax == -INFINITY ? INFINITY : lse2 / LOG2E;
     a->max_logits[row * a->h_q + h] = max_logit;
-    free(split_lse), free(split_out);
+    free(split_lse), free(split_out), free(kblock);
 }
 
 static int mla_host_run(const void *args, char *message, size_t len, int algo, const char *name) {

@@ -85,7 +85,7 @@ static void route(moe_plan_host *p, uint64_t call, int64_t *count) {
 static void dequant_row(const uint8_t *codes, const uint8_t *scales, int64_t n, int64_t K, float *w) {
     const uint8_t *c = codes + n * (K / 2), *s = scales + n * (K / 16);
     for (int64_t b = 0; b < K / 16; b++) {
-        const float sf = kp_moe_e4m3(s[b]);
+        const float sf = kp_e4m3_decode(s[b]);
         for (int64_t i = 0; i < 8; i++) {
             w[b * 16 + 2 * i] = kp_moe_e2m1(c[b * 8 + i] & 15u) * sf;
             w[b * 16 + 2 * i + 1] = kp_moe_e2m1(c[b * 8 + i] >> 4) * sf;
@@ -126,73 +126,74 @@ static void dots(const float *w, const float *const *in, int ng, int64_t K, cons
 
 static float silu(float g) { return g / (1.0f + expf(-g)); }
 
+/* One GEMM of expert e for its n pairs: sum[q * N + r] = the dot of weight row r of the NVFP4 tensor
+ * (codes, scales) [N, K] with in[q], PAIR_GROUP pairs at a time, with marlin's cuts of GEMM `gemm` (1 or 2)
+ * where `cut`. w is scratch for one dequantized row. */
+static void expert_gemm(const moe_plan_host *p, int64_t e, const uint8_t *codes, const uint8_t *scales, int64_t N,
+                        int64_t K, const float *const *in, int64_t n, int gemm, int cut, float *w, float *sum) {
+    cuts c = {.p = p, .n_tiles = gemm == 1 ? p->n_tiles1 : p->n_tiles2, .k_tiles = gemm == 1 ? p->k_tiles1 : p->k_tiles2,
+              .iters = gemm == 1 ? p->iters1 : p->iters2};
+    for (int64_t r = 0; r < N; r++) {
+        dequant_row(codes, scales, r, K, w);
+        c.nt = r / p->tile_n;
+        for (int64_t q0 = 0; q0 < n; q0 += PAIR_GROUP) {
+            const int ng = (int)(n - q0 < PAIR_GROUP ? n - q0 : PAIR_GROUP);
+            float out[PAIR_GROUP];
+            for (int g = 0; g < ng; g++) c.block[g] = p->block0[e] + (q0 + g) / p->bsm;
+            dots(w, in + q0, ng, K, cut ? &c : NULL, out);
+            for (int g = 0; g < ng; g++) sum[(q0 + g) * N + r] = out[g];
+        }
+    }
+}
+
 /* Expert e: both GEMMs for all its pairs, into p->act and p->y. */
 static void expert_item(void *ctx, int64_t e) {
     moe_plan_host *p = ctx;
     const kp_moe_args *a = p->a;
-    const int64_t n = p->first[e + 1] - p->first[e], H = a->hidden, I = a->inter;
+    const int64_t n = p->first[e + 1] - p->first[e], H = a->hidden, I = a->inter, R = p->w13_rows;
     if (n == 0) return;
     const int f32_path = p->algo == ALGO_MARLIN_GEMV && n <= KP_MOE_GEMV_ROWS;
     const int marlin = p->algo != ALGO_INVARIANT && !f32_path, round_in = !f32_path;
     const int32_t *pairs = p->order + p->first[e];
     const float alpha13 = kp_moe_alpha(a->g13[e], a->scale_dir), alpha2 = kp_moe_alpha(a->g2[e], a->scale_dir);
-    const int64_t K_most = H > I ? H : I;
+    const int64_t K_most = H > I ? H : I, N_most = R > H ? R : H;
     float *w = malloc(sizeof *w * (size_t)K_most), *xin = malloc(sizeof *xin * (size_t)(n * H));
-    float *h = malloc(sizeof *h * (size_t)(n * p->w13_rows));
-    if (!w || !xin || !h) {
+    float *sum = malloc(sizeof *sum * (size_t)(n * N_most));
+    const float **in = malloc(sizeof *in * (size_t)n);
+    if (!w || !xin || !sum || !in) {
         atomic_store(&p->failed, 1);
-        free(w), free(xin), free(h);
+        free(w), free(xin), free(sum), free(in);
         return;
     }
     for (int64_t q = 0; q < n; q++) { /* the expert's activations, rounded to bf16 unless f32 */
         const float *x = a->x + (pairs[q] / a->topk) * H;
         for (int64_t k = 0; k < H; k++) xin[q * H + k] = round_in ? kp_bf16_round(x[k]) : x[k];
+        in[q] = xin + q * H;
     }
-    const uint8_t *w13 = a->w13 + e * p->w13_rows * (H / 2), *s13 = a->s13 + e * p->w13_rows * (H / 16);
-    const uint8_t *w2 = a->w2 + e * H * (I / 2), *s2 = a->s2 + e * H * (I / 16);
-    cuts c = {.p = p};
-    for (int64_t r = 0; r < p->w13_rows; r++) { /* GEMM1: h[q, r] */
-        dequant_row(w13, s13, r, H, w);
-        c.nt = r / p->tile_n, c.n_tiles = p->n_tiles1, c.k_tiles = p->k_tiles1, c.iters = p->iters1;
-        for (int64_t q0 = 0; q0 < n; q0 += PAIR_GROUP) {
-            const int ng = (int)(n - q0 < PAIR_GROUP ? n - q0 : PAIR_GROUP);
-            const float *in[PAIR_GROUP];
-            float out[PAIR_GROUP];
-            for (int g = 0; g < ng; g++) in[g] = xin + (q0 + g) * H, c.block[g] = p->block0[e] + (q0 + g) / p->bsm;
-            dots(w, in, ng, H, marlin ? &c : NULL, out);
-            for (int g = 0; g < ng; g++)
-                h[(q0 + g) * p->w13_rows + r] =
-                    marlin ? kp_bf16_round(kp_bf16_round(out[g]) * kp_bf16_round(alpha13)) : out[g] * alpha13;
-        }
-    }
-    for (int64_t q = 0; q < n; q++) { /* the activation, the second GEMM's input */
-        const float *hq = h + q * p->w13_rows;
-        float *act = p->act + (int64_t)pairs[q] * I;
+    /* GEMM1, then the activation: the second GEMM's input */
+    expert_gemm(p, e, a->w13 + e * R * (H / 2), a->s13 + e * R * (H / 16), R, H, in, n, 1, marlin, w, sum);
+    const float alpha13_b = kp_bf16_round(alpha13);
+    for (int64_t q = 0; q < n; q++) {
+        float *hq = sum + q * R, *act = p->act + (int64_t)pairs[q] * I;
+        for (int64_t r = 0; r < R; r++) hq[r] = marlin ? kp_bf16_round(kp_bf16_round(hq[r]) * alpha13_b) : hq[r] * alpha13;
         for (int64_t i = 0; i < I; i++) {
             const float v = a->gated ? silu(hq[i]) * hq[I + i] : (hq[i] > 0.0f ? hq[i] * hq[i] : 0.0f);
             act[i] = f32_path ? v : kp_bf16_round(v);
         }
+        in[q] = act;
     }
-    for (int64_t r = 0; r < H; r++) { /* GEMM2: y[pair, r] */
-        dequant_row(w2, s2, r, I, w);
-        c.nt = r / p->tile_n, c.n_tiles = p->n_tiles2, c.k_tiles = p->k_tiles2, c.iters = p->iters2;
-        for (int64_t q0 = 0; q0 < n; q0 += PAIR_GROUP) {
-            const int ng = (int)(n - q0 < PAIR_GROUP ? n - q0 : PAIR_GROUP);
-            const float *in[PAIR_GROUP];
-            float out[PAIR_GROUP];
-            for (int g = 0; g < ng; g++) in[g] = p->act + (int64_t)pairs[q0 + g] * I, c.block[g] = p->block0[e] + (q0 + g) / p->bsm;
-            dots(w, in, ng, I, marlin ? &c : NULL, out);
-            for (int g = 0; g < ng; g++) {
-                const float wt = a->weights[pairs[q0 + g]];
-                float v;
-                if (marlin) v = kp_bf16_round(kp_bf16_round(out[g]) * kp_bf16_round(kp_bf16_round(alpha2) * kp_bf16_round(wt)));
-                else if (f32_path) v = out[g] * (alpha2 * wt);
-                else v = out[g] * alpha2;
-                p->y[(int64_t)pairs[q0 + g] * H + r] = v;
-            }
+    /* GEMM2: y[pair, r], with the routing weight in its epilogue for marlin */
+    expert_gemm(p, e, a->w2 + e * H * (I / 2), a->s2 + e * H * (I / 16), H, I, in, n, 2, marlin, w, sum);
+    const float alpha2_b = kp_bf16_round(alpha2);
+    for (int64_t q = 0; q < n; q++) {
+        const float wt = a->weights[pairs[q]];
+        const float scale = marlin ? kp_bf16_round(alpha2_b * kp_bf16_round(wt)) : f32_path ? alpha2 * wt : alpha2;
+        for (int64_t r = 0; r < H; r++) {
+            const float v = sum[q * H + r];
+            p->y[(int64_t)pairs[q] * H + r] = marlin ? kp_bf16_round(kp_bf16_round(v) * scale) : v * scale;
         }
     }
-    free(w), free(xin), free(h);
+    free(w), free(xin), free(sum), free(in);
 }
 
 /* Row t: the sum over its slots in ascending j. */
