@@ -34,14 +34,14 @@ kp_result kp_check_run(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON *chk);
 void kp_check_stub(const kp_check_spec *spec, kp_result result, const char *why, cJSON *chk);
 
 /* One batch probe: rows[i] of the case ran at position i of a batch of nrows. Compares each
- * row's bits with the full-batch output and says whether the probe moved any row at all.
- * Exposed for tests: a probe that moves nothing must be reported vacuous. */
+ * row's bits with the full-batch output and says whether the probe moved at least min_moved rows
+ * (at least 1); one that moved fewer is vacuous. Exposed for tests. */
 typedef struct kp_probe_result {
     int64_t rows_probed, rows_moved, rows_differ;
     int vacuous;
 } kp_probe_result;
 kp_result kp_batch_probe(kp_case_ctx *ctx, const kp_impl *impl, const kp_output *full_out, const char *name,
-                         const int64_t *rows, int64_t nrows, cJSON *probes, kp_probe_result *pr);
+                         const int64_t *rows, int64_t nrows, int64_t min_moved, cJSON *probes, kp_probe_result *pr);
 
 /* tolerance.c: the tolerance check of one impl's full output, and its thresholds for the receipt. */
 kp_result kp_tolerance_check(const kp_prepared *p, const kp_check_spec *spec, const kp_output *o, cJSON *chk,

@@ -194,6 +194,19 @@ Test(family_seam, exact_names_the_differing_element_per_tensor) {
     cJSON_Delete(rec);
 }
 
+/* expect of exact: two impls that differ reproduce the expected difference; two that agree do not, loudly. */
+Test(family_seam, expect_of_exact_holds_only_where_impls_differ) {
+    cJSON *rec = gate_case("expect_exact", "",
+                           "[{\"check\":\"expect\",\"of\":\"exact\",\"impls\":[\"candidate\",\"scale.perturb@host\"],"
+                           "\"result\":\"INCORRECT\"},{\"check\":\"expect\",\"of\":\"exact\",\"impls\":[\"candidate\","
+                           "\"scale.twin@host\"],\"result\":\"INCORRECT\"}]",
+                           1, NULL);
+    cr_assert_str_eq(str(rec, "checks.0.result"), "PASSED");
+    cr_assert_str_eq(str(rec, "checks.1.result"), "INCORRECT");
+    cr_assert(strstr(str(rec, "checks.1.summary"), "DID NOT REPRODUCE"), "%s", str(rec, "checks.1.summary"));
+    cJSON_Delete(rec);
+}
+
 Test(family_seam, repeat_catches_run_to_run_variation) {
     cJSON *rec = gate_case("varies", "\"runs\":4", "[{\"check\":\"repeat\",\"impl\":\"scale.varies@host\"}]", 1, NULL);
     cr_assert_eq(num(rec, "checks.0.findings.distinct_outputs"), 4);

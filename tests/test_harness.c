@@ -257,11 +257,14 @@ Test(harness, a_batch_probe_that_moves_no_row_is_vacuous) {
     cr_assert_eq(kp_run_rows(&ctx.prep, &kp_topp_split_prob_host, rows, 4, &full, NULL, &err), KP_PASSED);
     cJSON *probes = cJSON_CreateArray();
     kp_probe_result pr;
-    cr_assert_eq(kp_batch_probe(&ctx, &kp_topp_split_prob_host, full, "identity", rows, 4, probes, &pr), KP_PASSED);
+    cr_assert_eq(kp_batch_probe(&ctx, &kp_topp_split_prob_host, full, "identity", rows, 4, 1, probes, &pr), KP_PASSED);
     cr_assert(pr.vacuous, "an identity probe must be reported vacuous");
     int64_t reversed[4] = {3, 2, 1, 0};
-    cr_assert_eq(kp_batch_probe(&ctx, &kp_topp_split_prob_host, full, "reversed", reversed, 4, probes, &pr), KP_PASSED);
+    cr_assert_eq(kp_batch_probe(&ctx, &kp_topp_split_prob_host, full, "reversed", reversed, 4, 1, probes, &pr), KP_PASSED);
     cr_assert(!pr.vacuous && pr.rows_moved == 4 && pr.rows_differ == 0);
+    /* a probe that must move more rows than it can (the whole-batch probe asks for a tenth) is vacuous too */
+    cr_assert_eq(kp_batch_probe(&ctx, &kp_topp_split_prob_host, full, "reversed", reversed, 4, 5, probes, &pr), KP_PASSED);
+    cr_assert(pr.vacuous && pr.rows_moved == 4, "a probe that moved 4 of the 5 rows it must move was not vacuous");
     kp_output_free(full);
     kp_case_ctx_close(&ctx);
     cJSON_Delete(rec), cJSON_Delete(probes), cJSON_Delete(ev.artifacts);

@@ -201,6 +201,12 @@ Test(moe_checks, batch_passes_the_candidate_with_no_vacuous_probe_and_fails_gemv
     chk = check_of(rec, 0);
     cr_assert_str_eq(str(chk, "result"), "INCORRECT");
     cr_assert(num(at(chk, "findings"), "row_differences") > 0);
+    /* the case's own thresholds: the 32-row gemv switch, Marlin's block-size steps for 64 experts and top 4
+       (rows * 4 / 64 / bsm reaching 0.9 for bsm 8, 16, 32, 48) and the atomic slot order from 1,024 slots */
+    const int64_t want[] = {32, 115, 230, 460, 691, 255};
+    const cJSON *ths = at(at(chk, "params"), "thresholds");
+    cr_assert_eq(cJSON_GetArraySize(ths), 6);
+    for (int i = 0; i < 6; i++) cr_assert_eq(num(cJSON_GetArrayItem(ths, i), "rows"), want[i], "threshold %d", i);
     cJSON_Delete(rec);
     free(cfg);
 }
@@ -264,17 +270,17 @@ Test(moe_checks, a_batch_probe_that_moves_no_row_is_vacuous) {
     cJSON *probes = cJSON_CreateArray();
     kp_probe_result pr;
     rows[disjoint] = disjoint + 1, rows[disjoint + 1] = disjoint;
-    cr_assert_eq(kp_batch_probe(&ctx, &kp_moe_invariant_host, full, "swap_disjoint", rows, M, probes, &pr), KP_PASSED);
+    cr_assert_eq(kp_batch_probe(&ctx, &kp_moe_invariant_host, full, "swap_disjoint", rows, M, 1, probes, &pr), KP_PASSED);
     cr_assert(pr.vacuous && pr.rows_moved == 0, "two rows with no expert in common swapped: no slot moved, yet %lld rows moved",
               (long long)pr.rows_moved);
     cr_assert_eq(pr.rows_differ, 0);
     rows[disjoint] = disjoint, rows[disjoint + 1] = disjoint + 1;
     rows[sharing] = sharing + 1, rows[sharing + 1] = sharing;
-    cr_assert_eq(kp_batch_probe(&ctx, &kp_moe_invariant_host, full, "swap_sharing", rows, M, probes, &pr), KP_PASSED);
+    cr_assert_eq(kp_batch_probe(&ctx, &kp_moe_invariant_host, full, "swap_sharing", rows, M, 1, probes, &pr), KP_PASSED);
     cr_assert(!pr.vacuous && pr.rows_moved == 2, "two rows sharing an expert swapped: %lld rows moved", (long long)pr.rows_moved);
     cr_assert_eq(pr.rows_differ, 0);
     for (int64_t r = 0; r < M; r++) rows[r] = M - 1 - r;
-    cr_assert_eq(kp_batch_probe(&ctx, &kp_moe_invariant_host, full, "reversed", rows, M, probes, &pr), KP_PASSED);
+    cr_assert_eq(kp_batch_probe(&ctx, &kp_moe_invariant_host, full, "reversed", rows, M, 1, probes, &pr), KP_PASSED);
     cr_assert(!pr.vacuous && pr.rows_moved > 0 && pr.rows_differ == 0, "reversed: %lld moved, %lld differ",
               (long long)pr.rows_moved, (long long)pr.rows_differ);
     kp_output_free(full);
