@@ -368,7 +368,7 @@ static int gen_block(const kp_mla_case *mc, const kp_mla_buffers *out, const dou
                     continue;
                 }
                 const uint32_t *td = d + (t - t0) * TOKEN_DRAWS;
-                const double magnitude = 0.5 + kp_unit(td[0]);
+                const double magnitude = 0.5 + 0.5 * kp_unit(td[0]);
                 for (int c = 0; c < KP_MLA_D_QK; c++)
                     v[c] = bf16_round((float)(irwin_hall(td[1 + 2 * c], td[2 + 2 * c]) * gain[c] * magnitude));
                 if (kv) memcpy(kv, v, sizeof v);
@@ -412,16 +412,17 @@ static void gen_worker(void *ctx, int64_t b) {
         job->err = err;
 }
 
-/* The case's per-channel gains: a tile's gain, so every tile has its own amax, times 0.75 + 0.5 u. */
+/* The case's per-channel gains: a tile's gain, so every tile has its own amax, times 0.75 + 0.25 u: no
+ * value's sd above 1, FlashMLA's test data's (mla_case.h). */
 static int channel_gains(const kp_mla_case *mc, double *gain, kp_error *err) {
-    static const double tile_gain[] = {1.0, 0.25, 2.0, 0.5, 1.0}; /* four NoPE tiles, then RoPE */
+    static const double tile_gain[] = {1.0, 0.25, 0.5, 0.75, 1.0}; /* four NoPE tiles, then RoPE */
     uint32_t d[KP_MLA_D_QK];
     kp_rng rng;
     int rc = kp_rng_open(&rng, mc->seed, err);
     if (rc) return rc;
     rc = kp_rng_draw(&rng, slot_offset(SLOT_GAIN, 0), d, KP_MLA_D_QK, err);
     kp_rng_close(&rng);
-    for (int c = 0; !rc && c < KP_MLA_D_QK; c++) gain[c] = tile_gain[c / KP_MLA_TILE] * (0.75 + 0.5 * kp_unit(d[c]));
+    for (int c = 0; !rc && c < KP_MLA_D_QK; c++) gain[c] = tile_gain[c / KP_MLA_TILE] * (0.75 + 0.25 * kp_unit(d[c]));
     return rc;
 }
 

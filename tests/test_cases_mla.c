@@ -512,7 +512,7 @@ Test(cases_mla, values_have_realistic_magnitudes) {
         sum2 += (double)v * v;
     }
     cr_assert(fabs(sqrt(sum2 / (double)nq) - 0.5) < 0.02, "q's rms %g", sqrt(sum2 / (double)nq));
-    /* tiles differ in amax: the mean scale of tile k follows its gain (1, 0.25, 2, 0.5) */
+    /* tiles differ in amax: the mean scale of tile k follows its gain (1, 0.25, 0.5, 0.75) */
     double mean[4] = {0};
     int64_t n = 0;
     for (int64_t s = 0; s < g.s.pages * mc.page; s++) {
@@ -525,9 +525,23 @@ Test(cases_mla, values_have_realistic_magnitudes) {
     }
     cr_assert(n > 400);
     for (int k = 0; k < 4; k++) mean[k] /= (double)n;
-    cr_assert(mean[2] > 1.5 * mean[0] && mean[0] > 1.5 * mean[3] && mean[3] > 1.5 * mean[1], "mean scales %g %g %g %g",
+    cr_assert(mean[0] > 1.2 * mean[3] && mean[3] > 1.3 * mean[2] && mean[2] > 1.6 * mean[1], "mean scales %g %g %g %g",
               mean[0], mean[1], mean[2], mean[3]);
-    cr_assert(mean[0] > 2.0 / 448 && mean[0] < 5.0 / 448, "tile 0's amax about 3: %g", mean[0] * 448);
+    cr_assert(mean[0] > 1.5 / 448 && mean[0] < 2.2 / 448, "tile 0's amax about 1.8: %g", mean[0] * 448);
+    /* no value's sd above 1 (FlashMLA's N(0, 1) test data, which its tolerances were set on): per channel over tokens */
+    double worst_sd = 0;
+    for (int c = 0; c < 576; c++) {
+        double s2 = 0;
+        int64_t m = 0;
+        for (int64_t t = 0; t < g.s.pages * mc.page; t++) {
+            const float v = bf16(g.b.kv[t * 576 + c]);
+            if (isnan(v)) continue;
+            s2 += (double)v * v, m++;
+        }
+        const double sd = sqrt(s2 / (double)m);
+        if (sd > worst_sd) worst_sd = sd;
+    }
+    cr_assert(worst_sd < 0.9 && worst_sd > 0.6, "the largest channel sd %g", worst_sd);
     for (int h = 0; h < 64; h++) cr_assert(g.sink[h] > 1 && g.sink[h] < 15, "sink %d = %g", h, (double)g.sink[h]);
     const kp_mla_case inf = read_case("mla(batch=1,profile=uniform,seed=8,sink=inf)", NULL);
     const kp_mla_case off = read_case("mla(batch=1,profile=uniform,seed=8)", NULL);
@@ -566,11 +580,11 @@ Test(cases_mla, digests_are_pinned) {
         {KP_I32, 2, {4, 128}, g.b.indices, "0e78992d9b960430168da394c3fc2a766b44dd0f2dcd8b2f81a284117d5a8d1c"},
         {KP_I32, 1, {4}, g.b.topk_length, "af8b04ceb45361856ce994f070f0b2e98e9c872585b0baf5c568ee5dc8ab9cbe"},
         {KP_I32, 2, {2, 5}, g.b.page_table, "3b34323588f23135a5e7c31fd5265cd454048afd63c628e0173d0da9a0c22ec4"},
-        {KP_U8, 3, {10, 61, 656}, g.b.cache, "16a0c2f38631a093ae2533a86a5975007c2a8cd5140f9b24fbbe549a1a727ec5"},
-        {KP_BF16, 3, {10, 61, 576}, g.b.kv, "d269323a2e72b4e3a2d6621a3095a2f72645d6826a196d452f478c60b044a9c3"},
+        {KP_U8, 3, {10, 61, 656}, g.b.cache, "ce03c46130d0314077fda7544161c783637766432d77e186171f33809c164d1d"},
+        {KP_BF16, 3, {10, 61, 576}, g.b.kv, "ee998558fb2ceda14ccf43bc8fb795150b448e79edc9d034976e063684b599be"},
         {KP_F32, 1, {64}, g.sink, "095499a09edb5bf2f5e5960e867507c992037b50a16a9299ed9d4366635da4d4"},
-        {KP_U8, 3, {10, 61, 656}, gp.b.cache, "bed7715ee8fcd1047fa9223e092b78faeb7efaadcf7fcf4547bc29fbcf1efb57"},
-        {KP_BF16, 3, {10, 61, 576}, gb.b.cache, "d269323a2e72b4e3a2d6621a3095a2f72645d6826a196d452f478c60b044a9c3"},
+        {KP_U8, 3, {10, 61, 656}, gp.b.cache, "93c26ef8dd6efe005c2d05067003d08c4c2863cc76479c1076a45cc61c77ad01"},
+        {KP_BF16, 3, {10, 61, 576}, gb.b.cache, "ee998558fb2ceda14ccf43bc8fb795150b448e79edc9d034976e063684b599be"},
     };
     for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
         kp_buffer_digest(t[i].dt, t[i].ndim, t[i].shape, 0, t[i].data, hex);
