@@ -474,6 +474,7 @@ kp_result kp_batch_probe(kp_case_ctx *ctx, const kp_impl *impl, const kp_output 
         cJSON_AddItemToArray(differ, row);
         pr->rows_differ++;
     }
+    if (ctx->fam->describe_probe) ctx->fam->describe_probe(ctx->prep.v.data, out, rows, nrows, full_out, p);
     kp_stage_add(KP_STAGE_JUDGING, kp_now() - t0);
     kp_output_free(out);
     pr->vacuous = pr->rows_moved < (min_moved > 1 ? min_moved : 1);

@@ -67,7 +67,7 @@ static void join_list(const char *const *list, char *buf, size_t len) {
 
 /* The fields a check of this kind takes (an expect check: its own and those of the check it expects). */
 static bool field_allowed(const kp_family *fam, kp_check_kind kind, kp_check_kind of, const char *key) {
-    static const char *const tolerance_keys[] = {"atol", "rtol", "nmse", "cosine", "ulp", "tensors", NULL};
+    static const char *const tolerance_keys[] = {"atol", "rtol", "nmse", "cosine", "ulp", "element_rule", "round_reference", "tensors", NULL};
     if (!strcmp(key, "check")) return true;
     if (kind == KP_CHECK_EXPECT) {
         if (!strcmp(key, "of") || !strcmp(key, "result") || !strcmp(key, "defect")) return true;
@@ -116,9 +116,10 @@ static int parse_tolerance(const kp_family *fam, const kp_param_reader *r, kp_ch
         if (!cJSON_IsObject(t)) return kp_fail(err, KP_EXIT_USAGE, "%s.%s: expected an object of thresholds", at, t->string);
         for (const cJSON *m = t->child; m; m = m->next)
             if (strcmp(m->string, "atol") && strcmp(m->string, "rtol") && strcmp(m->string, "nmse") &&
-                strcmp(m->string, "cosine") && strcmp(m->string, "ulp"))
-                return kp_fail(err, KP_EXIT_USAGE, "%s.%s.%s: unknown field (atol, rtol, nmse, cosine, ulp)", at, t->string,
-                               m->string);
+                strcmp(m->string, "cosine") && strcmp(m->string, "ulp") && strcmp(m->string, "element_rule") &&
+                strcmp(m->string, "round_reference"))
+                return kp_fail(err, KP_EXIT_USAGE, "%s.%s.%s: unknown field (atol, rtol, nmse, cosine, ulp, element_rule, "
+                               "round_reference)", at, t->string, m->string);
     }
     for (int k = 0; fam->tolerance_outputs[k]; k++) {
         KP_ASSERT(k < KP_MAX_TENSORS);
@@ -144,6 +145,16 @@ static int parse_tolerance(const kp_family *fam, const kp_param_reader *r, kp_ch
         if (has && (ulp != floor(ulp) || ulp > 65535))
             return kp_fail(err, KP_EXIT_USAGE, "%s: %g must be an integer in [0, 65535]", at, ulp);
         tol->has_ulp = has, tol->ulp = (int64_t)ulp;
+        v = tolerance_field(mine, r, "element_rule", name, at, sizeof at);
+        const char *rule = "sum";
+        if (v && kp_want_string(v, at, &rule, err)) return err->code;
+        if (strcmp(rule, "sum") && strcmp(rule, "both"))
+            return kp_fail(err, KP_EXIT_USAGE, "%s: '%s' is not an element rule (sum: |x - r| <= atol + rtol |r|; both: an "
+                           "element fails only past both atol and rtol |r|)", at, rule);
+        tol->both = !strcmp(rule, "both");
+        v = tolerance_field(mine, r, "round_reference", name, at, sizeof at);
+        if (v && !cJSON_IsBool(v)) return kp_fail(err, KP_EXIT_USAGE, "%s: expected true or false", at);
+        tol->round_reference = v && cJSON_IsTrue(v);
     }
     return 0;
 }

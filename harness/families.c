@@ -8,11 +8,13 @@
 extern const kp_family kp_topp_family; /* harness/topp_family.c */
 extern const kp_family kp_topk_family; /* harness/topk_family.c */
 extern const kp_family kp_moe_family;  /* harness/moe_family.c */
+extern const kp_family kp_mla_family;  /* harness/mla_family.c */
 
 static const void *const builtin[] = {
     &kp_topp_family,
     &kp_topk_family,
     &kp_moe_family,
+    &kp_mla_family,
 };
 _Static_assert(offsetof(kp_family, name) == 0, "a table row begins with its name (kp_table)");
 kp_table kp_families = {builtin, (int)(sizeof builtin / sizeof builtin[0]), {0}, 0};

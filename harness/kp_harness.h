@@ -49,9 +49,15 @@ int kp_check_parse(const char *name); /* the kind, or -1 */
 
 /* Declared bounds of a tolerance check on one output tensor (DESIGN.md "tolerance"); the effective
  * values go into the receipt. atol and rtol are required: an element fails when
- * |x - r| > atol + rtol * |r|. The others bound an aggregate only where declared. */
+ * |x - r| > atol + rtol * |r| ("element_rule": "sum", the default, torch.allclose's), or when it exceeds
+ * both, |x - r| > max(atol, rtol * |r|) ("both", FlashMLA's tests' rule). With "round_reference" the
+ * reference is first rounded to the output's dtype (nearest even), as FlashMLA's check_is_allclose
+ * compares a bf16 output with a bf16 reference; every metric then uses the rounded value. The others
+ * bound an aggregate only where declared. */
 typedef struct kp_tolerance {
     double atol, rtol;
+    bool both;            /* element_rule "both" */
+    bool round_reference; /* the reference in the output's dtype */
     bool has_nmse, has_cosine, has_ulp;
     double nmse, cosine; /* upper bounds of NMSE and of the cosine difference */
     int64_t ulp;         /* upper bound of the largest bf16 ulp distance */
@@ -210,7 +216,9 @@ typedef struct kp_launch_bufs {
 
 /* The float64 reference, as arrays the harness hashes (tag, then every array's bytes in order),
  * exports (reference_<name>.npy) and, for arrays named like an output tensor, holds outputs to in
- * a tolerance check. The family owns the memory. */
+ * a tolerance check. An array named "<output>@<what>" (out@unquantized: the same rule on other values)
+ * is measured against too under the same bounds and reported beside the verdict, never in it. The
+ * family owns the memory. */
 typedef struct kp_reference {
     const char *digest_tag; /* hashed first, NUL included: "kparity.reference.<family>/v1" */
     kp_tensor arrays[KP_MAX_TENSORS];
@@ -309,6 +317,10 @@ typedef struct kp_family {
      * each routed pair took). NULL: a row moved when its position did. A probe of another size always
      * moves its rows. */
     bool (*row_moved)(const void *data, const kp_output *full, int64_t full_row, const kp_output *probe, int64_t probe_row);
+    /* What a batch probe ran, from its order outputs, into its receipt entry p (how many splits each of its rows
+     * got): rows[i] is the case row at position i (rows past the case's batch are filler). NULL: nothing added. */
+    void (*describe_probe)(const void *data, const kp_output *probe, const int64_t *rows, int64_t nrows,
+                           const kp_output *full, cJSON *p);
     /* Bytes moved and FLOPs of one run of nrows, for GB/s and TFLOP/s in bench (NULL: not reported). */
     double (*bytes_moved)(const void *data, int64_t nrows);
     double (*flops)(const void *data, int64_t nrows);

@@ -36,6 +36,21 @@ static int32_t bf16_ordinal(double v) {
     return (h & 0x8000) ? -(h & 0x7fff) : h;
 }
 
+/* v rounded to dt (f32 or bf16), nearest even, in one rounding from the double (no double rounding through f32). */
+static double round_to(double v, kp_dtype dt) {
+    if (!isfinite(v) || dt == KP_F64) return v;
+    const float f = (float)v;
+    if (dt == KP_F32 || !isfinite(f)) return f;
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    const double past = fabs(v) - fabs((double)f); /* where v lies beyond f, when f's low half is exactly the midpoint */
+    if ((bits & 0xffffu) == 0x8000u && past != 0) bits = (bits & 0xffff0000u) + (past > 0 ? 0x10000u : 0u);
+    else bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+    float r;
+    memcpy(&r, &bits, sizeof r);
+    return r;
+}
+
 #define ULP_BUCKETS 8
 static const char *const ulp_bucket_names[ULP_BUCKETS] = {"0", "1", "2", "3-4", "5-8", "9-16", "17-64", ">64"};
 static int ulp_bucket(int64_t d) {
@@ -44,7 +59,7 @@ static int ulp_bucket(int64_t d) {
 
 typedef struct worst {
     int64_t index;
-    double value, reference, excess; /* excess: |x - r| - (atol + rtol |r|) */
+    double value, reference, excess; /* excess: |x - r| - (atol + rtol |r|), or - max(atol, rtol |r|) with "both" */
 } worst;
 
 /* One tensor's comparison: the metrics, the index lists and every row's worst element. */
@@ -64,15 +79,16 @@ static const kp_tensor *reference_array(const kp_prepared *p, const char *name) 
     return NULL;
 }
 
-static int compare_tensor(const kp_prepared *p, const kp_output *o, int k, const kp_tolerance *tol, tensor_result *t,
-                          kp_error *err) {
+/* Output k against the reference array `ref_name` (the output's own name, or "<output>@<what>"). */
+static int compare_tensor(const kp_prepared *p, const kp_output *o, int k, const char *ref_name, const kp_tolerance *tol,
+                          tensor_result *t, kp_error *err) {
     memset(t, 0, sizeof *t);
     if (strcmp(o->t[k].name, p->fam->tolerance_outputs[k]))
         return kp_fail(err, KP_EXIT_ENV, "tolerance: output %d is '%s', the family's tolerance_outputs name '%s' there", k,
                        o->t[k].name, p->fam->tolerance_outputs[k]);
-    const kp_tensor *ref = reference_array(p, o->t[k].name);
+    const kp_tensor *ref = reference_array(p, ref_name);
     if (!ref || ref->dtype != KP_F64 || ref->shape[0] != o->nrows || kp_tensor_slice_bytes(ref) / 8 == 0)
-        return kp_fail(err, KP_EXIT_ENV, "tolerance: the reference has no float64 array '%s' of %lld rows", o->t[k].name,
+        return kp_fail(err, KP_EXIT_ENV, "tolerance: the reference has no float64 array '%s' of %lld rows", ref_name,
                        (long long)o->nrows);
     const kp_dtype dt = o->t[k].dtype;
     if (dt != KP_F32 && dt != KP_BF16)
@@ -102,7 +118,7 @@ static int compare_tensor(const kp_prepared *p, const kp_output *o, int k, const
         w->index = -1, w->excess = -INFINITY;
         for (int64_t i = 0; i < per_row; i++) {
             const int64_t at = r * per_row + i;
-            const double x = element(row, dt, i), y = rr[i];
+            const double x = element(row, dt, i), y = tol->round_reference ? round_to(rr[i], dt) : rr[i];
             t->elements++;
             if (value_class(x) != value_class(y)) {
                 t->nonfinite_idx[t->nonfinite_bad++] = at;
@@ -111,7 +127,9 @@ static int compare_tensor(const kp_prepared *p, const kp_output *o, int k, const
             }
             if (value_class(x)) continue; /* the same non-finite value on both sides */
             t->finite++;
-            const double d = fabs(x - y), allowed = tol->atol + tol->rtol * fabs(y), excess = d - allowed;
+            const double rel = tol->rtol * fabs(y);
+            const double d = fabs(x - y), allowed = tol->both ? (rel > tol->atol ? rel : tol->atol) : tol->atol + rel;
+            const double excess = d - allowed;
             if (d > t->max_abs || t->max_abs_at < 0) t->max_abs = d, t->max_abs_at = at;
             if (y == 0) t->zero_reference++;
             else if (d / fabs(y) > t->max_rel || t->max_rel_at < 0) t->max_rel = d / fabs(y), t->max_rel_at = at;
@@ -136,6 +154,36 @@ static void add_bound(cJSON *obj, const char *key, bool has, double v) {
     else cJSON_AddNullToObject(obj, key);
 }
 
+/* Output k against every reference array named "<output>@<what>": the same bounds, reported under "against",
+ * never part of the verdict (an error in the comparison itself is). */
+static int report_against(const kp_prepared *p, const kp_output *o, int k, const kp_tolerance *tol, cJSON *e,
+                          kp_error *err) {
+    const size_t n = strlen(o->t[k].name);
+    cJSON *list = NULL;
+    for (int a = 0; a < p->ref.narrays; a++) {
+        const char *name = p->ref.arrays[a].name;
+        if (strncmp(name, o->t[k].name, n) || name[n] != '@') continue;
+        tensor_result t;
+        const int rc = compare_tensor(p, o, k, name, tol, &t, err);
+        free(t.nonfinite_idx), free(t.over_idx), free(t.per_row);
+        if (rc) return rc;
+        if (!list) list = cJSON_AddArrayToObject(e, "against");
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddItemToArray(list, x);
+        cJSON_AddStringToObject(x, "reference", name);
+        cJSON_AddStringToObject(x, "counts", "no: reported only");
+        const double srr = kp_nsum_value(&t.srr), see = kp_nsum_value(&t.see), denom = kp_nsum_value(&t.sxx) + srr;
+        kp_json_add_int(x, "over_tolerance", t.over);
+        kp_json_add_int(x, "nonfinite_mismatch", t.nonfinite_bad);
+        kp_json_add_double(x, "max_abs", t.max_abs);
+        kp_json_add_int(x, "max_abs_at", t.max_abs_at);
+        kp_json_add_double(x, "nmse", srr > 0 ? see / srr : (see > 0 ? INFINITY : 0.0));
+        kp_json_add_double(x, "cosine_diff", denom > 0 ? 1.0 - 2.0 * kp_nsum_value(&t.sxr) / denom : 0.0);
+        kp_json_add_int(x, "max_bf16_ulp", t.max_ulp);
+    }
+    return 0;
+}
+
 kp_result kp_tolerance_check(const kp_prepared *p, const kp_check_spec *spec, const kp_output *o, cJSON *chk,
                              kp_evidence *ev) {
     kp_error err = {0};
@@ -147,7 +195,7 @@ kp_result kp_tolerance_check(const kp_prepared *p, const kp_check_spec *spec, co
     for (int k = 0; k < o->ntensors && p->fam->tolerance_outputs && p->fam->tolerance_outputs[k]; k++) {
         const kp_tolerance *tol = &spec->tolerance[k];
         tensor_result t;
-        if (compare_tensor(p, o, k, tol, &t, &err)) {
+        if (compare_tensor(p, o, k, o->t[k].name, tol, &t, &err)) {
             free(t.nonfinite_idx), free(t.over_idx), free(t.per_row);
             cJSON_AddStringToObject(chk, "summary", err.msg);
             return KP_FAILED;
@@ -185,6 +233,7 @@ kp_result kp_tolerance_check(const kp_prepared *p, const kp_check_spec *spec, co
         kp_json_add_int(m, "max_bf16_ulp", t.max_ulp);
         cJSON *h = cJSON_AddObjectToObject(m, "bf16_ulp_histogram");
         for (int b = 0; b < ULP_BUCKETS; b++) kp_json_add_int(h, ulp_bucket_names[b], t.ulp_hist[b]);
+        if (report_against(p, o, k, tol, e, &err)) bad = true;
         cJSON *rows = cJSON_AddArrayToObject(e, "worst_per_row");
         for (int64_t r = 0; r < o->nrows; r++) {
             const worst *w = &t.per_row[r];
@@ -199,9 +248,10 @@ kp_result kp_tolerance_check(const kp_prepared *p, const kp_check_spec *spec, co
             kp_json_add_double(row, "excess", w->excess);
         }
         int n = snprintf(summary + used, sizeof summary - used,
-                         "%s%s: %lld/%lld over atol %g + rtol %g|r|, %lld NaN/inf misplaced; max abs %.3g, NMSE %.3g, "
+                         "%s%s: %lld/%lld over atol %g %s rtol %g|r|, %lld NaN/inf misplaced; max abs %.3g, NMSE %.3g, "
                          "cosine diff %.3g, max %lld bf16 ulp%s%s%s",
-                         used ? "; " : "", o->t[k].name, (long long)t.over, (long long)t.elements, tol->atol, tol->rtol,
+                         used ? "; " : "", o->t[k].name, (long long)t.over, (long long)t.elements, tol->atol,
+                         tol->both ? "and" : "+", tol->rtol,
                          (long long)t.nonfinite_bad, t.max_abs, nmse, cosine, (long long)t.max_ulp,
                          nmse_bad ? "; NMSE over its bound" : "", cos_bad ? "; cosine diff over its bound" : "",
                          ulp_bad ? "; ulp over its bound" : "");
@@ -223,11 +273,14 @@ void kp_tolerance_describe(const kp_family *fam, const kp_check_spec *spec, cJSO
         cJSON *t = cJSON_AddObjectToObject(per, fam->tolerance_outputs[k]);
         kp_json_add_double(t, "atol", tol->atol);
         kp_json_add_double(t, "rtol", tol->rtol);
+        cJSON_AddStringToObject(t, "element_rule", tol->both ? "both" : "sum");
+        cJSON_AddBoolToObject(t, "round_reference", tol->round_reference);
         add_bound(t, "nmse", tol->has_nmse, tol->nmse);
         add_bound(t, "cosine", tol->has_cosine, tol->cosine);
         if (tol->has_ulp) kp_json_add_int(t, "ulp", tol->ulp);
         else cJSON_AddNullToObject(t, "ulp");
     }
-    cJSON_AddStringToObject(params, "element_rule", "|x - r| <= atol + rtol * |r|, after NaN and +-inf positions match; "
-                                                    "null: not bounded (reported only)");
+    cJSON_AddStringToObject(params, "element_rule", "sum: |x - r| <= atol + rtol * |r|; both: |x - r| <= max(atol, rtol * "
+                                                    "|r|); r rounded to the output's dtype first where round_reference; "
+                                                    "after NaN and +-inf positions match; null: not bounded (reported only)");
 }

@@ -4,7 +4,8 @@
  * domain; each split an online softmax over 64-slot blocks whose P is rounded to bf16 for the PV sum
  * while L sums the f32 P; splits combined in split order in log2, the lse divided by log2(e) at the
  * end; out rounded to bf16. The two differ only in the plan, so split_size's bits cannot depend on the
- * batch and split_count's do. One (request, query row, head) per kp_parallel_for item. */
+ * batch and split_count's do. One (query row, 16 heads) per kp_parallel_for item, each block's tokens
+ * decoded once for the 16. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -75,82 +76,110 @@ static int64_t row_length(const kp_mla_args *a, int64_t row) {
     return n;
 }
 
-static void head_item(void *ctx, int64_t item) {
+#define GROUP 16 /* heads an item: a block's tokens are decoded once for all of them */
+
+/* One head's split-by-split state. */
+typedef struct head_state {
+    float q[D_QK], acc[D_V], m, l, max_logit;
+    int any;
+} head_state;
+
+static void group_item(void *ctx, int64_t item) {
     const mla_job *job = ctx;
     const kp_mla_args *a = job->a;
-    const int64_t h = item % a->h_q, row = item / a->h_q, b = row / a->s_q, len = row_length(a, row);
-    const uint16_t *qb = a->q + (row * a->h_q + h) * D_QK;
-    float q[D_QK], acc[D_V], out[D_V] = {0};
-    for (int i = 0; i < D_QK; i++) q[i] = kp_bf16_value(qb[i]);
+    const int64_t groups = (a->h_q + GROUP - 1) / GROUP, h0 = item % groups * GROUP, row = item / groups;
+    const int64_t nh = a->h_q - h0 < GROUP ? a->h_q - h0 : GROUP, b = row / a->s_q, len = row_length(a, row);
     const float scale_log2 = a->sm_scale * LOG2E;
-    float max_logit = -INFINITY, gmax = -INFINITY, lse_sum = 0.0f;
     const int64_t ns = job->nsplits[b];
-    float *split_lse = malloc(sizeof *split_lse * (size_t)ns), *split_out = malloc(sizeof *split_out * (size_t)(ns * D_V));
-    float *kblock = malloc(sizeof *kblock * KP_MLA_BLOCK * D_QK); /* a block's tokens, decoded once for both passes */
-    if (!split_lse || !split_out || !kblock) {
+    head_state *hs = malloc(sizeof *hs * (size_t)nh);
+    float *split_lse = malloc(sizeof *split_lse * (size_t)(ns * nh)), *split_out = malloc(sizeof *split_out * (size_t)(ns * nh * D_V));
+    float *kblock = malloc(sizeof *kblock * KP_MLA_BLOCK * D_QK); /* a block's tokens, decoded once for every head */
+    if (!hs || !split_lse || !split_out || !kblock) {
         atomic_store(&((mla_job *)job)->failed, 1);
-        free(split_lse), free(split_out), free(kblock);
+        free(hs), free(split_lse), free(split_out), free(kblock);
         return;
+    }
+    for (int64_t h = 0; h < nh; h++) {
+        const uint16_t *qb = a->q + (row * a->h_q + h0 + h) * D_QK;
+        for (int i = 0; i < D_QK; i++) hs[h].q[i] = kp_bf16_value(qb[i]);
+        hs[h].max_logit = -INFINITY;
     }
     for (int64_t s = 0; s < ns; s++) {
         const int64_t b0 = job->first[b * job->max_splits + s];
         const int64_t b1 = s + 1 < ns ? job->first[b * job->max_splits + s + 1] : kp_mla_blocks(a->topk);
-        float m = -1e30f, l = 0.0f; /* the kernel's running max starts at -1e30 */
-        memset(acc, 0, sizeof acc);
-        int any = 0;
+        for (int64_t h = 0; h < nh; h++) { /* the kernel's running max starts at -1e30 */
+            hs[h].m = -1e30f, hs[h].l = 0.0f, hs[h].any = 0;
+            memset(hs[h].acc, 0, sizeof hs[h].acc);
+        }
         for (int64_t blk = b0; blk < b1; blk++) {
-            float sc[KP_MLA_BLOCK];
             int32_t slot[KP_MLA_BLOCK];
-            float bmax = -INFINITY;
+            int counted = 0;
             for (int j = 0; j < KP_MLA_BLOCK; j++) {
                 const int64_t at = blk * KP_MLA_BLOCK + j;
                 slot[j] = at < len && at < a->topk ? a->indices[row * a->topk + at] : -1;
                 if (slot[j] < 0 || slot[j] >= a->slots) { slot[j] = -1; continue; }
-                float *k = kblock + j * D_QK;
-                token_values(a, slot[j], k);
-                float dot = 0.0f;
-                for (int i = 0; i < D_QK; i++) dot += q[i] * k[i];
-                const float natural = dot * a->sm_scale;
-                if (natural > max_logit || isnan(natural)) max_logit = natural;
-                sc[j] = dot * scale_log2;
-                if (sc[j] > bmax || isnan(sc[j])) bmax = sc[j];
+                token_values(a, slot[j], kblock + j * D_QK);
+                counted++;
             }
-            if (bmax == -INFINITY) continue; /* no counted slot in this block */
-            any = 1;
-            const float mnew = bmax > m || isnan(bmax) ? bmax : m, rescale = exp2f(m - mnew);
-            l *= rescale;
-            for (int i = 0; i < D_V; i++) acc[i] *= rescale;
-            for (int j = 0; j < KP_MLA_BLOCK; j++) {
-                if (slot[j] < 0) continue;
-                const float p = exp2f(sc[j] - mnew);
-                l += p;
-                const float pb = kp_bf16_round(p), *k = kblock + j * D_QK; /* P in bf16 for the PV product */
-                for (int i = 0; i < D_V; i++) acc[i] += pb * k[i];
+            if (!counted) continue;
+            for (int64_t h = 0; h < nh; h++) {
+                head_state *st = &hs[h];
+                float sc[KP_MLA_BLOCK], bmax = -INFINITY;
+                for (int j = 0; j < KP_MLA_BLOCK; j++) {
+                    if (slot[j] < 0) continue;
+                    const float *k = kblock + j * D_QK;
+                    float dot = 0.0f;
+                    for (int i = 0; i < D_QK; i++) dot += st->q[i] * k[i];
+                    const float natural = dot * a->sm_scale;
+                    if (natural > st->max_logit || isnan(natural)) st->max_logit = natural;
+                    sc[j] = dot * scale_log2;
+                    if (sc[j] > bmax || isnan(sc[j])) bmax = sc[j];
+                }
+                if (bmax == -INFINITY) continue;
+                st->any = 1;
+                const float mnew = bmax > st->m || isnan(bmax) ? bmax : st->m, rescale = exp2f(st->m - mnew);
+                st->l *= rescale;
+                for (int i = 0; i < D_V; i++) st->acc[i] *= rescale;
+                for (int j = 0; j < KP_MLA_BLOCK; j++) {
+                    if (slot[j] < 0) continue;
+                    const float p = exp2f(sc[j] - mnew);
+                    st->l += p;
+                    const float pb = kp_bf16_round(p), *k = kblock + j * D_QK; /* P in bf16 for the PV product */
+                    for (int i = 0; i < D_V; i++) st->acc[i] += pb * k[i];
+                }
+                st->m = mnew;
             }
-            m = mnew;
         }
-        split_lse[s] = any ? log2f(l) + m : -INFINITY;
-        for (int i = 0; i < D_V; i++) split_out[s * D_V + i] = any ? acc[i] / l : 0.0f;
-        if (split_lse[s] > gmax || isnan(split_lse[s])) gmax = split_lse[s];
-    }
-    float lse2 = INFINITY;
-    if (gmax != -INFINITY) { /* combine in split order, in log2 */
-        for (int64_t s = 0; s < ns; s++) lse_sum += exp2f(split_lse[s] - gmax);
-        for (int64_t s = 0; s < ns; s++) {
-            const float w = exp2f(split_lse[s] - gmax) / lse_sum;
-            for (int i = 0; i < D_V; i++) out[i] += w * split_out[s * D_V + i];
-        }
-        lse2 = log2f(lse_sum) + gmax;
-        if (a->attn_sink) { /* the sink adds exp(sink) to the denominator: out * 1 / (1 + exp(sink - lse)) */
-            const float o_scale = 1.0f / (1.0f + exp2f(a->attn_sink[h] * LOG2E - lse2));
-            for (int i = 0; i < D_V; i++) out[i] *= o_scale;
+        for (int64_t h = 0; h < nh; h++) {
+            const head_state *st = &hs[h];
+            split_lse[h * ns + s] = st->any ? log2f(st->l) + st->m : -INFINITY;
+            float *so = split_out + (h * ns + s) * D_V;
+            for (int i = 0; i < D_V; i++) so[i] = st->any ? st->acc[i] / st->l : 0.0f;
         }
     }
-    uint16_t *ob = a->out + (row * a->h_q + h) * D_V;
-    for (int i = 0; i < D_V; i++) ob[i] = kp_bf16_bits(out[i]);
-    a->lse[row * a->h_q + h] = gmax == -INFINITY ? INFINITY : lse2 / LOG2E;
-    a->max_logits[row * a->h_q + h] = max_logit;
-    free(split_lse), free(split_out), free(kblock);
+    for (int64_t h = 0; h < nh; h++) {
+        const float *sl = split_lse + h * ns, *so = split_out + h * ns * D_V;
+        float out[D_V] = {0}, gmax = -INFINITY, lse_sum = 0.0f, lse2 = INFINITY;
+        for (int64_t s = 0; s < ns; s++)
+            if (sl[s] > gmax || isnan(sl[s])) gmax = sl[s];
+        if (gmax != -INFINITY) { /* combine in split order, in log2 */
+            for (int64_t s = 0; s < ns; s++) lse_sum += exp2f(sl[s] - gmax);
+            for (int64_t s = 0; s < ns; s++) {
+                const float w = exp2f(sl[s] - gmax) / lse_sum;
+                for (int i = 0; i < D_V; i++) out[i] += w * so[s * D_V + i];
+            }
+            lse2 = log2f(lse_sum) + gmax;
+            if (a->attn_sink) { /* the sink adds exp(sink) to the denominator: out * 1 / (1 + exp(sink - lse)) */
+                const float o_scale = 1.0f / (1.0f + exp2f(a->attn_sink[h0 + h] * LOG2E - lse2));
+                for (int i = 0; i < D_V; i++) out[i] *= o_scale;
+            }
+        }
+        const int64_t at = row * a->h_q + h0 + h;
+        for (int i = 0; i < D_V; i++) a->out[at * D_V + i] = kp_bf16_bits(out[i]);
+        a->lse[at] = gmax == -INFINITY ? INFINITY : lse2 / LOG2E;
+        a->max_logits[at] = hs[h].max_logit;
+    }
+    free(hs), free(split_lse), free(split_out), free(kblock);
 }
 
 static int mla_host_run(const void *args, char *message, size_t len, int algo, const char *name) {
@@ -191,7 +220,7 @@ static int mla_host_run(const void *args, char *message, size_t len, int algo, c
     for (int64_t b = 0; b < a->batch; b++) a->splits[b] = (int32_t)nsplits[b];
     mla_job job = {.a = a, .nsplits = nsplits, .first = first, .max_splits = max_splits};
     atomic_init(&job.failed, 0);
-    kp_parallel_for(a->batch * a->s_q * a->h_q, head_item, &job);
+    kp_parallel_for(a->batch * a->s_q * ((a->h_q + GROUP - 1) / GROUP), group_item, &job);
     if (atomic_load(&job.failed)) {
         snprintf(message, len, "%s: out of host memory", name);
         return KP_RUN_FAILED;

@@ -1,0 +1,278 @@
+/* mla_family.c: the mla family's record for the harness: a request's query rows, their top-k cache slots
+ * (optionally topk_length) and the paged cache of every request in; out, lse, max_logits and the split
+ * count of each request out; the float64 reference on the dequantized cache, and on the values before
+ * quantization as "<output>@unquantized" (reported beside the verdict); the batch size at which
+ * split_count's plan stops splitting a full-length request; every batch probe's split counts in its
+ * receipt entry. Dim 0 of every batched tensor is the request. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../cases/mla_case.h"
+#include "../kernels/mla_plan.h"
+#include "../receipts/kp_json.h"
+#include "../reference/mla_ref.h"
+#include "kp_device.h"
+#include "kp_harness.h"
+
+#define THRESHOLD_SEARCH 4096 /* batch sizes searched for split_count's last split */
+
+typedef struct mla_data {
+    kp_mla_case mc;
+    kp_mla_sizes sz;       /* for every request the case holds, its extra ones too */
+    int in_tl, in_sink;    /* input positions of topk_length and attn_sink, or -1 */
+    int32_t *positions;    /* [rows, topk]: token positions in the request (the reference reads these) */
+    int32_t *pages;        /* [requests, P] */
+    uint16_t *kv;          /* [pages, page, 576] the values before quantization (fp8_ds_mla only) */
+    const uint16_t *q;     /* the inputs (the harness holds them) */
+    const void *cache;
+    const int32_t *topk_length;
+    const float *sink;
+    double *ref[6];        /* out, lse, max_logits on the cache; the same on kv (fp8_ds_mla only) */
+} mla_data;
+
+enum { IN_Q = 0, IN_INDICES, IN_CACHE };
+
+/* Request 0's split count under split_count's plan in a batch of n full-length requests, on the modelled device. */
+static int64_t first_request_splits(const kp_mla_case *mc, int64_t n, int64_t *blocks, int64_t *splits) {
+    for (int64_t i = 0; i < n; i++) blocks[i] = kp_mla_blocks(mc->topk);
+    if (kp_mla_split_count_plan(blocks, n, kp_mla_sm_parts(KP_MLA_HOST_SMS, mc->s_q, mc->h_q), splits, NULL, 0) < 0) return -1;
+    return splits[0];
+}
+
+/* The largest batch of full-length requests in which split_count still cuts the first into more than one split:
+ * a probe of T requests and one of T + 1 straddle the last change of its plan. */
+static int mla_case_thresholds(const kp_case *c, kp_threshold *t) {
+    kp_mla_case mc;
+    kp_error err = {0};
+    if (kp_mla_case_read(c, &mc, &err)) return 0;
+    int64_t *blocks = malloc(sizeof *blocks * THRESHOLD_SEARCH), *splits = malloc(sizeof *splits * THRESHOLD_SEARCH);
+    int64_t last = 0;
+    for (int64_t n = 1; blocks && splits && n < THRESHOLD_SEARCH; n++)
+        if (first_request_splits(&mc, n, blocks, splits) > 1) last = n;
+    free(blocks), free(splits);
+    if (last < 1) return 0;
+    t[0] = (kp_threshold){last, "split_count's plan (FlashMLA's SM90 scheduler on an H200's 132 SMs) cuts a full-length "
+                                "request into more than one split up to here, and into one from one request more"};
+    return 1;
+}
+
+static int64_t extra_requests(const kp_case *c) {
+    kp_threshold t[KP_THRESHOLDS_MAX];
+    int64_t most = 0;
+    for (int i = 0, n = mla_case_thresholds(c, t); i < n; i++) most = t[i].rows + 1 > most ? t[i].rows + 1 : most;
+    return most;
+}
+
+static int mla_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp_error *err) {
+    mla_data *d = v->data = kp_calloc(1, sizeof *d, "mla case", err);
+    if (!d) return err->code;
+    int rc = kp_mla_case_read(c, &d->mc, err);
+    if (rc) return rc;
+    const kp_mla_case *mc = &d->mc;
+    const int64_t n = mc->batch + extra_rows;
+    kp_mla_case_sizes(mc, n, &d->sz);
+    if (d->sz.pages * mc->page > INT32_MAX)
+        return kp_fail(err, KP_EXIT_USAGE, "mla: %lld cache slots for %lld requests exceed int32 indices", (long long)(d->sz.pages * mc->page),
+                       (long long)n);
+    v->batch = mc->batch, v->rows_total = n;
+    const bool fp8 = mc->cache == KP_MLA_FP8_DS_MLA;
+    const int64_t qs[4] = {mc->batch, mc->s_q, mc->h_q, KP_MLA_D_QK}, is[3] = {mc->batch, mc->s_q, mc->topk},
+                  ls[2] = {mc->batch, mc->s_q}, cs[3] = {d->sz.pages, mc->page, fp8 ? KP_MLA_FP8_TOKEN_BYTES : KP_MLA_D_QK},
+                  ss[1] = {mc->h_q};
+    if ((rc = kp_view_input(v, "q", KP_BF16, 4, qs, 0, true, err)) ||
+        (rc = kp_view_input(v, "indices", KP_I32, 3, is, 0, true, err)) ||
+        (rc = kp_view_input(v, "cache", fp8 ? KP_U8 : KP_BF16, 3, cs, 0, false, err)))
+        return rc;
+    d->in_tl = d->in_sink = -1;
+    if (mc->topk_length) {
+        d->in_tl = v->ninputs;
+        if ((rc = kp_view_input(v, "topk_length", KP_I32, 2, ls, 0, true, err))) return rc;
+    }
+    if (mc->sink != KP_MLA_SINK_OFF) {
+        d->in_sink = v->ninputs;
+        if ((rc = kp_view_input(v, "attn_sink", KP_F32, 1, ss, 0, false, err))) return rc;
+    }
+    d->positions = kp_calloc(d->sz.indices_bytes, 1, "mla token positions", err);
+    d->pages = d->positions ? kp_calloc(d->sz.page_table_bytes, 1, "mla page table", err) : NULL;
+    d->kv = d->pages && fp8 ? kp_calloc(d->sz.kv_bytes, 1, "mla values before quantization", err) : NULL;
+    if (!d->positions || !d->pages || (fp8 && !d->kv)) return err->code;
+    const kp_mla_buffers out = {.q = v->inputs[IN_Q].data, .indices = d->positions,
+                                .topk_length = d->in_tl >= 0 ? v->inputs[d->in_tl].data : NULL, .page_table = d->pages,
+                                .cache = v->inputs[IN_CACHE].data, .kv = d->kv};
+    d->q = out.q, d->cache = out.cache, d->topk_length = out.topk_length;
+    d->sink = d->in_sink >= 0 ? v->inputs[d->in_sink].data : NULL;
+    if ((rc = kp_mla_case_requests(mc, 0, n, &out, err))) return rc;
+    if (d->in_sink >= 0 && (rc = kp_mla_case_sink(mc, v->inputs[d->in_sink].data, err))) return rc;
+    /* the impls take cache slots (FlashMLA's indices_in_kvcache): position -> physical page * page + offset */
+    int32_t *slots = v->inputs[IN_INDICES].data;
+    const int64_t P = d->sz.pages_per_request;
+    for (int64_t row = 0; row < d->sz.rows; row++)
+        for (int64_t j = 0; j < mc->topk; j++)
+            slots[row * mc->topk + j] =
+                (int32_t)kp_mla_cache_slot(mc, d->pages + (row / mc->s_q) * P, d->positions[row * mc->topk + j]);
+    return 0;
+}
+
+static void mla_release(void *data) {
+    mla_data *d = data;
+    free(d->positions), free(d->pages), free(d->kv);
+    for (int i = 0; i < 6; i++) free(d->ref[i]);
+    free(d);
+}
+
+static double heads_of(const kp_mla_case *mc, int64_t n) { return (double)n * (double)mc->s_q * (double)mc->h_q; }
+
+static size_t mla_estimate(const kp_case *c, int nimpls, kp_error *err) {
+    kp_mla_case mc;
+    if (kp_mla_case_read(c, &mc, err)) return 0;
+    kp_mla_sizes sz;
+    kp_mla_case_sizes(&mc, mc.batch + extra_requests(c), &sz);
+    const double heads = heads_of(&mc, mc.batch), out_bytes = heads * (KP_MLA_D_V * 2.0 + 8.0) + (double)mc.batch * 4.0;
+    /* inputs (slots and positions), the page table, kv, the reference's two results and its scratch, and per impl
+       run kept at once an output (+ repeat/probe scratch) and a host impl's workspace */
+    const double bytes = (double)sz.q_bytes + 2.0 * (double)sz.indices_bytes + (double)sz.topk_length_bytes +
+                         (double)sz.page_table_bytes + (double)sz.cache_bytes +
+                         (mc.cache == KP_MLA_FP8_DS_MLA ? (double)sz.kv_bytes : 0.0) + heads * (KP_MLA_D_V + 2.0) * 8.0 * 2.0 +
+                         kp_mla_reference_bytes(&mc, sz.rows) + (double)(nimpls + 3) * out_bytes +
+                         (double)(sz.rows / mc.s_q) * (double)(mc.topk / KP_MLA_BLOCK + 4) * 16.0 + (double)mc.h_q * 4.0;
+    return bytes > 1.8e19 ? 0 : (size_t)bytes;
+}
+
+static kp_mla_args args_for(const kp_mla_case *mc, const kp_mla_sizes *sz, int64_t n) {
+    return (kp_mla_args){.batch = n, .s_q = mc->s_q, .h_q = mc->h_q, .topk = mc->topk, .slots = sz->pages * mc->page,
+                         .cache_format = mc->cache == KP_MLA_BF16 ? KP_MLA_CACHE_BF16 : KP_MLA_CACHE_FP8_DS_MLA,
+                         .sm_scale = (float)mc->sm_scale};
+}
+
+static size_t mla_estimate_device(const kp_case *c, const kp_impl *impl, kp_error *err) {
+    kp_mla_case mc;
+    if (kp_mla_case_read(c, &mc, err)) return 0;
+    const int64_t extra = extra_requests(c), n = mc.batch > extra ? mc.batch : extra;
+    kp_mla_sizes sz;
+    kp_mla_case_sizes(&mc, mc.batch + extra, &sz);
+    kp_mla_args args = args_for(&mc, &sz, n);
+    args.sm_count = kp_device_sm_count();
+    const size_t ws = impl->workspace_bytes ? impl->workspace_bytes(&args) : 0;
+    const double row_in = (double)mc.s_q * ((double)mc.h_q * KP_MLA_D_QK * 2.0 + (double)mc.topk * 4.0 + 4.0);
+    /* every input uploaded once, then the gathered requests of a run and its outputs, each with guards */
+    const double bytes = (double)(mc.batch + extra) * row_in + (double)sz.cache_bytes + (double)mc.h_q * 4.0 +
+                         (double)n * (row_in + heads_of(&mc, 1) * (KP_MLA_D_V * 2.0 + 8.0) + 4.0) + (double)ws + 16.0 * 2 * 4096;
+    return bytes > 1.8e19 ? 0 : (size_t)bytes;
+}
+
+static int mla_outputs(const void *data, int64_t nrows, kp_tensor *t) {
+    const kp_mla_case *mc = &((const mla_data *)data)->mc;
+    t[0] = (kp_tensor){.name = "out", .dtype = KP_BF16, .ndim = 4, .shape = {nrows, mc->s_q, mc->h_q, KP_MLA_D_V}, .batched = 1};
+    t[1] = (kp_tensor){.name = "lse", .dtype = KP_F32, .ndim = 3, .shape = {nrows, mc->s_q, mc->h_q}, .batched = 1};
+    t[2] = (kp_tensor){.name = "max_logits", .dtype = KP_F32, .ndim = 3, .shape = {nrows, mc->s_q, mc->h_q}, .batched = 1};
+    t[3] = (kp_tensor){.name = "splits", .dtype = KP_I32, .ndim = 1, .shape = {nrows}, .batched = 1};
+    return 4;
+}
+
+static void mla_fill_args(const void *data, const kp_launch_bufs *b, void *args) {
+    const mla_data *d = data;
+    kp_mla_args a = args_for(&d->mc, &d->sz, b->nrows);
+    a.q = b->in[IN_Q], a.indices = b->in[IN_INDICES], a.cache = b->in[IN_CACHE];
+    a.topk_length = d->in_tl >= 0 ? b->in[d->in_tl] : NULL;
+    a.attn_sink = d->in_sink >= 0 ? b->in[d->in_sink] : NULL;
+    a.out = b->out[0], a.lse = b->out[1], a.max_logits = b->out[2], a.splits = b->out[3];
+    a.sm_count = b->sm_count, a.stream = b->stream, a.workspace = b->workspace, a.workspace_bytes = b->workspace_bytes;
+    *(kp_mla_args *)args = a;
+}
+
+static int mla_reference(void *data, const void *params, kp_reference *ref, kp_error *err) {
+    (void)params;
+    mla_data *d = data;
+    const kp_mla_case *mc = &d->mc;
+    const bool fp8 = mc->cache == KP_MLA_FP8_DS_MLA;
+    const int64_t rows = mc->batch * mc->s_q, heads = rows * mc->h_q;
+    if (!d->ref[0]) {
+        for (int i = 0; i < (fp8 ? 6 : 3); i++) {
+            const int64_t count = i % 3 ? heads : heads * KP_MLA_D_V;
+            if (!(d->ref[i] = kp_calloc((size_t)count, sizeof(double), "mla reference output", err))) return err->code;
+        }
+        const kp_mla_ref_in in = {.mc = mc, .first = 0, .rows = rows, .q = d->q, .indices = d->positions,
+                                  .topk_length = d->topk_length, .page_table = d->pages, .cache = d->cache, .kv = d->kv,
+                                  .sink = d->sink};
+        const kp_mla_ref_out out = {.cache = {d->ref[0], d->ref[1], d->ref[2]}, .kv = {d->ref[3], d->ref[4], d->ref[5]}};
+        int rc = kp_mla_reference(&in, &out, err);
+        if (rc) {
+            for (int i = 0; i < 6; i++) free(d->ref[i]), d->ref[i] = NULL;
+            return rc;
+        }
+    }
+    ref->digest_tag = "kparity.reference.mla/v1";
+    static const char *const names[6] = {"out", "lse", "max_logits", "out@unquantized", "lse@unquantized",
+                                         "max_logits@unquantized"};
+    ref->narrays = 0;
+    for (int i = 0; i < (fp8 ? 6 : 3); i++) {
+        kp_tensor *t = &ref->arrays[ref->narrays++];
+        *t = (kp_tensor){.dtype = KP_F64, .ndim = i % 3 ? 3 : 4, .shape = {mc->batch, mc->s_q, mc->h_q, KP_MLA_D_V},
+                         .data = d->ref[i]};
+        snprintf(t->name, sizeof t->name, "%s", names[i]);
+    }
+    return 0;
+}
+
+/* Every probe's split counts: per position, the probe's and (for the case's own rows) the full batch's. */
+static void mla_describe_probe(const void *data, const kp_output *probe, const int64_t *rows, int64_t nrows,
+                               const kp_output *full, cJSON *p) {
+    const mla_data *d = data;
+    cJSON *s = cJSON_AddObjectToObject(p, "splits");
+    cJSON *in_probe = cJSON_AddArrayToObject(s, "probe"), *in_full = cJSON_AddArrayToObject(s, "full_batch");
+    const int32_t *ps = probe->t[3].data, *fs = full->t[3].data;
+    for (int64_t i = 0; i < nrows; i++) {
+        cJSON_AddItemToArray(in_probe, cJSON_CreateNumber(ps[i]));
+        cJSON_AddItemToArray(in_full, rows[i] < d->mc.batch ? cJSON_CreateNumber(fs[rows[i]]) : cJSON_CreateNull());
+    }
+}
+
+static double mla_flops(const void *data, int64_t nrows) {
+    const kp_mla_case *mc = &((const mla_data *)data)->mc;
+    return 2.0 * heads_of(mc, nrows) * (double)mc->topk * (double)(KP_MLA_D_QK + KP_MLA_D_V);
+}
+
+/* q, each row's indices and the tokens they name (each once a request), and the outputs. */
+static double mla_bytes_moved(const void *data, int64_t nrows) {
+    const mla_data *d = data;
+    const kp_mla_case *mc = &d->mc;
+    return (double)nrows * (double)mc->s_q * ((double)mc->h_q * KP_MLA_D_QK * 2.0 + (double)mc->topk * 4.0) +
+           (double)nrows * (double)mc->topk * (double)d->sz.token_bytes + heads_of(mc, nrows) * (KP_MLA_D_V * 2.0 + 8.0);
+}
+
+static const char *const bench_cases[] = {
+    "mla(batch=1,h_q=128,profile=uniform,seed=1,topk=2048)",
+    "mla(batch=64,h_q=128,profile=uniform,seed=1,topk=2048)",
+    "mla(batch=128,h_q=128,profile=uniform,seed=1,topk=2048)",
+    NULL,
+};
+static const char *const tolerance_outputs[] = {"out", "lse", "max_logits", NULL};
+static const char *const order_outputs[] = {"splits", NULL}; /* how the impl cut the work, not part of the answer */
+
+const kp_family kp_mla_family = {
+    .name = "mla",
+    .cases = &kp_mla_case_family,
+    .reference_provider = "reference.mla@host-f64",
+    .reference_rule = "out = sum_j softmax(sm_scale q . k_j)_j v_j over the row's counted slots (index != -1, j < "
+                      "topk_length), the sink adding exp(sink) to the denominator; lse = ln sum_j exp(s_j), max_logits = "
+                      "max_j s_j; empty rows out 0, lse +inf; float64 on the cache dequantized exactly (f32 scales), and "
+                      "on the values before quantization as <output>@unquantized",
+    .bench_cases = bench_cases,
+    .tolerance_outputs = tolerance_outputs,
+    .order_outputs = order_outputs,
+    .args_bytes = sizeof(kp_mla_args),
+    .prepare = mla_prepare,
+    .release = mla_release,
+    .estimate_bytes = mla_estimate,
+    .estimate_device_bytes = mla_estimate_device,
+    .outputs = mla_outputs,
+    .fill_args = mla_fill_args,
+    .reference = mla_reference,
+    .case_thresholds = mla_case_thresholds,
+    .describe_probe = mla_describe_probe,
+    .bytes_moved = mla_bytes_moved,
+    .flops = mla_flops,
+};
