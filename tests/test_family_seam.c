@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -183,6 +184,45 @@ Test(family_seam, tolerance_catches_a_moved_nan_before_any_metric) {
     cJSON_Delete(rec);
 }
 
+/* element_rule both (FlashMLA's): an element fails only past atol and past rtol |r|. The perturbed element's
+ * error d, with atol and rtol |r| each 0.6 d, passes the sum rule (1.2 d allowed) and fails both. */
+Test(family_seam, element_rule_both_fails_only_an_element_past_both_bounds) {
+    cJSON *rec = gate_case("perturb0", TOL, "[{\"check\":\"tolerance\",\"impl\":\"scale.perturb@host\"}]", 1, NULL);
+    const double d = num(rec, "checks.0.findings.tensors.0.worst_per_row.1.abs");
+    const double r = fabs(num(rec, "checks.0.findings.tensors.0.worst_per_row.1.reference"));
+    cr_assert(d > 0 && r > 0);
+    cJSON_Delete(rec);
+    for (int both = 0; both < 2; both++) {
+        char defaults[400];
+        snprintf(defaults, sizeof defaults,
+                 "\"atol\":1e-30,\"rtol\":1e-6,\"tensors\":{\"y\":{\"atol\":%.17g,\"rtol\":%.17g,\"element_rule\":\"%s\"},"
+                 "\"y_bf16\":{\"rtol\":0.0039,\"ulp\":0}}", 0.6 * d, 0.6 * d / r, both ? "both" : "sum");
+        rec = gate_case(both ? "both" : "sum", defaults, "[{\"check\":\"tolerance\",\"impl\":\"scale.perturb@host\"}]",
+                        both, NULL);
+        cr_assert_str_eq(str(rec, "checks.0.findings.tensors.0.result"), both ? "INCORRECT" : "PASSED");
+        cr_assert_str_eq(str(rec, "checks.0.params.tolerance.y.element_rule"), both ? "both" : "sum");
+        if (both) cr_assert_eq(num(rec, "checks.0.findings.tensors.0.over_tolerance.first.0"), 1 * 300 + 2);
+        cJSON_Delete(rec);
+    }
+}
+
+/* round_reference: y_bf16 held to 0 error passes only against the reference rounded to bf16 (FlashMLA compares a
+ * bf16 output with a bf16 reference); against the float64 reference the same bits fail. */
+Test(family_seam, round_reference_holds_the_output_to_the_reference_in_its_dtype) {
+    for (int round = 0; round < 2; round++) {
+        char defaults[300];
+        snprintf(defaults, sizeof defaults, "\"atol\":1e-30,\"rtol\":1e-6,\"tensors\":{\"y_bf16\":{\"atol\":0,\"rtol\":0,"
+                 "\"round_reference\":%s}}", round ? "true" : "false");
+        cJSON *rec = gate_case(round ? "rounded" : "unrounded", defaults, "[{\"check\":\"tolerance\",\"impl\":\"candidate\"}]",
+                               round ? 0 : 1, NULL);
+        cr_assert_str_eq(str(rec, "checks.0.findings.tensors.1.result"), round ? "PASSED" : "INCORRECT");
+        if (round) cr_assert_eq(num(rec, "checks.0.findings.tensors.1.metrics.max_abs"), 0.0);
+        else cr_assert_gt(num(rec, "checks.0.findings.tensors.1.over_tolerance.count"), 100);
+        cr_assert(cJSON_IsTrue(at(rec, "checks.0.params.tolerance.y_bf16.round_reference")) == round);
+        cJSON_Delete(rec);
+    }
+}
+
 Test(family_seam, exact_names_the_differing_element_per_tensor) {
     cJSON *rec = gate_case("exact", "", "[{\"check\":\"exact\",\"impls\":[\"candidate\",\"scale.perturb@host\"]}]", 1, NULL);
     cr_assert_eq(num(rec, "checks.0.findings.rows_differ"), 1);
@@ -240,6 +280,10 @@ Test(family_seam, a_tolerance_config_is_checked_before_anything_runs) {
         {TOL, "[{\"check\":\"tolerance\",\"impl\":\"candidate\",\"atol\":-1}]", "checks[0].atol: -1 must be a finite number"},
         {TOL, "[{\"check\":\"rule\",\"impl\":\"candidate\"}]", "family scale has no rule check"},
         {TOL, "[{\"check\":\"tolerance\",\"impl\":\"candidate\",\"band\":1e-6}]", "checks[0].band: unknown field"},
+        {TOL, "[{\"check\":\"tolerance\",\"impl\":\"candidate\",\"element_rule\":\"max\"}]",
+         "checks[0].element_rule: 'max' is not an element rule"},
+        {TOL, "[{\"check\":\"tolerance\",\"impl\":\"candidate\",\"tensors\":{\"y\":{\"round_reference\":1}}}]",
+         "checks[0].tensors.y.round_reference: expected true or false"},
         {TOL, "[{\"check\":\"expect\",\"impl\":\"candidate\",\"of\":\"batch\",\"result\":\"INCORRECT\",\"defect\":\"x\"}]",
          "checks[0].defect: 'x' is not a defect family scale knows"},
     };
