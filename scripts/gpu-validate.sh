@@ -22,6 +22,8 @@ run "$D/kparity" gate --config ci/gates/default.json --out "$O/default-gate"
 run sh -c "/usr/bin/time -v $D/kparity gate --config ci/gates/indexer-topk-cuda.json --out $O/topk-gate 2>&1 | tail -30"
 run "$D/kparity" verify "$O/topk-gate" --replay
 run sh -c "/usr/bin/time -v $D/kparity gate --config ci/gates/nvfp4-moe-cuda.json --out $O/moe-gate 2>&1 | tail -80"
+run sh -c "/usr/bin/time -v $D/kparity gate --config ci/gates/sparse-mla-cuda.json --out $O/mla-gate 2>&1 | tail -80"
+run "$D/kparity" verify "$O/mla-gate" --replay
 run "$D/kparity" bench --reps 100
 run "$D/kparity" bench --reps 100 --case "topp(batch=4,profile=flat,seed=58231,top_p=0.95,vocab=131072)" \
     --case "topp(batch=64,profile=flat,seed=58231,top_p=0.95,vocab=154856)"
@@ -37,9 +39,11 @@ run compute-sanitizer --tool racecheck --target-processes all --error-exitcode 9
     --filter 'gpu_topk/@(short_and_empty_windows_fill_the_tail|buffer_coarse_bin_past_capacity_drops_entries|exact_row_bits_do_not_depend_on_batch)'
 run compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 "$D/test_gpu_moe_kernels"
 run compute-sanitizer --tool racecheck --target-processes all --error-exitcode 9 "$D/test_gpu_moe_kernels"
+run compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 "$D/test_gpu_mla_kernels"
+run compute-sanitizer --tool racecheck --target-processes all --error-exitcode 9 "$D/test_gpu_mla_kernels"
 for tool in racecheck synccheck; do
     run compute-sanitizer --tool $tool --target-processes all --error-exitcode 9 "$D/test_gpu_topp_kernels" \
         --filter 'gpu_topp/@(level_members_kept_in_rule_order_match_host|large_ties_keep_prefix_every_call|tie_rows_match_host_ports_and_keep_lowest_index_copies|rows_without_finite_logits_are_copied_and_p_one_keeps_all)'
 done
-(cd "$O" && tar czf bundles.tgz cuda-gate host-gate default-gate topk-gate moe-gate && rm -rf cuda-gate host-gate default-gate topk-gate moe-gate)
+(cd "$O" && tar czf bundles.tgz cuda-gate host-gate default-gate topk-gate moe-gate mla-gate && rm -rf cuda-gate host-gate default-gate topk-gate moe-gate mla-gate)
 grep -E '^\$|^exit|Synthesis|verdict|stages|Elapsed|Maximum resident|ERROR SUMMARY' "$log"
