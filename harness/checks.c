@@ -11,6 +11,7 @@
 
 #include "../receipts/kp_json.h"
 #include "kp_device.h"
+#include "kp_rates.h"
 
 static const char *const check_names[KP_CHECK_KIND_COUNT] = {"exact", "rule", "tolerance", "repeat", "batch", "expect"};
 
@@ -340,6 +341,21 @@ static kp_result check_tolerance(kp_case_ctx *ctx, const kp_check_spec *spec, cJ
     return r;
 }
 
+/* obj[key] = {"count", "of", "rate", "wilson95": [lo, hi]}: a rate with its Wilson 95% interval (kp_rates.h), so
+ * two receipts' rates can be told apart or not (`kparity rates`). */
+static void add_rate(cJSON *obj, const char *key, double count, double of) {
+    cJSON *o = cJSON_AddObjectToObject(obj, key);
+    kp_json_add_double(o, "count", count);
+    kp_json_add_double(o, "of", of);
+    if (!(of > 0)) return;
+    double lo, hi;
+    kp_wilson(count, of, 0.95, &lo, &hi);
+    kp_json_add_double(o, "rate", count / of);
+    cJSON *w = cJSON_AddArrayToObject(o, "wilson95");
+    cJSON_AddItemToArray(w, cJSON_CreateNumber(lo));
+    cJSON_AddItemToArray(w, cJSON_CreateNumber(hi));
+}
+
 /* Runs 2..R are compared with run 1 row by row, bits as written (a set's order too); digests are computed
  * only where they differ, so a deterministic impl costs no hashing beyond run 1's output digest. */
 static kp_result check_repeat(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON *chk) {
@@ -404,12 +420,16 @@ static kp_result check_repeat(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON
             cJSON *row = cJSON_CreateObject();
             kp_json_add_int(row, "row", r);
             cJSON *ds = cJSON_AddArrayToObject(row, "digests");
+            int flips = 0; /* runs 2..R whose row differs from run 1's */
             for (int run = 0; run < spec->runs; run++) {
                 const char *d = row_digest[r * spec->runs + run][0] ? row_digest[r * spec->runs + run] : row_digest[r * spec->runs];
                 cJSON_AddItemToArray(ds, cJSON_CreateString(d));
+                flips += run > 0 && strcmp(d, row_digest[r * spec->runs]) != 0;
             }
+            add_rate(row, "flip_rate", flips, spec->runs - 1);
             cJSON_AddItemToArray(varying, row);
         }
+        add_rate(f, "rows_varying_rate", (double)nvary, (double)B);
         /* per output tensor, the rows where it varied; an order output (a MoE's slots) is not part of the
            answer, but says whether the impl's work order changed at all: a run whose order never changed
            tested nothing about order */

@@ -16,6 +16,7 @@
 #include "kp_device.h"
 #include "kp_harness.h"
 #include "kp_launch.h"
+#include "kp_rates.h"
 #include "kp_replay.h"
 #include "kp_runner.h"
 
@@ -30,6 +31,8 @@ static const struct {
     {"verify", "kparity verify DIR [--replay]                recheck a bundle's bytes and chain (and regenerate inputs)"},
     {"export", "kparity export CASE --out DIR [--impl NAME]...  inputs, reference and outputs as .npy"},
     {"bench", "kparity bench [--impl NAME]... [--case CASE]... [--reps N]   time impls (CUDA events on a GPU)"},
+    {"rates", "kparity rates --a K/N [--b K/N] [--alpha A] [--power P] [--json]\n"
+              "                                             Wilson intervals; whether two rates differ; trials needed"},
 };
 #define NCOMMANDS ((int)(sizeof commands / sizeof commands[0]))
 
@@ -229,6 +232,8 @@ int main(int argc, char **argv) {
     mallopt(M_MMAP_THRESHOLD, 1 << 30);
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
     const char *cmd = argv[1];
+    if (!strcmp(cmd, "rates") && !(argc == 3 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"))))
+        return kp_cmd_rates(argc - 2, argv + 2); /* its own options */
     const char *config = NULL, *out = NULL, *filter = NULL, *positional = NULL;
     const char *impls[32], *cases[32];
     int nimpl = 0, ncase = 0, quiet = 0, json = 0, replay = 0, reps = 0, help = 0;

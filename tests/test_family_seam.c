@@ -251,6 +251,13 @@ Test(family_seam, repeat_catches_run_to_run_variation) {
     cJSON *rec = gate_case("varies", "\"runs\":4", "[{\"check\":\"repeat\",\"impl\":\"scale.varies@host\"}]", 1, NULL);
     cr_assert_eq(num(rec, "checks.0.findings.distinct_outputs"), 4);
     cr_assert_eq(cJSON_GetArraySize(at(rec, "checks.0.findings.rows_varying")), 1);
+    /* rates with their Wilson intervals: the varying row flipped in all 3 runs after the first, 1 of 6 rows varies */
+    cr_assert_eq(num(rec, "checks.0.findings.rows_varying.0.flip_rate.count"), 3);
+    cr_assert_eq(num(rec, "checks.0.findings.rows_varying.0.flip_rate.of"), 3);
+    cr_assert_eq(num(rec, "checks.0.findings.rows_varying.0.flip_rate.wilson95.1"), 1.0);
+    cr_assert_float_eq(num(rec, "checks.0.findings.rows_varying.0.flip_rate.wilson95.0"), 0.4385, 1e-4);
+    cr_assert_eq(num(rec, "checks.0.findings.rows_varying_rate.count"), 1);
+    cr_assert_eq(num(rec, "checks.0.findings.rows_varying_rate.of"), 6);
     cJSON_Delete(rec);
 }
 
