@@ -1,0 +1,332 @@
+/* test_mla_checks.c: the gate's checks on mla through the kparity binary, each against a plugin with one planted
+ * defect (tests/fixtures/plugin_mla_defects.c) it must catch, and the clean build of that plugin, which must pass. */
+#define _GNU_SOURCE
+#include <cjson/cJSON.h>
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../harness/kp_checks.h"
+#include "kp_test_util.h"
+
+TestSuite(mla_checks, .init = kpt_dir_setup, .fini = kpt_dir_teardown, .timeout = 300);
+
+/* The tolerance checks' case: two requests of 64 heads over 256 of 512 tokens. Power-of-two tile scales: on raw
+ * ones the bf16-rounded scale alone misses FlashMLA's tolerances (ci/gates/sparse-mla.json's raw_scales). Request 1,
+ * head 5, value 37 of out [2, 1, 64, 512] is where PERTURB_ONE and NAN_ONE plant theirs. */
+#define TOL_CASE "mla(batch=2,h_q=64,profile=uniform,s_kv=512,scale=pow2,seed=11,topk=256)"
+#define OUT_ROW (64 * 512)
+#define PERTURB_AT (OUT_ROW + 5 * 512 + 37)
+#define LOG2E 1.4426950408889634
+
+/* FlashMLA's decode tolerances, as ci/gates/sparse-mla.json declares them. */
+#define TOLERANCES                                                                                                     \
+    "\"tensors\":{"                                                                                                    \
+    "\"out\":{\"atol\":0.001,\"rtol\":0.015703125,\"cosine\":5e-06,\"element_rule\":\"both\",\"round_reference\":true}," \
+    "\"lse\":{\"atol\":1e-06,\"rtol\":0.0001222229,\"element_rule\":\"both\",\"round_reference\":true},"               \
+    "\"max_logits\":{\"atol\":1e-06,\"rtol\":0.0001222229,\"element_rule\":\"both\",\"round_reference\":true}}"
+
+/* Build the defect plugin with one -D flag (or none) and a name; returns its path. */
+static char *plugin(const char *flag, const char *name) {
+    char *so, *src, *inc, *def, *at;
+    cr_assert(asprintf(&so, "%s/%s.so", kpt_dir, name) > 0);
+    cr_assert(asprintf(&src, "%s/tests/fixtures/plugin_mla_defects.c", kpt_source_dir()) > 0);
+    cr_assert(asprintf(&inc, "-I%s/kernels", kpt_source_dir()) > 0);
+    cr_assert(asprintf(&def, "-DKPT_NAME=\"%s\"", name) > 0);
+    cr_assert(asprintf(&at, "-DKPT_PERTURB_AT=%d", PERTURB_AT) > 0);
+    char *argv[] = {"/usr/bin/cc", "-shared", "-fPIC", "-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", inc, def, at,
+                    (char *)(flag ? flag : "-DKPT_CLEAN"), "-o", so, src, "-lm", NULL};
+    char *out, *err;
+    int rc = kpt_run(argv, &out, &err);
+    cr_assert_eq(rc, 0, "building the plugin failed: %s", err);
+    free(out), free(err), free(src), free(inc), free(def), free(at);
+    return so;
+}
+
+/* Build the plugin and write a config with it as the candidate, FlashMLA's tolerances and `cases` (JSON). */
+static char *config(const char *flag, const char *name, const char *cases) {
+    char *so = plugin(flag, name), *body, *path;
+    cr_assert(asprintf(&body,
+                       "{\"schema\":\"kparity.gate/v1\",\"name\":\"t\",\"plugins\":[{\"path\":\"%s\"}],"
+                       "\"impls\":{\"mla.candidate\":\"%s\"},\"defaults\":{" TOLERANCES "},\"cases\":[%s]}",
+                       so, name, cases) > 0);
+    cr_assert(asprintf(&path, "%s/%s.json", kpt_dir, name) > 0);
+    cr_assert_eq(kpt_write(path, body, strlen(body)), 0);
+    free(body), free(so);
+    return path;
+}
+
+/* Run the gate on a config into bundle <kpt_dir>/<tag>; asserts the exit code, returns the bundle's path. */
+static char *gate(const char *cfg, const char *tag, int want_rc) {
+    char *out, *o, *e;
+    cr_assert(asprintf(&out, "%s/%s", kpt_dir, tag) > 0);
+    char *argv[] = {kpt_binary(), "gate", "--config", (char *)cfg, "--out", out, "--quiet", NULL};
+    const int rc = kpt_run(argv, &o, &e);
+    cr_assert_eq(rc, want_rc, "%s: exit %d, not %d\n%s\n%s", tag, rc, want_rc, o, e);
+    free(o), free(e);
+    return out;
+}
+
+static const cJSON *at(const cJSON *obj, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    cr_assert_not_null(v, "no field %s", key);
+    return v;
+}
+static const char *str(const cJSON *obj, const char *key) {
+    const cJSON *v = at(obj, key);
+    cr_assert(cJSON_IsString(v), "%s is not a string", key);
+    return v->valuestring;
+}
+static double num(const cJSON *obj, const char *key) {
+    const cJSON *v = at(obj, key);
+    cr_assert(cJSON_IsNumber(v), "%s is not a number", key);
+    return v->valuedouble;
+}
+static const cJSON *check_of(const cJSON *rec, int k) {
+    const cJSON *c = cJSON_GetArrayItem(at(rec, "checks"), k);
+    cr_assert_not_null(c, "no check %d", k);
+    return c;
+}
+static const cJSON *tensor_of(const cJSON *chk, const char *name) {
+    for (const cJSON *t = at(at(chk, "findings"), "tensors")->child; t; t = t->next)
+        if (!strcmp(str(t, "tensor"), name)) return t;
+    cr_assert_fail("the tolerance check has no tensor %s", name);
+    return NULL;
+}
+static double count_of(const cJSON *tensor, const char *list) { return num(at(tensor, list), "count"); }
+static double first_of(const cJSON *tensor, const char *list) {
+    const cJSON *first = cJSON_GetArrayItem(at(at(tensor, list), "first"), 0);
+    cr_assert(cJSON_IsNumber(first), "%s lists no element", list);
+    return first->valuedouble;
+}
+
+/* The tolerance check alone of the plugin built with `flag` on TOL_CASE; returns its receipt. */
+static cJSON *tolerance_of(const char *flag, const char *name, int want_rc) {
+    char *cfg = config(flag, name, "{\"case\":\"" TOL_CASE "\",\"checks\":[{\"check\":\"tolerance\",\"impl\":\"candidate\"}]}");
+    char *bundle = gate(cfg, name, want_rc);
+    cJSON *rec = kpt_receipt(bundle, 1);
+    free(cfg), free(bundle);
+    return rec;
+}
+
+static void tensor_passes(const cJSON *chk, const char *name) {
+    const cJSON *t = tensor_of(chk, name);
+    cr_assert_str_eq(str(t, "result"), "PASSED", "%s: %s", name, str(chk, "summary"));
+    cr_assert_eq(count_of(t, "over_tolerance"), 0, "%s", name);
+    cr_assert_eq(count_of(t, "nonfinite_mismatch"), 0, "%s", name);
+}
+
+/* Whether a row of request 0 counts cache slot 0 (then slot 0 holds a token's finite values: only tokens no counted
+ * slot of their request names are NaN). The slots as the harness hands them to impls: the family's input 1. */
+static int request0_counts_slot0(const char *name) {
+    kp_case_spec cs = {.fam = kp_family_find("mla")};
+    kp_error err = {0};
+    cr_assert_not_null(cs.fam);
+    cr_assert_eq(kp_case_parse(name, &cs.c, &err), 0, "%s", err.msg);
+    cr_assert_eq(kp_case_normalize(&cs.c, &err), 0, "%s", err.msg);
+    kp_case_format(&cs.c, cs.name, sizeof cs.name);
+    kp_evidence ev = {.artifacts = cJSON_CreateArray(), .inline_limit = 16};
+    cJSON *rec = cJSON_CreateObject();
+    kp_case_ctx ctx;
+    cr_assert_eq(kp_case_ctx_open(&ctx, &cs, &ev, rec, &err), 0, "%s", err.msg);
+    const kp_tensor *ind = &ctx.prep.v.inputs[1];
+    cr_assert_str_eq(ind->name, "indices");
+    const int64_t per_request = ind->shape[1] * ind->shape[2]; /* [batch, s_q, topk] */
+    int counted = 0;
+    for (int64_t j = 0; j < per_request; j++) counted |= ((const int32_t *)ind->data)[j] == 0;
+    kp_case_ctx_close(&ctx);
+    cJSON_Delete(rec), cJSON_Delete(ev.artifacts);
+    return counted;
+}
+
+/* The clean build on two cases: fp8 with every index profile (mixed), and a bf16 cache with sinks (+-inf among them),
+ * topk_length and two query rows a request. Every check passes, and the plugin is split_size bit for bit (exact),
+ * so each defect below is the flag's and nothing else. Every batch probe carries the split counts. */
+Test(mla_checks, the_clean_plugin_passes_tolerance_repeat_and_batch_and_is_split_size_bit_for_bit) {
+#define CLEAN_CHECKS                                                                                                   \
+    "\"checks\":[{\"check\":\"tolerance\",\"impl\":\"candidate\"},{\"check\":\"repeat\",\"impl\":\"candidate\",\"runs\":3}," \
+    "{\"check\":\"batch\",\"impl\":\"candidate\"},{\"check\":\"exact\",\"impls\":[\"candidate\",\"mla.split_size@host\"]}]"
+    char *cfg = config(NULL, "mla.plain@host",
+                       "{\"case\":\"mla(batch=5,h_q=64,profile=mixed,s_kv=512,scale=pow2,seed=1,topk=256)\"," CLEAN_CHECKS "},"
+                       "{\"case\":\"mla(batch=3,cache=bf16,h_q=64,profile=holes,s_kv=256,s_q=2,seed=2,sink=inf,topk=128,"
+                       "topk_length=on)\"," CLEAN_CHECKS "}");
+    char *bundle = gate(cfg, "clean", 0);
+    const int64_t batch[2] = {5, 3};
+    for (int c = 0; c < 2; c++) {
+        cJSON *rec = kpt_receipt(bundle, c + 1);
+        const char *const kinds[4] = {"tolerance", "repeat", "batch", "exact"};
+        for (int k = 0; k < 4; k++) {
+            cr_assert_str_eq(str(check_of(rec, k), "check"), kinds[k]);
+            cr_assert_str_eq(str(check_of(rec, k), "result"), "PASSED", "case %d, %s: %s", c + 1, kinds[k],
+                             str(check_of(rec, k), "summary"));
+        }
+        const cJSON *tol = check_of(rec, 0);
+        tensor_passes(tol, "out"), tensor_passes(tol, "lse"), tensor_passes(tol, "max_logits");
+        cr_assert_eq(num(tensor_of(tol, "out"), "elements"), batch[c] * (c ? 2 : 1) * 64 * 512);
+        const cJSON *f = at(check_of(rec, 2), "findings");
+        cr_assert_eq(num(f, "row_differences"), 0);
+        cr_assert_eq(num(f, "vacuous_probes"), 0);
+        int probes = 0;
+        for (const cJSON *p = at(f, "probes")->child; p; p = p->next, probes++) {
+            const cJSON *s = at(p, "splits"), *in_probe = at(s, "probe"), *in_full = at(s, "full_batch");
+            cr_assert_eq(cJSON_GetArraySize(in_probe), num(p, "batch"), "%s: a split count for every request", str(p, "probe"));
+            cr_assert_eq(cJSON_GetArraySize(in_full), num(p, "batch"), "%s", str(p, "probe"));
+            for (int i = 0; i < cJSON_GetArraySize(in_probe); i++) { /* topk <= 8 blocks: one split, whatever the batch */
+                cr_assert_eq(cJSON_GetArrayItem(in_probe, i)->valuedouble, 1, "%s, position %d", str(p, "probe"), i);
+                const cJSON *full = cJSON_GetArrayItem(in_full, i);
+                cr_assert(cJSON_IsNull(full) || full->valuedouble == 1, "%s, position %d", str(p, "probe"), i);
+            }
+        }
+        cr_assert_eq(probes, batch[c] + 2 + 1 + 2, "alone x %lld, two halves, reversed, and T, T + 1 of split_count's plan",
+                     (long long)batch[c]);
+        cr_assert_eq(num(at(check_of(rec, 3), "findings"), "rows_differ"), 0);
+        cJSON_Delete(rec);
+    }
+    free(cfg), free(bundle);
+}
+
+/* lse in log2: every lse is log2(e) times the reference; out and max_logits untouched. */
+Test(mla_checks, an_lse_left_in_log2_is_incorrect_on_lse_alone) {
+    cJSON *rec = tolerance_of("-DKPT_LSE_LOG2", "mla.lse_log2@host", 1);
+    const cJSON *chk = check_of(rec, 0), *lse = tensor_of(chk, "lse");
+    cr_assert_str_eq(str(chk, "result"), "INCORRECT");
+    cr_assert_str_eq(str(lse, "result"), "INCORRECT");
+    cr_assert_eq(count_of(lse, "over_tolerance"), 2 * 64, "every lse is over (a full row's lse is about 6)");
+    cr_assert_eq(count_of(lse, "nonfinite_mismatch"), 0);
+    for (const cJSON *r = at(lse, "worst_per_row")->child; r; r = r->next) {
+        const double ratio = num(r, "value") / num(r, "reference");
+        cr_assert(fabs(ratio - LOG2E) < 1e-5, "request %g: lse %g against %g, a ratio of %g, not log2(e)", num(r, "row"),
+                  num(r, "value"), num(r, "reference"), ratio);
+    }
+    tensor_passes(chk, "out"), tensor_passes(chk, "max_logits");
+    cJSON_Delete(rec);
+}
+
+/* A -1 read as slot 0 and counted. Slot 0 is a token request 0 counts in this case (asserted), so the values read
+ * are finite and the defect shows as out over tolerance, not as NaN; every request's row has holes. */
+Test(mla_checks, a_hole_read_as_slot_0_is_over_tolerance_on_out_in_every_request) {
+#define HOLE_CASE "mla(batch=4,h_q=64,profile=holes,s_kv=256,scale=pow2,seed=7,topk=256)"
+    cr_assert(request0_counts_slot0(HOLE_CASE), "the case must count slot 0, or reading it gives NaN: pick another seed");
+    char *cfg = config("-DKPT_HOLE_READ", "mla.hole_read@host",
+                       "{\"case\":\"" HOLE_CASE "\",\"checks\":[{\"check\":\"tolerance\",\"impl\":\"candidate\"}]}");
+    char *bundle = gate(cfg, "hole_read", 1);
+    cJSON *rec = kpt_receipt(bundle, 1);
+    const cJSON *chk = check_of(rec, 0), *out = tensor_of(chk, "out");
+    cr_assert_str_eq(str(chk, "result"), "INCORRECT");
+    cr_assert_str_eq(str(out, "result"), "INCORRECT");
+    cr_assert_eq(count_of(out, "nonfinite_mismatch"), 0, "slot 0 holds finite values");
+    cr_assert(count_of(out, "over_tolerance") > 0);
+    cr_assert_eq(cJSON_GetArraySize(at(at(out, "over_tolerance"), "first")), 16, "the receipt lists the first 16 over");
+    cr_assert_not_null(at(at(out, "over_tolerance"), "artifact"), "and every one of them as an artifact");
+    cr_assert_eq(cJSON_GetArraySize(at(out, "worst_per_row")), 4);
+    for (const cJSON *r = at(out, "worst_per_row")->child; r; r = r->next)
+        cr_assert(num(r, "excess") > 0, "request %g has holes, yet its worst element is within tolerance", num(r, "row"));
+    cr_assert_str_eq(str(tensor_of(chk, "lse"), "result"), "INCORRECT", "the counted slot adds to the denominator");
+    cJSON_Delete(rec);
+    free(cfg), free(bundle);
+}
+
+/* Every slot read one token on: about half the neighbours are tokens no slot counts, which the case fills with NaN,
+ * so out and lse carry NaN where the reference is finite. */
+Test(mla_checks, a_neighbouring_token_read_is_caught_by_nan_positions) {
+    cJSON *rec = tolerance_of("-DKPT_NEXT_TOKEN", "mla.next_token@host", 1);
+    const cJSON *chk = check_of(rec, 0), *out = tensor_of(chk, "out"), *lse = tensor_of(chk, "lse");
+    cr_assert_str_eq(str(chk, "result"), "INCORRECT");
+    cr_assert_str_eq(str(out, "result"), "INCORRECT");
+    cr_assert(count_of(out, "nonfinite_mismatch") > 0, "out: %s", str(chk, "summary"));
+    cr_assert(count_of(lse, "nonfinite_mismatch") > 0, "lse: %s", str(chk, "summary"));
+    cJSON_Delete(rec);
+}
+
+/* One NaN written into an otherwise clean out: the only misplaced element, at the planted index, and the verdict
+ * INCORRECT though every finite pair is within tolerance. */
+Test(mla_checks, a_nan_written_into_out_is_never_accepted) {
+    cJSON *rec = tolerance_of("-DKPT_NAN_ONE", "mla.nan_one@host", 1);
+    const cJSON *chk = check_of(rec, 0), *out = tensor_of(chk, "out");
+    cr_assert_str_eq(str(chk, "result"), "INCORRECT");
+    cr_assert_str_eq(str(out, "result"), "INCORRECT");
+    cr_assert_eq(count_of(out, "nonfinite_mismatch"), 1);
+    cr_assert_eq(first_of(out, "nonfinite_mismatch"), PERTURB_AT);
+    cr_assert_eq(count_of(out, "over_tolerance"), 0, "every finite pair is within tolerance");
+    cr_assert_eq(num(out, "finite_pairs"), 2 * OUT_ROW - 1);
+    const cJSON *row1 = cJSON_GetArrayItem(at(out, "worst_per_row"), 1);
+    cr_assert_eq(num(row1, "index"), PERTURB_AT, "request 1's worst element is the NaN");
+    tensor_passes(chk, "lse"), tensor_passes(chk, "max_logits");
+    cJSON_Delete(rec);
+}
+
+Test(mla_checks, one_perturbed_element_is_the_one_over_and_the_receipt_names_its_index) {
+    cJSON *rec = tolerance_of("-DKPT_PERTURB_ONE", "mla.perturb_one@host", 1);
+    const cJSON *chk = check_of(rec, 0), *out = tensor_of(chk, "out");
+    cr_assert_str_eq(str(out, "result"), "INCORRECT");
+    cr_assert_eq(count_of(out, "over_tolerance"), 1, "exactly one element over");
+    cr_assert_eq(first_of(out, "over_tolerance"), PERTURB_AT, "the element over is the planted one");
+    cr_assert_eq(count_of(out, "nonfinite_mismatch"), 0);
+    const cJSON *m = at(out, "metrics");
+    cr_assert_eq(num(m, "max_abs_at"), PERTURB_AT);
+    cr_assert(fabs(num(m, "max_abs") - 0.5) < 0.01, "max abs %g, planted 0.5 (then rounded to bf16)", num(m, "max_abs"));
+    const cJSON *row1 = cJSON_GetArrayItem(at(out, "worst_per_row"), 1);
+    cr_assert_eq(num(row1, "index"), PERTURB_AT);
+    cr_assert(num(row1, "excess") > 0.4);
+    cr_assert(num(cJSON_GetArrayItem(at(out, "worst_per_row"), 0), "excess") <= 0, "request 0 is untouched");
+    tensor_passes(chk, "lse"), tensor_passes(chk, "max_logits");
+    cJSON_Delete(rec);
+}
+
+/* Split counts that depend on the batch: a request alone is cut into one split per block (4), in any batch of two or
+ * more into one. Within tolerance either way; batch fails on exactly the alone probes, and their receipt entries say
+ * why: 4 splits in the probe, 1 in the full batch. */
+Test(mla_checks, splits_that_depend_on_the_batch_fail_batch_on_the_alone_probes_which_name_their_splits) {
+    char *cfg = config("-DKPT_BATCH_SPLITS", "mla.batch_splits@host",
+                       "{\"case\":\"mla(batch=4,h_q=64,profile=uniform,s_kv=512,scale=pow2,seed=21,topk=256)\",\"checks\":["
+                       "{\"check\":\"tolerance\",\"impl\":\"candidate\"},{\"check\":\"batch\",\"impl\":\"candidate\"}]}");
+    char *bundle = gate(cfg, "batch_splits", 1);
+    cJSON *rec = kpt_receipt(bundle, 1);
+    cr_assert_str_eq(str(check_of(rec, 0), "result"), "PASSED", "%s", str(check_of(rec, 0), "summary"));
+    const cJSON *chk = check_of(rec, 1), *f = at(chk, "findings");
+    cr_assert_str_eq(str(chk, "result"), "INCORRECT");
+    cr_assert_eq(num(f, "row_differences"), 4, "each request alone differs; no probe of two or more does");
+    cr_assert_eq(num(f, "vacuous_probes"), 0);
+    int alone = 0;
+    for (const cJSON *p = at(f, "probes")->child; p; p = p->next) {
+        const char *name = str(p, "probe");
+        const cJSON *differ = at(p, "rows_differ"), *s = at(p, "splits");
+        if (strncmp(name, "alone.row", 9)) {
+            cr_assert_eq(cJSON_GetArraySize(differ), 0, "%s: a batch of %g cuts the same splits as the full batch", name,
+                         num(p, "batch"));
+            continue;
+        }
+        const int r = atoi(name + 9);
+        alone++;
+        cr_assert_eq(cJSON_GetArraySize(differ), 1, "%s", name);
+        cr_assert_eq(num(cJSON_GetArrayItem(differ, 0), "row"), r, "%s names its request", name);
+        const cJSON *moved = at(at(cJSON_GetArrayItem(differ, 0), "elements"), "out");
+        cr_assert(num(moved, "count") > 0, "%s lists the elements of out that moved", name);
+        cr_assert_eq(cJSON_GetArrayItem(at(s, "probe"), 0)->valuedouble, 4, "%s: 4 splits alone", name);
+        cr_assert_eq(cJSON_GetArrayItem(at(s, "full_batch"), 0)->valuedouble, 1, "%s: 1 in the full batch", name);
+    }
+    cr_assert_eq(alone, 4);
+    cJSON_Delete(rec);
+    free(cfg), free(bundle);
+}
+
+/* Split counts that change from call to call (as an atomic scheduler's might): within tolerance, but repeat sees
+ * two distinct outputs and the work order (splits) changed. */
+Test(mla_checks, splits_that_change_between_calls_fail_repeat_with_the_order_changed) {
+    char *cfg = config("-DKPT_RUN_DRIFT", "mla.run_drift@host",
+                       "{\"case\":\"" TOL_CASE "\",\"checks\":[{\"check\":\"tolerance\",\"impl\":\"candidate\"},"
+                       "{\"check\":\"repeat\",\"impl\":\"candidate\",\"runs\":4}]}");
+    char *bundle = gate(cfg, "run_drift", 1);
+    cJSON *rec = kpt_receipt(bundle, 1);
+    cr_assert_str_eq(str(check_of(rec, 0), "result"), "PASSED", "%s", str(check_of(rec, 0), "summary"));
+    const cJSON *chk = check_of(rec, 1), *f = at(chk, "findings");
+    cr_assert_str_eq(str(chk, "result"), "INCORRECT");
+    cr_assert_eq(num(f, "distinct_outputs"), 2);
+    cr_assert(cJSON_IsTrue(at(f, "order_changed")));
+    cr_assert_eq(num(at(f, "rows_varying_by_tensor"), "splits"), 2);
+    cr_assert(num(at(f, "rows_varying_by_tensor"), "out") > 0);
+    cJSON_Delete(rec);
+    free(cfg), free(bundle);
+}
