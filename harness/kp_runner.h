@@ -12,10 +12,18 @@ typedef struct kp_run_options {
     int quiet;             /* no progress lines */
     int json;              /* progress and summary as JSON lines on stdout */
     const char *command;   /* "gate" or "run", recorded in bundle.json */
+    int shard_index;       /* 1..shard_count: run the cases whose config index i has i % shard_count ==
+                              shard_index - 1 (0: every case); `kparity merge` joins the parts */
+    int shard_count;
 } kp_run_options;
 
 /* Returns the exit class: 0 passed, 1 incorrect, 2 usage, 3 environment/kernel failure, 4 timeout,
  * 77 nothing could run. `err` holds the message for 2 and 3 when the run itself could not proceed. */
 int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err);
+
+/* `kparity merge B1 B2 ... --out B` (harness/merge.c): argv after the command; the merged verdict's exit code, or 2
+ * naming the part and the reason (a part that does not verify, another config or kparity version, a shard missing or
+ * given twice), 3 when the bundle cannot be written. */
+int kp_cmd_merge(int argc, char **argv);
 
 #endif

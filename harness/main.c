@@ -25,12 +25,14 @@ static const struct {
     const char *name, *line;
 } commands[] = {
     {"list", "kparity list [--config FILE]                 impls and families, or a config's cases and checks"},
-    {"run", "kparity run  --config FILE [--filter TEXT] [--out DIR] [--timeout S] [--quiet] [--json]"},
+    {"run", "kparity run  --config FILE [--filter TEXT] [--shard I/N] [--out DIR] [--timeout S] [--quiet] [--json]\n"
+            "                                             --shard: config cases i with i mod N = I - 1 (kparity merge joins them)"},
     {"gate", "kparity gate --config FILE [--out DIR] [--timeout S] [--quiet] [--json] [-- COMMAND ...]\n"
              "                                             runs the whole config; execs COMMAND only when it passes"},
     {"verify", "kparity verify DIR [--replay]                recheck a bundle's bytes and chain (and regenerate inputs)"},
     {"export", "kparity export CASE --out DIR [--impl NAME]...  inputs, reference and outputs as .npy"},
     {"bench", "kparity bench [--impl NAME]... [--case CASE]... [--reps N]   time impls (CUDA events on a GPU)"},
+    {"merge", "kparity merge B1 B2 ... --out B                shards of one config into one bundle (one verdict, re-chained)"},
     {"rates", "kparity rates --a K/N [--b K/N] [--alpha A] [--power P] [--json]\n"
               "                                             Wilson intervals; whether two rates differ; trials needed"},
 };
@@ -103,10 +105,27 @@ static int cmd_list(const char *config) {
     return 0;
 }
 
-static int cmd_run(int gate, const char *config, const char *out, const char *filter, double timeout, int quiet,
-                   int json, char **command) {
+/* "I/N" with 1 <= I <= N into *index, *count; NULL: no sharding. */
+static int parse_shard(const char *s, int *index, int *count) {
+    *index = *count = 0;
+    if (!s) return 0;
+    char *end;
+    const long i = strtol(s, &end, 10);
+    if (end == s || *end != '/') return -1;
+    const char *rest = end + 1;
+    const long n = strtol(rest, &end, 10);
+    if (end == rest || *end || n < 1 || n > 4096 || i < 1 || i > n) return -1;
+    *index = (int)i, *count = (int)n;
+    return 0;
+}
+
+static int cmd_run(int gate, const char *config, const char *out, const char *filter, const char *shard, double timeout,
+                   int quiet, int json, char **command) {
     kp_error err = {0};
     if (!config) return usage("--config FILE is required");
+    int shard_index, shard_count;
+    if (parse_shard(shard, &shard_index, &shard_count))
+        return usage("--shard: expected I/N with 1 <= I <= N (for example 2/4: the second of four shards)");
     kp_config cfg;
     if (kp_config_load(config, &cfg, &err)) {
         kp_config_free(&cfg);
@@ -123,7 +142,7 @@ static int cmd_run(int gate, const char *config, const char *out, const char *fi
         alarm((unsigned)(limit * 2 + 60)); /* a backstop: the runner's watchdog normally ends a hung case first */
     }
     kp_run_options opt = {.out_dir = out, .filter = filter, .timeout_s = timeout, .quiet = quiet, .json = json,
-                          .command = gate ? "gate" : "run"};
+                          .command = gate ? "gate" : "run", .shard_index = shard_index, .shard_count = shard_count};
     int code = kp_run_config(&cfg, &opt, &err);
     alarm(0);
     kp_config_free(&cfg);
@@ -234,9 +253,12 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     if (!strcmp(cmd, "rates") && !(argc == 3 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"))))
         return kp_cmd_rates(argc - 2, argv + 2); /* its own options */
+    if (!strcmp(cmd, "merge") && !(argc == 3 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"))))
+        return kp_cmd_merge(argc - 2, argv + 2); /* several bundle folders */
     const char *config = NULL, *out = NULL, *filter = NULL, *positional = NULL;
     const char *impls[32], *cases[32];
     int nimpl = 0, ncase = 0, quiet = 0, json = 0, replay = 0, reps = 0, help = 0;
+    const char *shard = NULL;
     double timeout = 0;
     char **command = NULL;
     kp_error err = {0};
@@ -252,6 +274,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--impl") && more && nimpl < 32) impls[nimpl++] = argv[++i];
         else if (!strcmp(a, "--case") && more && ncase < 32) cases[ncase++] = argv[++i];
         else if (!strcmp(a, "--reps") && more) reps = atoi(argv[++i]);
+        else if (!strcmp(a, "--shard") && more) shard = argv[++i];
         else if (!strcmp(a, "--timeout") && more) {
             char *end;
             timeout = strtod(argv[++i], &end);
@@ -279,11 +302,11 @@ int main(int argc, char **argv) {
             return 0;
         }
     if (!strcmp(cmd, "list")) return cmd_list(config);
-    if (!strcmp(cmd, "run")) return cmd_run(0, config, out, filter, timeout, quiet, json, NULL);
+    if (!strcmp(cmd, "run")) return cmd_run(0, config, out, filter, shard, timeout, quiet, json, NULL);
     if (!strcmp(cmd, "gate")) {
         /* a gate runs its frozen config whole: a subset that passes must not start a server */
-        if (filter) return usage("gate runs the whole config; --filter is for `kparity run`");
-        return cmd_run(1, config, out, NULL, timeout, quiet, json, command);
+        if (filter || shard) return usage("gate runs the whole config; --filter and --shard are for `kparity run`");
+        return cmd_run(1, config, out, NULL, NULL, timeout, quiet, json, command);
     }
     if (!strcmp(cmd, "verify")) return cmd_verify(positional, replay);
     if (!strcmp(cmd, "export")) return cmd_export(positional, out, impls, nimpl);

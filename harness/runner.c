@@ -90,9 +90,15 @@ static void print_summary(const kp_run_options *opt, const summary_row *rows, in
     printf("verdict: %s (exit %d); bundle: %s\n", verdict, code, dir);
 }
 
-static cJSON *case_json(const kp_case_spec *cs) {
+/* Whether config case i is in this run's share (every case without --shard). */
+static int in_share(const kp_run_options *opt, int i) {
+    return opt->shard_count < 1 || i % opt->shard_count == opt->shard_index - 1;
+}
+
+static cJSON *case_json(const kp_config *cfg, const kp_case_spec *cs) {
     cJSON *c = cJSON_CreateObject();
     cJSON_AddStringToObject(c, "name", cs->name);
+    kp_json_add_int(c, "config_index", cs - cfg->cases); /* where it sits in the config: merge orders parts by it */
     cJSON_AddStringToObject(c, "family", cs->c.family);
     cJSON *params = cJSON_AddObjectToObject(c, "params");
     for (int i = 0; i < cs->c.nparams; i++) cJSON_AddStringToObject(params, cs->c.params[i].key, cs->c.params[i].value);
@@ -128,6 +134,7 @@ static cJSON *meta_json(run_state *st) {
     cJSON_AddStringToObject(c, "path", st->cfg->path);
     cJSON_AddStringToObject(c, "name", st->cfg->name);
     cJSON_AddStringToObject(c, "sha256", st->cfg->sha256);
+    kp_json_add_int(c, "cases", st->cfg->ncases);
     cJSON *roles = cJSON_AddObjectToObject(c, "impls");
     for (int i = 0; i < st->cfg->nroles; i++) {
         cJSON *r = cJSON_AddObjectToObject(roles, st->cfg->roles[i].role);
@@ -135,6 +142,11 @@ static cJSON *meta_json(run_state *st) {
         cJSON_AddStringToObject(r, "resolved", st->cfg->roles[i].impl->name);
     }
     if (st->opt->filter) cJSON_AddStringToObject(meta, "filter", st->opt->filter);
+    if (st->opt->shard_count > 0) {
+        cJSON *sh = cJSON_AddObjectToObject(meta, "shard");
+        kp_json_add_int(sh, "index", st->opt->shard_index);
+        kp_json_add_int(sh, "count", st->opt->shard_count);
+    }
     kp_json_add_int(meta, "host_budget_bytes", (int64_t)st->cfg->host_budget);
     kp_json_add_int(meta, "device_budget_bytes", (int64_t)st->cfg->device_budget);
     kp_json_add_double(meta, "timeout_s", st->timeout);
@@ -153,7 +165,7 @@ static cJSON *meta_json(run_state *st) {
 static cJSON *stub_receipt(run_state *st, const kp_case_spec *cs, kp_result result, const char *reason) {
     cJSON *receipt = cJSON_CreateObject();
     cJSON_AddStringToObject(receipt, "schema", "kparity.receipt/v1");
-    cJSON_AddItemToObject(receipt, "case", case_json(cs));
+    cJSON_AddItemToObject(receipt, "case", case_json(st->cfg, cs));
     cJSON *checks = cJSON_AddArrayToObject(receipt, "checks");
     for (int k = 0; k < cs->nchecks; k++) {
         cJSON *chk = cJSON_CreateObject();
@@ -209,9 +221,9 @@ static void *watchdog_main(void *arg) {
 
 int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err) {
     run_state st = {.cfg = cfg, .opt = opt, .current = -1};
-    for (int i = 0; i < cfg->ncases; i++) st.selected += !opt->filter || strstr(cfg->cases[i].name, opt->filter);
+    for (int i = 0; i < cfg->ncases; i++) st.selected += in_share(opt, i) && (!opt->filter || strstr(cfg->cases[i].name, opt->filter));
     if (st.selected == 0) /* before the bundle exists: an empty bundle would read as a run */
-        return kp_fail(err, KP_EXIT_USAGE, "--filter '%s' matches no case", opt->filter ? opt->filter : "");
+        return kp_fail(err, KP_EXIT_USAGE, "%s matches no case", opt->filter ? "--filter" : "--shard");
     if (kp_bundle_open(&st.bundle, opt->out_dir, err)) return err->code;
     pthread_mutex_init(&st.lock, NULL);
     st.timeout = opt->timeout_s > 0 ? opt->timeout_s : cfg->timeout_s;
@@ -223,7 +235,7 @@ int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err
     kp_result worst = KP_PASSED;
     for (int ci = 0; ci < cfg->ncases; ci++) {
         const kp_case_spec *cs = &cfg->cases[ci];
-        if (opt->filter && !strstr(cs->name, opt->filter)) continue;
+        if (!in_share(opt, ci) || (opt->filter && !strstr(cs->name, opt->filter))) continue;
         double t_case = kp_now();
         kp_result case_result = KP_PASSED;
         cJSON *receipt;
@@ -240,7 +252,7 @@ int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err
             pthread_mutex_unlock(&st.lock);
             receipt = cJSON_CreateObject();
             cJSON_AddStringToObject(receipt, "schema", "kparity.receipt/v1");
-            cJSON_AddItemToObject(receipt, "case", case_json(cs));
+            cJSON_AddItemToObject(receipt, "case", case_json(cfg, cs));
             cJSON *reasons = cJSON_CreateArray(), *checks = cJSON_CreateArray(), *artifacts = cJSON_CreateArray();
             kp_evidence ev = {.bundle = st.bundle, .artifacts = artifacts, .inline_limit = 16};
             kp_case_ctx ctx;

@@ -1,0 +1,205 @@
+/* test_merge.c: a CI matrix over shapes (issue 19, part 3): `kparity run --shard I/N` and `kparity merge`. The seed
+ * gate run as four shards and merged gives the receipts (per case: name, input, reference and output digests, every
+ * check's result, in config order) and the verdict of one run, a bundle that verifies and one JUnit file; parts of
+ * another config, a missing or repeated shard, a part that does not verify and bad --shard values are refused with
+ * exit 2 naming what is wrong. */
+#define _GNU_SOURCE
+#include <cjson/cJSON.h>
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kp_test_util.h"
+
+TestSuite(merge, .init = kpt_dir_setup, .fini = kpt_dir_teardown, .timeout = 300);
+
+#define SEED_GATE "ci/gates/glm-split-topp.json"
+
+static char *path_in(const char *name) {
+    char *p;
+    cr_assert(asprintf(&p, "%s/%s", kpt_dir, name) > 0);
+    return p;
+}
+
+/* kparity run on a config (relative to the source tree) into kpt_dir/out, as shard `shard` (or the whole). */
+static int run_config(const char *config, const char *shard, const char *out, char **errout) {
+    char *cfg, *dir = path_in(out), *o, *e;
+    cr_assert(asprintf(&cfg, "%s/%s", kpt_source_dir(), config) > 0);
+    char *argv[] = {kpt_binary(), "run", "--config", cfg, "--out", dir, "--quiet", (char *)(shard ? "--shard" : NULL),
+                    (char *)shard, NULL};
+    const int rc = kpt_run(argv, &o, &e);
+    free(cfg), free(dir), free(o);
+    if (errout) *errout = e;
+    else free(e);
+    return rc;
+}
+
+static int merge(const char *const *parts, int n, const char *out, char **errout) {
+    char *argv[16], *o, *e;
+    int k = 0;
+    argv[k++] = kpt_binary();
+    argv[k++] = "merge";
+    for (int i = 0; i < n; i++) argv[k++] = path_in(parts[i]);
+    argv[k++] = "--out";
+    argv[k++] = path_in(out);
+    argv[k] = NULL;
+    const int rc = kpt_run(argv, &o, &e);
+    for (int i = 2; i < k; i++)
+        if (strcmp(argv[i], "--out")) free(argv[i]);
+    free(o);
+    if (errout) *errout = e;
+    else free(e);
+    return rc;
+}
+
+/* What a case's receipt says, run-independent: its name, digests and results (timings and the chain left out). */
+static char *case_key(const cJSON *r) {
+    cJSON *k = cJSON_CreateObject();
+    const char *keep[] = {"index", "case", "inputs", "result"};
+    for (size_t i = 0; i < sizeof keep / sizeof *keep; i++)
+        cJSON_AddItemToObject(k, keep[i], cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(r, keep[i]), 1));
+    cJSON_AddItemToObject(k, "reference",
+                          cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(r, "reference"), "sha256"), 1));
+    cJSON *impls = cJSON_AddArrayToObject(k, "impls"), *x;
+    cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(r, "impls")) {
+        cJSON *i = cJSON_CreateObject();
+        cJSON_AddItemToObject(i, "name", cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(x, "name"), 1));
+        cJSON_AddItemToObject(i, "output", cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(x, "output_sha256"), 1));
+        cJSON_AddItemToArray(impls, i);
+    }
+    cJSON *checks = cJSON_AddArrayToObject(k, "checks");
+    cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(r, "checks")) {
+        cJSON *c = cJSON_CreateObject();
+        cJSON_AddItemToObject(c, "label", cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(x, "label"), 1));
+        cJSON_AddItemToObject(c, "result", cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(x, "result"), 1));
+        cJSON_AddItemToArray(checks, c);
+    }
+    char *s = cJSON_PrintUnformatted(k);
+    cJSON_Delete(k);
+    return s;
+}
+
+static cJSON *bundle_json(const char *name) {
+    char *p, *text;
+    cr_assert(asprintf(&p, "%s/%s/bundle.json", kpt_dir, name) > 0);
+    cr_assert_not_null(text = kpt_read(p, NULL), "%s", p);
+    cJSON *doc = cJSON_Parse(text);
+    free(p), free(text);
+    cr_assert_not_null(doc);
+    return doc;
+}
+
+Test(merge, four_shards_of_the_seed_gate_merge_into_the_one_runs_receipts_and_verdict) {
+    const int whole = run_config(SEED_GATE, NULL, "one", NULL);
+    const char *parts[] = {"s1", "s2", "s3", "s4"};
+    int sizes = 0;
+    for (int i = 0; i < 4; i++) {
+        char shard[8];
+        snprintf(shard, sizeof shard, "%d/4", i + 1);
+        cr_assert_leq(run_config(SEED_GATE, shard, parts[i], NULL), 1, "shard %s", shard);
+        cJSON *doc = bundle_json(parts[i]);
+        const int n = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(doc, "receipts"));
+        cr_assert(n >= 1 && n <= 3, "shard %s ran %d cases", shard, n);
+        sizes += n;
+        cJSON_Delete(doc);
+    }
+    char *err;
+    const int merged = merge(parts, 4, "merged", &err);
+    cr_assert_eq(merged, whole, "the merged verdict's exit %d, one run's %d: %s", merged, whole, err);
+    free(err);
+    cJSON *one = bundle_json("one"), *m = bundle_json("merged");
+    const int n = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(one, "receipts"));
+    cr_assert_eq(n, 12);
+    cr_assert_eq(sizes, n, "the shards split the config's cases");
+    cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(m, "verdict")->valuestring,
+                     cJSON_GetObjectItemCaseSensitive(one, "verdict")->valuestring);
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(m, "merged_from")), 4);
+    for (int i = 1; i <= n; i++) {
+        char *a_dir = path_in("one"), *b_dir = path_in("merged");
+        cJSON *a = kpt_receipt(a_dir, i), *b = kpt_receipt(b_dir, i);
+        char *ka = case_key(a), *kb = case_key(b);
+        cr_assert_str_eq(ka, kb, "receipt %d differs", i);
+        free(ka), free(kb), free(a_dir), free(b_dir);
+        cJSON_Delete(a), cJSON_Delete(b);
+    }
+    cJSON_Delete(one), cJSON_Delete(m);
+    char *dir = path_in("merged"), *o, *e, *junit;
+    char *argv[] = {kpt_binary(), "verify", dir, NULL};
+    cr_assert_eq(kpt_run(argv, &o, &e), 0, "the merged bundle verifies: %s", e);
+    cr_assert(asprintf(&junit, "%s/junit.xml", dir) > 0);
+    char *text = kpt_read(junit, NULL);
+    cr_assert(text && strstr(text, "tests=\"") , "one JUnit file");
+    free(o), free(e), free(dir), free(junit), free(text);
+}
+
+/* A small config (two topp cases) written to kpt_dir/other.json: parts of it do not join the seed gate's. */
+static char *other_config(void) {
+    char *p = path_in("other.json");
+    const char *body = "{\"schema\":\"kparity.gate/v1\",\"name\":\"other\",\"impls\":{\"candidate\":\"topp.split_prob@host\"},"
+                       "\"defaults\":{\"tie_policy\":\"minimal_index\",\"band\":1e-6},\"cases\":["
+                       "{\"case\":\"topp(batch=2,profile=ordinary,seed=1,top_p=0.9,vocab=1000)\",\"checks\":[{\"check\":\"rule\",\"impl\":\"candidate\"}]},"
+                       "{\"case\":\"topp(batch=2,profile=ordinary,seed=2,top_p=0.9,vocab=1000)\",\"checks\":[{\"check\":\"rule\",\"impl\":\"candidate\"}]}]}";
+    cr_assert_eq(kpt_write(p, body, strlen(body)), 0);
+    return p;
+}
+
+Test(merge, parts_that_do_not_make_one_run_are_refused) {
+    char *cfg = other_config(), *o, *e;
+    char *out1 = path_in("o1"), *out2 = path_in("o2");
+    char *a1[] = {kpt_binary(), "run", "--config", cfg, "--out", out1, "--quiet", "--shard", "1/2", NULL};
+    char *a2[] = {kpt_binary(), "run", "--config", cfg, "--out", out2, "--quiet", "--shard", "2/2", NULL};
+    cr_assert_eq(kpt_run(a1, &o, &e), 0, "%s", e);
+    free(o), free(e);
+    cr_assert_eq(kpt_run(a2, &o, &e), 0, "%s", e);
+    free(o), free(e);
+    cr_assert_leq(run_config(SEED_GATE, "2/2", "seed2", NULL), 1);
+    const struct {
+        const char *parts[3];
+        int n;
+        const char *needle;
+    } bad[] = {
+        {{"o1", "seed2"}, 2, "parts of different configs do not make one run"},
+        {{"o1"}, 1, "shard 2/2 is missing"},
+        {{"o1", "o1", "o2"}, 3, "shard 1/2 is given twice"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char *err;
+        char name[16];
+        snprintf(name, sizeof name, "bad%zu", i);
+        cr_assert_eq(merge(bad[i].parts, bad[i].n, name, &err), 2, "case %zu", i);
+        cr_assert(strstr(err, bad[i].needle), "case %zu: %s", i, err);
+        free(err);
+    }
+    /* a part rewritten after the run does not verify, and is refused before anything is written */
+    char *receipt;
+    cr_assert(asprintf(&receipt, "%s/receipts/0001.json", out2) > 0);
+    size_t len;
+    char *text = kpt_read(receipt, &len);
+    cr_assert_not_null(text);
+    char *at = strstr(text, "PASSED");
+    cr_assert_not_null(at);
+    memcpy(at, "FAILED", 6);
+    cr_assert_eq(kpt_write(receipt, text, len), 0);
+    const char *parts[] = {"o1", "o2"};
+    char *err;
+    cr_assert_eq(merge(parts, 2, "tampered", &err), 2);
+    cr_assert(strstr(err, "o2 does not verify"), "%s", err);
+    free(err), free(text), free(receipt), free(cfg), free(out1), free(out2);
+}
+
+Test(merge, bad_shard_values_are_refused) {
+    const char *bad[] = {"0/4", "5/4", "1/0", "x/4", "1/4x", "2"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char *err;
+        cr_assert_eq(run_config(SEED_GATE, bad[i], "never", &err), 2, "--shard %s", bad[i]);
+        cr_assert(strstr(err, "--shard: expected I/N"), "%s: %s", bad[i], err);
+        free(err);
+    }
+    char *cfg, *o, *e;
+    cr_assert(asprintf(&cfg, "%s/%s", kpt_source_dir(), SEED_GATE) > 0);
+    char *argv[] = {kpt_binary(), "gate", "--config", cfg, "--shard", "1/2", NULL};
+    cr_assert_eq(kpt_run(argv, &o, &e), 2, "a gate runs the whole config");
+    cr_assert(strstr(e, "--filter and --shard are for `kparity run`"), "%s", e);
+    free(cfg), free(o), free(e);
+}
