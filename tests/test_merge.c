@@ -203,3 +203,25 @@ Test(merge, bad_shard_values_are_refused) {
     cr_assert(strstr(e, "--filter and --shard are for `kparity run`"), "%s", e);
     free(cfg), free(o), free(e);
 }
+
+/* ci/matrix/<family>.json loads for every family there is, and the workflow runs each as shards and merges it. */
+Test(merge, the_matrix_configs_load_and_the_workflow_shards_and_merges_each) {
+    char *wf_path, *o, *e;
+    cr_assert(asprintf(&wf_path, "%s/ci/github-actions/kparity-matrix.yml", kpt_source_dir()) > 0);
+    char *wf = kpt_read(wf_path, NULL);
+    cr_assert_not_null(wf, "%s", wf_path);
+    cr_assert(strstr(wf, "--shard ${{ matrix.shard }}/${{ env.SHARDS }}") && strstr(wf, "kparity merge bundle-"), "%s", wf);
+    const char *families[] = {"topp", "topk", "moe", "mla"};
+    for (size_t i = 0; i < sizeof families / sizeof *families; i++) {
+        char *cfg;
+        cr_assert(asprintf(&cfg, "%s/ci/matrix/%s.json", kpt_source_dir(), families[i]) > 0);
+        char *argv[] = {kpt_binary(), "list", "--config", cfg, NULL};
+        cr_assert_eq(kpt_run(argv, &o, &e), 0, "%s: %s", cfg, e);
+        char prefix[16];
+        snprintf(prefix, sizeof prefix, "\n%s(", families[i]);
+        cr_assert(strstr(o, prefix), "%s lists %s cases: %s", cfg, families[i], o);
+        free(o), free(e), free(cfg);
+    }
+    cr_assert(strstr(wf, "config: [topp, topk, moe, mla]"), "the workflow's matrix names every family's config");
+    free(wf), free(wf_path);
+}
