@@ -1,4 +1,4 @@
-/* main.c: the kparity command line: list, run, gate, verify, export. The only place that exits;
+/* main.c: the kparity command line: list, run, gate, verify, sign, export. The only place that exits;
  * exit codes: 0 passed, 1 incorrect, 2 usage/config, 3 environment/kernel failure, 4 timeout, 77 nothing ran. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -19,6 +19,7 @@
 #include "kp_rates.h"
 #include "kp_replay.h"
 #include "kp_runner.h"
+#include "../receipts/kp_sign.h"
 
 /* Each subcommand's usage line: `kparity CMD --help` prints its own, exit 0. */
 static const struct {
@@ -29,7 +30,12 @@ static const struct {
             "                                             --shard: config cases i with i mod N = I - 1 (kparity merge joins them)"},
     {"gate", "kparity gate --config FILE [--out DIR] [--timeout S] [--quiet] [--json] [-- COMMAND ...]\n"
              "                                             runs the whole config; execs COMMAND only when it passes"},
-    {"verify", "kparity verify DIR [--replay]                recheck a bundle's bytes and chain (and regenerate inputs)"},
+    {"verify", "kparity verify DIR [--replay] [--pubkey PUB.pem]\n"
+               "                                             recheck a bundle's bytes and chain (and regenerate inputs,\n"
+               "                                             check its signature and that it covers every file)"},
+    {"sign", "kparity sign DIR --key KEY.pem               sign a bundle that verifies: DIR/" KP_SIGN_ENVELOPE "\n"
+             "                                             (an in-toto statement of every file's SHA-256 and the verdict,\n"
+             "                                             Ed25519 in a DSSE envelope; openssl genpkey -algorithm ed25519)"},
     {"export", "kparity export CASE --out DIR [--impl NAME]...  inputs, reference and outputs as .npy"},
     {"bench", "kparity bench [--impl NAME]... [--case CASE]... [--reps N]   time impls (CUDA events on a GPU)"},
     {"merge", "kparity merge B1 B2 ... --out B                shards of one config into one bundle (one verdict, re-chained)"},
@@ -160,14 +166,38 @@ static int cmd_run(int gate, const char *config, const char *out, const char *fi
     return code;
 }
 
-static int cmd_verify(const char *dir, int replay) {
+static int cmd_verify(const char *dir, int replay, const char *pubkey) {
     kp_error err = {0};
     if (!dir) return usage("verify needs a bundle folder");
+    kp_sign_key *key = NULL;
+    size_t subjects = 0;
+    /* the key first: a usage error is reported before any verdict on the bundle */
+    if (pubkey && kp_sign_key_load(pubkey, 0, &key, &err)) return fail(&err);
     int rc = kp_bundle_verify(dir, &err);
-    if (rc) return fail(&err);
-    if (replay && (rc = kp_replay_bundle(dir, &err))) return fail(&err);
-    printf("%s: intact%s\n", dir, replay ? "; every case's inputs and reference regenerated to the same digests" : "");
-    return 0;
+    if (!rc && key) rc = kp_sign_check(dir, key, &subjects, &err);
+    if (!rc && replay) rc = kp_replay_bundle(dir, &err);
+    if (!rc) {
+        printf("%s: intact", dir);
+        if (key) printf("; signed by %s (keyid %s), covering all %zu files", pubkey, kp_sign_keyid(key), subjects);
+        printf("%s\n", replay ? "; every case's inputs and reference regenerated to the same digests" : "");
+    }
+    kp_sign_key_free(key);
+    return rc ? fail(&err) : 0;
+}
+
+/* Only an intact bundle is signed: a signature must never vouch for bytes verify would refuse. */
+static int cmd_sign(const char *dir, const char *keyfile) {
+    kp_error err = {0};
+    if (!dir || !keyfile) return usage("sign needs a bundle folder and --key KEY.pem");
+    kp_sign_key *key = NULL;
+    size_t subjects = 0;
+    if (kp_sign_key_load(keyfile, 1, &key, &err)) return fail(&err);
+    int rc = kp_bundle_verify(dir, &err);
+    if (rc == KP_EXIT_INCORRECT) kp_error_prefix(&err, "not signing: ");
+    if (!rc) rc = kp_sign_bundle(dir, key, &subjects, &err);
+    if (!rc) printf("%s: signed %zu files into %s/%s (keyid %s)\n", dir, subjects, dir, KP_SIGN_ENVELOPE, kp_sign_keyid(key));
+    kp_sign_key_free(key);
+    return rc ? fail(&err) : 0;
 }
 
 static int cmd_export(const char *name, const char *out, const char **impl_names, int nimpl) {
@@ -255,7 +285,7 @@ int main(int argc, char **argv) {
         return kp_cmd_rates(argc - 2, argv + 2); /* its own options */
     if (!strcmp(cmd, "merge") && !(argc == 3 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"))))
         return kp_cmd_merge(argc - 2, argv + 2); /* several bundle folders */
-    const char *config = NULL, *out = NULL, *filter = NULL, *positional = NULL;
+    const char *config = NULL, *out = NULL, *filter = NULL, *positional = NULL, *key = NULL, *pubkey = NULL;
     const char *impls[32], *cases[32];
     int nimpl = 0, ncase = 0, quiet = 0, json = 0, replay = 0, reps = 0, help = 0;
     const char *shard = NULL;
@@ -271,6 +301,8 @@ int main(int argc, char **argv) {
         } else if (!strcmp(a, "--config") && more) config = argv[++i];
         else if (!strcmp(a, "--out") && more) out = argv[++i];
         else if (!strcmp(a, "--filter") && more) filter = argv[++i];
+        else if (!strcmp(a, "--key") && more) key = argv[++i];
+        else if (!strcmp(a, "--pubkey") && more) pubkey = argv[++i];
         else if (!strcmp(a, "--impl") && more && nimpl < 32) impls[nimpl++] = argv[++i];
         else if (!strcmp(a, "--case") && more && ncase < 32) cases[ncase++] = argv[++i];
         else if (!strcmp(a, "--reps") && more) reps = atoi(argv[++i]);
@@ -308,7 +340,14 @@ int main(int argc, char **argv) {
         if (filter || shard) return usage("gate runs the whole config; --filter and --shard are for `kparity run`");
         return cmd_run(1, config, out, NULL, NULL, timeout, quiet, json, command);
     }
-    if (!strcmp(cmd, "verify")) return cmd_verify(positional, replay);
+    if (!strcmp(cmd, "verify")) {
+        if (key) return usage("verify checks a signature with --pubkey PUB.pem; --key is the private key, for sign");
+        return cmd_verify(positional, replay, pubkey);
+    }
+    if (!strcmp(cmd, "sign")) {
+        if (pubkey) return usage("sign takes the private key as --key KEY.pem; --pubkey is for verify");
+        return cmd_sign(positional, key);
+    }
     if (!strcmp(cmd, "export")) return cmd_export(positional, out, impls, nimpl);
     if (!strcmp(cmd, "bench")) {
         int rc = kp_bench(impls, nimpl, cases, ncase, reps, &err);

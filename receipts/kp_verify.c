@@ -1,5 +1,6 @@
 /* kp_verify.c: `kparity verify`: recheck a bundle byte for byte (manifest.sha256, no file added or
- * removed) and then what the digests alone cannot show (bundle.json's receipt list, the chain, artifacts). */
+ * removed) and then what the digests alone cannot show (bundle.json's receipt list, the chain, artifacts).
+ * A signed bundle's envelope (kp_sign.h) lies outside the manifest; `--pubkey` checks it there. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -12,6 +13,7 @@
 #include "kp_bundle.h"
 #include "kp_json.h"
 #include "kp_npy.h"
+#include "kp_sign.h"
 
 
 typedef struct {
@@ -105,7 +107,10 @@ static const manifest_entry *lookup(const manifest *m, const char *path) {
 static int check_files(const manifest *m, char **disk, size_t n_disk, kp_error *err) {
     size_t i = 0, j = 0;
     while (i < m->count || j < n_disk) {
-        if (j < n_disk && strcmp(disk[j], "manifest.sha256") == 0) {
+        /* The signature envelope is written after the manifest and checked by kp_sign_check; a
+         * manifest that lists it anyway is held to it like any other file. */
+        if (j < n_disk && (strcmp(disk[j], "manifest.sha256") == 0 ||
+                           (strcmp(disk[j], KP_SIGN_ENVELOPE) == 0 && !lookup(m, KP_SIGN_ENVELOPE)))) {
             j++;
             continue;
         }
