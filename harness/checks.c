@@ -85,6 +85,7 @@ static kp_case_out *full_output(kp_case_ctx *ctx, const kp_impl *impl, const cha
     const char *plugin_sha = NULL, *origin = kp_impl_origin(impl, &plugin_sha);
     cJSON_AddStringToObject(entry, "binary", origin ? origin : "kparity (built in)");
     cJSON_AddStringToObject(entry, "binary_sha256", origin && plugin_sha ? plugin_sha : kp_self_sha256());
+    if (kp_impl_is_judged(impl)) cJSON_AddBoolToObject(entry, "judged", 1); /* outputs made outside, read from files */
     cJSON *timing = cJSON_AddObjectToObject(entry, "timing");
     kp_error err = {0};
     o->status = rows ? kp_run_rows(&ctx->prep, impl, rows, ctx->batch, &o->out, timing, &err) : KP_FAILED;
@@ -466,6 +467,11 @@ kp_result kp_batch_probe(kp_case_ctx *ctx, const kp_impl *impl, const kp_output 
     cJSON_AddStringToObject(p, "probe", name);
     kp_json_add_int(p, "batch", nrows);
     kp_result st = kp_run_rows(&ctx->prep, impl, rows, nrows, &out, NULL, &err);
+    if (st == KP_NOT_SUPPORTED && kp_impl_is_judged(impl)) { /* outputs made elsewhere: none given for these rows */
+        cJSON_AddStringToObject(p, "not_given", err.msg);
+        pr->not_given = 1;
+        return KP_PASSED;
+    }
     if (st != KP_PASSED) {
         cJSON_AddStringToObject(p, "error", err.msg);
         return st;
@@ -518,7 +524,7 @@ static kp_result check_batch(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON 
         return KP_FAILED;
     }
     kp_result result = KP_PASSED;
-    int64_t differ = 0, vacuous = 0, nprobes = 0;
+    int64_t differ = 0, vacuous = 0, nprobes = 0, not_given = 0;
     kp_probe_result pr;
     /* each row alone (batch 1), where that moves it: a batch-1 case is already alone */
     for (int64_t r = 0; B > 1 && r < B && result == KP_PASSED; r++) {
@@ -526,21 +532,21 @@ static kp_result check_batch(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON 
         snprintf(name, sizeof name, "alone.row%lld", (long long)r);
         rows[0] = r;
         result = kp_batch_probe(ctx, spec->impl[0], a->out, name, rows, 1, 1, probes, &pr);
-        differ += pr.rows_differ, vacuous += pr.vacuous, nprobes++;
+        differ += pr.rows_differ, vacuous += pr.vacuous, not_given += pr.not_given, nprobes++;
     }
     /* two halves: sub-batches of other sizes */
     for (int half = 0; B > 1 && half < 2 && result == KP_PASSED; half++) {
         int64_t lo = half ? B / 2 : 0, hi = half ? B : B / 2;
         for (int64_t r = lo; r < hi; r++) rows[r - lo] = r;
         result = kp_batch_probe(ctx, spec->impl[0], a->out, half ? "upper_half" : "lower_half", rows, hi - lo, 1, probes, &pr);
-        differ += pr.rows_differ, vacuous += pr.vacuous, nprobes++;
+        differ += pr.rows_differ, vacuous += pr.vacuous, not_given += pr.not_given, nprobes++;
     }
     /* the whole batch reversed: the same rows in other positions (in a MoE, other slots of their experts);
        moving fewer than a tenth of its rows makes it vacuous */
     if (B > 1 && result == KP_PASSED) {
         for (int64_t r = 0; r < B; r++) rows[r] = B - 1 - r;
         result = kp_batch_probe(ctx, spec->impl[0], a->out, "permuted", rows, B, (B + 9) / 10, probes, &pr);
-        differ += pr.rows_differ, vacuous += pr.vacuous, nprobes++;
+        differ += pr.rows_differ, vacuous += pr.vacuous, not_given += pr.not_given, nprobes++;
     }
     /* T and T + 1 rows for each threshold T: the case's rows reversed, then filler rows */
     kp_threshold th[KP_THRESHOLDS_MAX];
@@ -558,7 +564,7 @@ static kp_result check_batch(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON 
             if (!seen) {
                 for (int64_t i = 0; i < n; i++) rows[i] = i < B ? B - 1 - i : i;
                 result = kp_batch_probe(ctx, spec->impl[0], a->out, name, rows, n, 1, probes, &pr);
-                differ += pr.rows_differ, vacuous += pr.vacuous, nprobes++;
+                differ += pr.rows_differ, vacuous += pr.vacuous, not_given += pr.not_given, nprobes++;
                 if (ndone < (int)(sizeof done / sizeof *done)) done[ndone++] = n;
             }
             /* the probe names the threshold it straddles, and on which side */
@@ -580,10 +586,17 @@ static kp_result check_batch(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON 
     }
     kp_json_add_int(f, "row_differences", differ);
     kp_json_add_int(f, "vacuous_probes", vacuous);
-    char summary[200];
+    char summary[300];
     snprintf(summary, sizeof summary, "%lld probes; %lld row differences; %lld vacuous probes", (long long)nprobes,
              (long long)differ, (long long)vacuous);
+    if (not_given) { /* a judged impl: only the probes whose outputs were given were compared */
+        kp_json_add_int(f, "probes_not_given", not_given);
+        const size_t n = strlen(summary);
+        snprintf(summary + n, sizeof summary - n, "; %lld of them had no outputs given and were not compared",
+                 (long long)not_given);
+    }
     cJSON_AddStringToObject(chk, "summary", summary);
+    if (not_given > 0 && not_given == nprobes) return KP_NOT_RUN; /* nothing was compared: no verdict either way */
     return differ || vacuous ? KP_INCORRECT : KP_PASSED;
 }
 

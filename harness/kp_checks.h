@@ -39,6 +39,7 @@ void kp_check_stub(const kp_check_spec *spec, kp_result result, const char *why,
 typedef struct kp_probe_result {
     int64_t rows_probed, rows_moved, rows_differ;
     int vacuous;
+    int not_given; /* a judged impl (outputs made elsewhere) was given no outputs for this row set */
 } kp_probe_result;
 kp_result kp_batch_probe(kp_case_ctx *ctx, const kp_impl *impl, const kp_output *full_out, const char *name,
                          const int64_t *rows, int64_t nrows, int64_t min_moved, cJSON *probes, kp_probe_result *pr);

@@ -164,6 +164,7 @@ typedef enum kp_stage {
     KP_STAGE_COUNT
 } kp_stage;
 void kp_stage_add(kp_stage stage, double seconds);
+void kp_stages_reset(void); /* a run's stages are its own (judge prepares its case once before the run) */
 double kp_stage_seconds(kp_stage stage);
 double kp_stage_total(void); /* every stage's seconds, summed */
 const char *kp_stage_name(kp_stage stage);

@@ -42,6 +42,17 @@ void kp_launch_reserve(int nimpls);
 kp_result kp_run_rows(kp_prepared *p, const kp_impl *impl, const int64_t *rows, int64_t nrows, kp_output **out,
                       cJSON *info, kp_error *err);
 void kp_output_free(kp_output *o);
+/* The run in progress on this thread, for an impl that stands for outputs made elsewhere (harness/judge.c):
+ * the case rows it runs, the family's output tensors for them and their (host) buffers, nrows slices each.
+ * NULL outside an impl's run(). */
+typedef struct kp_launch_view {
+    const int64_t *rows;
+    int64_t nrows;
+    const kp_tensor *outs;
+    int nout;
+    void *const *out;
+} kp_launch_view;
+const kp_launch_view *kp_launch_current(void);
 /* Time impl on the whole case: inputs uploaded once, 3 warm-ups, `reps` timed runs (CUDA events with L2
  * flushed before each on a GPU, wall clock on the host); timing gets median/min/p10/p90/max us and, where
  * the family says, bytes and GB/s, FLOPs and TFLOP/s. The last run's output is checked like any other. */

@@ -26,4 +26,8 @@ int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err
  * given twice), 3 when the bundle cannot be written. */
 int kp_cmd_merge(int argc, char **argv);
 
+/* `kparity judge CASE --impl NAME=FILE[,FILE...] ... --config FILE --out B` (harness/judge.c): outputs made outside
+ * kparity judged by the config's checks for CASE; the gate's exit code, or 2 naming a file and what is wrong with it. */
+int kp_cmd_judge(int argc, char **argv);
+
 #endif

@@ -135,6 +135,7 @@ static slot *slot_for(kp_prepared *p, const kp_impl *impl, const kp_tensor *outs
 typedef struct launch {
     const kp_impl *impl;
     int64_t nrows;
+    const int64_t *rows; /* the case rows of the run, for kp_launch_current */
     slot *slot;
     kp_tensor outs[KP_MAX_TENSORS];
     int nout;
@@ -156,7 +157,7 @@ static kp_result launch_setup(kp_prepared *p, const kp_impl *impl, const int64_t
     const kp_family *fam = p->fam;
     const kp_case_view *v = &p->v;
     memset(L, 0, sizeof *L);
-    L->impl = impl, L->nrows = nrows;
+    L->impl = impl, L->nrows = nrows, L->rows = rows;
     const kp_memory mem = impl->memory;
     if (mem == KP_MEMORY_CUDA && kp_device_init(err)) return KP_NOT_RUN;
     KP_ASSERT(nrows >= 1 && nrows <= v->rows_total);
@@ -204,10 +205,16 @@ static kp_result launch_setup(kp_prepared *p, const kp_impl *impl, const int64_t
     return KP_PASSED;
 }
 
+static _Thread_local kp_launch_view g_current; /* the run in progress on this thread (nrows 0: none) */
+
+const kp_launch_view *kp_launch_current(void) { return g_current.nrows > 0 ? &g_current : NULL; }
+
 /* Launch once; for CUDA impls the launch is asynchronous (kp_sync waits). */
 static kp_result launch_run(launch *L, kp_error *err) {
     char message[512] = "";
+    g_current = (kp_launch_view){.rows = L->rows, .nrows = L->nrows, .outs = L->outs, .nout = L->nout, .out = L->bufs.out};
     int rc = L->impl->run(L->args, message, sizeof message);
+    g_current = (kp_launch_view){0};
     if (rc == KP_RUN_NOT_SUPPORTED) {
         kp_fail(err, KP_EXIT_OK, "%s refuses this shape: %s", L->impl->name, message);
         return KP_NOT_SUPPORTED;

@@ -39,6 +39,8 @@ static const struct {
     {"export", "kparity export CASE --out DIR [--impl NAME]...  inputs, reference and outputs as .npy"},
     {"bench", "kparity bench [--impl NAME]... [--case CASE]... [--reps N]   time impls (CUDA events on a GPU)"},
     {"merge", "kparity merge B1 B2 ... --out B                shards of one config into one bundle (one verdict, re-chained)"},
+    {"judge", "kparity judge CASE --impl NAME=FILE.npy[,...] [--impl NAME@N=...] --config FILE --out B\n"
+              "                                             judge outputs made elsewhere by the config's checks for CASE"},
     {"rates", "kparity rates --a K/N [--b K/N] [--alpha A] [--power P] [--json]\n"
               "                                             Wilson intervals; whether two rates differ; trials needed"},
 };
@@ -285,6 +287,8 @@ int main(int argc, char **argv) {
         return kp_cmd_rates(argc - 2, argv + 2); /* its own options */
     if (!strcmp(cmd, "merge") && !(argc == 3 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"))))
         return kp_cmd_merge(argc - 2, argv + 2); /* several bundle folders */
+    if (!strcmp(cmd, "judge") && !(argc == 3 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"))))
+        return kp_cmd_judge(argc - 2, argv + 2); /* NAME=FILE arguments */
     const char *config = NULL, *out = NULL, *filter = NULL, *positional = NULL, *key = NULL, *pubkey = NULL;
     const char *impls[32], *cases[32];
     int nimpl = 0, ncase = 0, quiet = 0, json = 0, replay = 0, reps = 0, help = 0;

@@ -228,6 +228,7 @@ int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err
     pthread_mutex_init(&st.lock, NULL);
     st.timeout = opt->timeout_s > 0 ? opt->timeout_s : cfg->timeout_s;
     st.t_start = kp_now();
+    kp_stages_reset();
     st.env = kp_environment_json();
     if (st.timeout > 0) st.have_watchdog = pthread_create(&st.watchdog, NULL, watchdog_main, &st) == 0;
     summary_row *rows = NULL;

@@ -7,6 +7,9 @@ static const char *const stage_names[KP_STAGE_COUNT] = {"generation", "reference
                                                         "digests"};
 
 void kp_stage_add(kp_stage stage, double seconds) { g_stage[stage] += seconds; }
+void kp_stages_reset(void) {
+    for (int s = 0; s < KP_STAGE_COUNT; s++) g_stage[s] = 0;
+}
 double kp_stage_seconds(kp_stage stage) { return g_stage[stage]; }
 double kp_stage_total(void) {
     double sum = 0;

@@ -39,6 +39,13 @@ const char *kp_impl_origin(const kp_impl *impl, const char **sha256_hex);
  * name, and register its impls. Exit class 2 naming the path and the field on any mismatch. */
 int kp_plugin_load(const char *path, kp_error *err);
 
+/* Register an impl that stands for outputs made outside kparity (`kparity judge`): origin names the files and
+ * sha256_hex is its identity (recorded where a plugin's digest would be). Its name must be new. */
+int kp_impl_register_judged(const kp_impl *impl, const char *origin, const char *sha256_hex, kp_error *err);
+/* Whether impl was registered by kp_impl_register_judged: its runs serve given outputs and refuse row sets it was
+ * given none for, which a batch check records as not given rather than as a failed run. */
+int kp_impl_is_judged(const kp_impl *impl);
+
 /* Whether this build has CUDA impls compiled in. */
 int kp_registry_has_cuda(void);
 

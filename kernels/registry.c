@@ -38,6 +38,7 @@ typedef struct plugin_entry {
     const kp_impl *impl;
     const char *path;                /* shared by every entry of one plugin */
     const char *sha256_hex;          /* likewise */
+    int judged;                      /* registered by kp_impl_register_judged */
 } plugin_entry;
 
 /* Loading is meant for startup, before any run: the registry is not locked. */
@@ -192,7 +193,26 @@ int kp_plugin_load(const char *path, kp_error *err) {
     }
     plugin_entries = grown;
     for (int i = 0; i < count; i++)
-        plugin_entries[plugin_count + i] = (plugin_entry){&impls[i], path_copy, sha_copy};
+        plugin_entries[plugin_count + i] = (plugin_entry){&impls[i], path_copy, sha_copy, 0};
     plugin_count += count;
+    return 0;
+}
+
+int kp_impl_register_judged(const kp_impl *impl, const char *origin, const char *sha256_hex, kp_error *err) {
+    if (kp_impl_find(impl->name)) return kp_fail(err, KP_EXIT_USAGE, "%s: the name is already registered", impl->name);
+    char *o = strdup(origin), *sha = strdup(sha256_hex);
+    plugin_entry *grown = o && sha ? realloc(plugin_entries, (size_t)(plugin_count + 1) * sizeof *grown) : NULL;
+    if (!grown) {
+        free(o), free(sha);
+        return kp_fail(err, KP_EXIT_ENV, "out of host memory registering %s", impl->name);
+    }
+    plugin_entries = grown;
+    plugin_entries[plugin_count++] = (plugin_entry){impl, o, sha, 1};
+    return 0;
+}
+
+int kp_impl_is_judged(const kp_impl *impl) {
+    for (int i = 0; impl && i < plugin_count; i++)
+        if (plugin_entries[i].impl == impl) return plugin_entries[i].judged;
     return 0;
 }

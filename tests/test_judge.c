@@ -1,0 +1,209 @@
+/* test_judge.c: `kparity judge` (issue 19, part 1): outputs made outside kparity judged as if the impl had run
+ * inside. An inside impl's exported output, judged, gets the same rule findings as the impl run inside; a NumPy
+ * sort-based top-p (tests/fixtures/numpy_topp.py) on exported seed cases gets receipts that classify its mismatches;
+ * one flipped element is caught at its row; two runs' files feed repeat, a first-N file feeds batch; a wrong dtype,
+ * shape, a truncated or non-.npy file is exit 2 naming the file. */
+#define _GNU_SOURCE
+#include <cjson/cJSON.h>
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../receipts/kp_npy.h"
+#include "kp_test_util.h"
+
+TestSuite(judge, .init = kpt_dir_setup, .fini = kpt_dir_teardown, .timeout = 300);
+
+#define ORDINARY "topp(batch=4,profile=ordinary,seed=58231,top_p=0.95,vocab=131072)"
+#define FORCED "topp(batch=4,force_token=13,force_value=1e9,profile=forced,seed=58231,top_p=0.95,vocab=131072)"
+
+static char *in_dir(const char *name) {
+    char *p;
+    cr_assert(asprintf(&p, "%s/%s", kpt_dir, name) > 0);
+    return p;
+}
+
+static void export_case(const char *c, const char *dir, const char *impl) {
+    char *d = in_dir(dir), *o, *e;
+    char *argv[] = {kpt_binary(), "export", (char *)c, "--out", d, (char *)(impl ? "--impl" : NULL), (char *)impl, NULL};
+    cr_assert_eq(kpt_run(argv, &o, &e), 0, "export: %s", e);
+    free(d), free(o), free(e);
+}
+
+static char *write_config(void) {
+    char *p = in_dir("judge.json");
+    const char *body = "{\"schema\":\"kparity.gate/v1\",\"name\":\"judge-topp\",\"impls\":{\"candidate\":\"topp.split_prob@host\"},"
+                       "\"defaults\":{\"tie_policy\":\"minimal_index\",\"band\":1e-6},\"check_sets\":{\"judge\":["
+                       "{\"check\":\"rule\",\"impl\":\"outside\"},{\"check\":\"repeat\",\"impl\":\"outside\"},"
+                       "{\"check\":\"batch\",\"impl\":\"outside\"}],"
+                       "\"rule_only\":[{\"check\":\"rule\",\"impl\":\"outside\"}]},"
+                       "\"cases\":[{\"case\":\"" FORCED "\",\"checks\":\"rule_only\"}]}";
+    cr_assert_eq(kpt_write(p, body, strlen(body)), 0);
+    return p;
+}
+
+/* kparity judge CASE with --impl arguments (NULL-terminated); returns the exit code and the bundle's first receipt. */
+static int judge(const char *c, const char *out, const char *const *impls, cJSON **receipt, char **errout) {
+    char *argv[32], *cfg = write_config(), *dir = in_dir(out), *o, *e;
+    int k = 0;
+    argv[k++] = kpt_binary(), argv[k++] = "judge", argv[k++] = (char *)c;
+    for (int i = 0; impls[i]; i++) argv[k++] = "--impl", argv[k++] = (char *)impls[i];
+    argv[k++] = "--config", argv[k++] = cfg, argv[k++] = "--out", argv[k++] = dir, argv[k++] = "--quiet", argv[k] = NULL;
+    const int rc = kpt_run(argv, &o, &e);
+    if (receipt) *receipt = rc <= 1 ? kpt_receipt(dir, 1) : NULL;
+    if (errout) *errout = e;
+    else free(e);
+    free(o), free(cfg), free(dir);
+    return rc;
+}
+
+static const cJSON *at(const cJSON *obj, const char *path) {
+    char buf[256], *save = NULL;
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *key = strtok_r(buf, ".", &save); key && obj; key = strtok_r(NULL, ".", &save))
+        obj = (key[0] >= '0' && key[0] <= '9') ? cJSON_GetArrayItem(obj, atoi(key)) : cJSON_GetObjectItemCaseSensitive(obj, key);
+    cr_assert_not_null(obj, "no %s", path);
+    return obj;
+}
+
+static char *arg(const char *name, const char *path) {
+    char *a;
+    cr_assert(asprintf(&a, "%s=%s/%s", name, kpt_dir, path) > 0);
+    return a;
+}
+
+/* The incumbent's exported output judged from its file reproduces the forced-logit defect with the very findings
+ * the incumbent gets inside: judging classifies like an inside impl. */
+Test(judge, an_exported_output_judged_gets_the_inside_impls_findings) {
+    export_case(FORCED, "ex", "topp.split_logit@host");
+    char *a = arg("outside", "ex/topp.split_logit@host.npy");
+    const char *impls[] = {a, NULL};
+    cJSON *rec;
+    cr_assert_eq(judge(FORCED, "j", impls, &rec, NULL), 1, "rule_only: the incumbent breaks the rule");
+    cr_assert_str_eq(at(rec, "checks.0.impl")->valuestring, "topp.judged_outside@file");
+    cr_assert_str_eq(at(rec, "checks.0.result")->valuestring, "INCORRECT");
+    cr_assert(strstr(at(rec, "checks.0.summary")->valuestring, "0/4 rows meet the rule; 4 strict"), "%s",
+              at(rec, "checks.0.summary")->valuestring);
+    cr_assert(cJSON_IsTrue(at(rec, "impls.0.judged")));
+    cr_assert(strstr(at(rec, "impls.0.binary")->valuestring, "topp.split_logit@host.npy (sha256 "), "the file and its digest");
+    /* the same case with the impl inside */
+    char *cfg, *dir = in_dir("inside"), *o, *e;
+    cr_assert(asprintf(&cfg, "%s/inside.json", kpt_dir) > 0);
+    const char *body = "{\"schema\":\"kparity.gate/v1\",\"name\":\"inside\",\"impls\":{\"incumbent\":\"topp.split_logit@host\"},"
+                       "\"defaults\":{\"tie_policy\":\"minimal_index\",\"band\":1e-6},\"cases\":[{\"case\":\"" FORCED "\","
+                       "\"checks\":[{\"check\":\"rule\",\"impl\":\"incumbent\"}]}]}";
+    cr_assert_eq(kpt_write(cfg, body, strlen(body)), 0);
+    char *argv[] = {kpt_binary(), "gate", "--config", cfg, "--out", dir, "--quiet", NULL};
+    cr_assert_eq(kpt_run(argv, &o, &e), 1);
+    cJSON *inside = kpt_receipt(dir, 1);
+    char *fa = cJSON_PrintUnformatted(at(rec, "checks.0.findings")), *fb = cJSON_PrintUnformatted(at(inside, "checks.0.findings"));
+    cr_assert_str_eq(fa, fb, "judged and inside findings differ");
+    cr_assert_str_eq(at(rec, "impls.0.output_sha256")->valuestring, at(inside, "impls.0.output_sha256")->valuestring);
+    free(fa), free(fb), free(cfg), free(dir), free(o), free(e), free(a);
+    cJSON_Delete(rec), cJSON_Delete(inside);
+}
+
+/* Run the NumPy top-p on an export; path of the output under kpt_dir. */
+static void numpy_topp(const char *export_dir, const char *out) {
+    char *script, *src = in_dir(export_dir), *dst = in_dir(out), *o, *e;
+    cr_assert(asprintf(&script, "%s/tests/fixtures/numpy_topp.py", kpt_source_dir()) > 0);
+    char *argv[] = {"/usr/bin/env", "python3", script, src, dst, NULL};
+    cr_assert_eq(kpt_run(argv, &o, &e), 0, "numpy_topp.py (python3 with numpy; scripts/setup.sh installs it): %s", e);
+    free(script), free(src), free(dst), free(o), free(e);
+}
+
+/* A NumPy top-p on the seed's ordinary case: judged, its float32 cumulative sum drops a token the rule keeps on
+ * one row, classified strict with the row named; repeat (the same file twice) and batch (row 0 alone, from the
+ * batch-1 case's run) pass; a flipped element is caught at its row. */
+Test(judge, a_numpy_top_p_is_judged_and_a_flipped_element_is_caught) {
+    export_case(ORDINARY, "ex", NULL);
+    export_case("topp(batch=1,profile=ordinary,seed=58231,top_p=0.95,vocab=131072)", "ex1", NULL);
+    numpy_topp("ex", "np.npy");
+    numpy_topp("ex1", "np1.npy");
+    char *a = arg("outside", "np.npy"), *b = arg("outside@1", "np1.npy");
+    const char *impls[] = {a, a, b, NULL};
+    cJSON *rec;
+    char *err;
+    const int rc = judge(ORDINARY, "np", impls, &rec, &err);
+    cr_assert_leq(rc, 1, "%s", err);
+    const cJSON *rule = at(rec, "checks.0"), *rep = at(rec, "checks.1"), *bat = at(rec, "checks.2");
+    cr_assert_str_eq(at(rule, "check")->valuestring, "rule");
+    cr_assert(strstr(at(rule, "summary")->valuestring, "rows meet the rule"), "%s", at(rule, "summary")->valuestring);
+    cr_assert_str_eq(at(rep, "result")->valuestring, "PASSED", "%s", at(rep, "summary")->valuestring);
+    cr_assert_eq(at(rep, "params.runs")->valuedouble, 2, "repeat runs = the files given");
+    cr_assert_str_eq(at(bat, "result")->valuestring, "PASSED", "%s", at(bat, "summary")->valuestring);
+    cr_assert(strstr(at(bat, "summary")->valuestring, "had no outputs given and were not compared"), "%s",
+              at(bat, "summary")->valuestring);
+    cr_assert_eq(at(bat, "findings.probes.0.rows_probed")->valuedouble, 1, "alone.row0 was compared");
+    cJSON_Delete(rec), free(err);
+    /* flip one kept element of row 2 to -inf: the rule check names row 2 */
+    char *path = in_dir("np.npy"), *flipped = in_dir("flipped.npy");
+    size_t len;
+    char *buf = kpt_read(path, &len);
+    kp_npy_info info;
+    kp_error kerr = {0};
+    cr_assert_eq(kp_npy_decode((const unsigned char *)buf, len, &info, &kerr), 0, "%s", kerr.msg);
+    float *x = (float *)(buf + info.data_offset), *row = x + 2 * info.shape[1];
+    int64_t j = 0;
+    while (j < info.shape[1] && isinf(row[j])) j++;
+    cr_assert_lt(j, info.shape[1]);
+    row[j] = -INFINITY;
+    cr_assert_eq(kpt_write(flipped, buf, len), 0);
+    char *c = arg("outside", "flipped.npy");
+    const char *impls2[] = {c, c, NULL};
+    cr_assert_eq(judge(ORDINARY, "flip", impls2, &rec, NULL), 1);
+    cr_assert_eq(at(rec, "checks.0.findings.per_row.2.row")->valuedouble, 2);
+    cr_assert(cJSON_IsFalse(at(rec, "checks.0.findings.per_row.2.impl.meets_rule")), "row 2 breaks the rule");
+    cr_assert_geq(at(rec, "checks.0.findings.per_row.2.impl.strict.count")->valuedouble, 1, "the dropped token is strict");
+    cr_assert_eq(at(rec, "checks.0.findings.per_row.2.impl.strict.first.0")->valuedouble, (double)j, "it names the token");
+    cJSON_Delete(rec);
+    /* two different runs: repeat sees two distinct outputs */
+    const char *impls3[] = {a, c, NULL};
+    cr_assert_eq(judge(ORDINARY, "rep", impls3, &rec, NULL), 1);
+    cr_assert_eq(at(rec, "checks.1.findings.distinct_outputs")->valuedouble, 2);
+    cJSON_Delete(rec);
+    free(a), free(b), free(c), free(path), free(flipped), free(buf);
+}
+
+Test(judge, bad_files_are_refused_naming_the_file) {
+    export_case(ORDINARY, "ex", "topp.split_prob@host");
+    char *good = in_dir("ex/topp.split_prob@host.npy");
+    size_t len;
+    char *buf = kpt_read(good, &len);
+    cr_assert_not_null(buf);
+    kp_npy_info info;
+    kp_error kerr = {0};
+    cr_assert_eq(kp_npy_decode((const unsigned char *)buf, len, &info, &kerr), 0);
+    char *trunc = in_dir("trunc.npy"), *notnpy = in_dir("notnpy.npy"), *f64 = in_dir("f64.npy"), *shape = in_dir("shape.npy");
+    cr_assert_eq(kpt_write(trunc, buf, len - 100), 0);
+    cr_assert_eq(kpt_write(notnpy, "hello, not a numpy file\n", 24), 0);
+    const int64_t s2[2] = {info.shape[0], info.shape[1]}, s3[2] = {info.shape[0] - 1, info.shape[1]};
+    double *d = calloc((size_t)(s2[0] * s2[1]), sizeof *d);
+    cr_assert_eq(kp_npy_write(f64, "<f8", 2, s2, d, sizeof *d * (size_t)(s2[0] * s2[1]), &kerr), 0);
+    cr_assert_eq(kp_npy_write(shape, "<f4", 2, s3, buf + info.data_offset, 4 * (size_t)(s3[0] * s3[1]), &kerr), 0);
+    const struct {
+        const char *file, *needle;
+    } bad[] = {
+        {"trunc.npy", "trunc.npy: not a readable .npy file for output 'out'"},
+        {"notnpy.npy", "notnpy.npy: not a readable .npy file"},
+        {"f64.npy", "f64.npy: dtype <f8; the family's output 'out' is <f4"},
+        {"shape.npy", "shape.npy: shape [3, 131072]; the family's output 'out' of 4 rows is [4, 131072]"},
+        {"missing.npy", "missing.npy: cannot read"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char *a = arg("outside", bad[i].file), *err;
+        const char *impls[] = {a, NULL};
+        char out[16];
+        snprintf(out, sizeof out, "bad%zu", i);
+        cr_assert_eq(judge(ORDINARY, out, impls, NULL, &err), 2, "%s", bad[i].file);
+        cr_assert(strstr(err, bad[i].needle), "%s: %s", bad[i].file, err);
+        free(a), free(err);
+    }
+    char *a = arg("outside", "ex/topp.split_prob@host.npy"), *err;
+    const char *one_run[] = {a, NULL};
+    cr_assert_eq(judge(ORDINARY, "onerun", one_run, NULL, &err), 2, "repeat needs two runs' files");
+    cr_assert(strstr(err, "repeat on outside needs at least two runs' outputs"), "%s", err);
+    free(err), free(a), free(d), free(buf), free(good), free(trunc), free(notnpy), free(f64), free(shape);
+}
