@@ -1,137 +1,17 @@
 /* kp_report.c: the human and CI views of a bundle: junit.xml, summary.md and a self-contained
- * report.html with an inline SVG chart, all rendered from the receipt rows the bundle keeps. */
+ * report.html (inline SVG: results per case, a plot per finding, impl times), all rendered from the
+ * receipt rows the bundle keeps. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kp_bundle.h"
-#include "kp_json.h"
-
-/* --- growing text buffer; out of memory is remembered and reported once at the end --- */
-
-typedef struct {
-    char *p;
-    size_t len, cap;
-    int oom;
-} text_buf;
-
-static void put(text_buf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = 1;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-static void puts_(text_buf *b, const char *s) { put(b, s, strlen(s)); }
-
-__attribute__((format(printf, 2, 3))) static void printf_(text_buf *b, const char *fmt, ...) {
-    char small[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(small, sizeof small, fmt, ap);
-    va_end(ap);
-    if (n < 0) return;
-    if ((size_t)n < sizeof small) {
-        put(b, small, (size_t)n);
-        return;
-    }
-    char *big = malloc((size_t)n + 1);
-    if (!big) {
-        b->oom = 1;
-        return;
-    }
-    va_start(ap, fmt);
-    vsnprintf(big, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    put(b, big, (size_t)n);
-    free(big);
-}
-
-static char *finish_buf(text_buf *b) {
-    if (b->oom || !b->p) {
-        free(b->p);
-        return NULL;
-    }
-    return b->p;
-}
-
-/* Length of the well-formed UTF-8 sequence at s, 0 if it is not one (overlong, surrogate, cut short). */
-static size_t utf8_seq(const unsigned char *s) {
-    unsigned c = s[0];
-    if (c < 0x80) return 1;
-    size_t n = c >= 0xC2 && c <= 0xDF ? 2 : (c & 0xF0) == 0xE0 ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
-    for (size_t i = 1; i < n; i++)
-        if ((s[i] & 0xC0) != 0x80) return 0;
-    if (n == 3) {
-        unsigned cp = (c & 0x0F) << 12 | (s[1] & 0x3Fu) << 6 | (s[2] & 0x3Fu);
-        if (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
-    } else if (n == 4) {
-        unsigned cp = (c & 0x07) << 18 | (s[1] & 0x3Fu) << 12 | (s[2] & 0x3Fu) << 6 | (s[3] & 0x3Fu);
-        if (cp < 0x10000 || cp > 0x10FFFF) return 0;
-    }
-    return n;
-}
-
-/* Writes s as UTF-8, broken sequences replaced by U+FFFD; each single-byte character goes through
- * one_byte (which writes it, escaped as its format needs), longer sequences are copied. */
-static void put_text(text_buf *b, const char *s, void (*one_byte)(text_buf *, unsigned char)) {
-    const unsigned char *p = (const unsigned char *)(s ? s : "");
-    while (*p) {
-        size_t n = utf8_seq(p);
-        if (n == 0) {
-            puts_(b, "\xEF\xBF\xBD");
-            p++;
-            continue;
-        }
-        if (n > 1) put(b, (const char *)p, n);
-        else one_byte(b, *p);
-        p += n;
-    }
-}
-
-/* XML and HTML text and attributes. Receipt strings come from kernels' findings and plugin names,
- * so anything XML 1.0 cannot carry (control bytes, broken UTF-8) is replaced rather than trusted. */
-static void xml_byte(text_buf *b, unsigned char c) {
-    if (c == '&') puts_(b, "&amp;");
-    else if (c == '<') puts_(b, "&lt;");
-    else if (c == '>') puts_(b, "&gt;");
-    else if (c == '"') puts_(b, "&quot;");
-    else if (c == '\'') puts_(b, "&apos;");
-    else if (c == '\n') puts_(b, "&#10;"); /* kept inside attributes, where a raw newline becomes a space */
-    else if (c == '\t') puts_(b, "&#9;");
-    else if (c < 0x20) puts_(b, "?");
-    else put(b, (const char *)&c, 1);
-}
-static void put_xml(text_buf *b, const char *s) { put_text(b, s, xml_byte); }
-
-/* A Markdown table cell: '|' would end the cell and a newline the row; emphasis and HTML
- * characters are escaped so a case name shows as written. */
-static void md_byte(text_buf *b, unsigned char c) {
-    if (strchr("\\|`*<>[]", c)) {
-        put(b, "\\", 1);
-        put(b, (const char *)&c, 1);
-    } else if (c < 0x20) {
-        put(b, " ", 1);
-    } else {
-        put(b, (const char *)&c, 1);
-    }
-}
-static void put_md(text_buf *b, const char *s) { put_text(b, s, md_byte); }
+#include "kp_plots.h"
+#include "kp_svg.h"
+#include "kp_text.h"
 
 /* --- one item per check (or per receipt without checks) --- */
 
@@ -151,7 +31,9 @@ static int result_index(const char *r) {
 
 typedef struct {
     const char *case_name, *file, *impl, *label, *result;
-    int row; /* which receipt */
+    int row;     /* which receipt */
+    int check;   /* which of its checks; -1 for a receipt without checks */
+    int finding; /* report.html draws it (kp_plot_is_finding) */
     char *summary;
 } item;
 
@@ -161,15 +43,14 @@ static const char *str_member(const cJSON *obj, const char *key, const char *fal
 }
 
 static char *join_reasons(const cJSON *reasons) {
-    text_buf b = {0};
+    kp_text b = {0};
     const cJSON *r;
     cJSON_ArrayForEach(r, reasons) {
         if (!cJSON_IsString(r)) continue;
-        if (b.len) puts_(&b, "; ");
-        puts_(&b, r->valuestring);
+        if (b.len) kp_text_puts(&b, "; ");
+        kp_text_puts(&b, r->valuestring);
     }
-    if (!b.p) puts_(&b, "");
-    return finish_buf(&b);
+    return kp_text_finish(&b);
 }
 
 static void free_items(item *items, size_t n) {
@@ -200,8 +81,10 @@ static item *collect_items(const cJSON *rows, size_t *count) {
             it->case_name = str_member(row, "case", "?");
             it->file = str_member(row, "file", "?");
             it->row = row_no;
+            it->check = n_checks ? c : -1;
             if (n_checks) {
                 const cJSON *check = cJSON_GetArrayItem(checks, c);
+                it->finding = kp_plot_is_finding(check);
                 it->impl = str_member(check, "impl", "");
                 it->label = str_member(check, "label", str_member(check, "check", "check"));
                 it->result = str_member(check, "result", "FAILED");
@@ -230,14 +113,14 @@ static void count_results(const item *items, size_t n, size_t counts[N_RESULTS])
 }
 
 /* "4 PASSED, 1 INCORRECT": only the results that occur. */
-static void put_counts(text_buf *b, const size_t counts[N_RESULTS]) {
+static void put_counts(kp_text *b, const size_t counts[N_RESULTS]) {
     int any = 0;
     for (int r = 0; r < N_RESULTS; r++) {
         if (!counts[r]) continue;
-        printf_(b, "%s%zu %s", any ? ", " : "", counts[r], RESULT_NAME(r));
+        kp_text_printf(b, "%s%zu %s", any ? ", " : "", counts[r], RESULT_NAME(r));
         any = 1;
     }
-    if (!any) puts_(b, "nothing ran");
+    if (!any) kp_text_puts(b, "nothing ran");
 }
 
 char *kp_report_junit(const cJSON *rows) {
@@ -245,49 +128,49 @@ char *kp_report_junit(const cJSON *rows) {
     item *items = collect_items(rows, &n);
     if (!items) return NULL;
     count_results(items, n, counts);
-    text_buf b = {0};
+    kp_text b = {0};
     size_t skipped = counts[3] + counts[4];
-    puts_(&b, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
-    printf_(&b, "<testsuites name=\"kparity\" tests=\"%zu\" failures=\"%zu\" errors=\"%zu\" skipped=\"%zu\">\n", n,
+    kp_text_puts(&b, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+    kp_text_printf(&b, "<testsuites name=\"kparity\" tests=\"%zu\" failures=\"%zu\" errors=\"%zu\" skipped=\"%zu\">\n", n,
             counts[1], counts[2], skipped);
-    printf_(&b, "  <testsuite name=\"kparity\" tests=\"%zu\" failures=\"%zu\" errors=\"%zu\" skipped=\"%zu\">\n", n,
+    kp_text_printf(&b, "  <testsuite name=\"kparity\" tests=\"%zu\" failures=\"%zu\" errors=\"%zu\" skipped=\"%zu\">\n", n,
             counts[1], counts[2], skipped);
     for (size_t i = 0; i < n; i++) {
         const item *it = &items[i];
         /* classname is the case: GitLab shows it as the suite and keys tests by classname + name. */
-        puts_(&b, "    <testcase classname=\"");
-        put_xml(&b, it->case_name);
-        puts_(&b, "\" name=\"");
-        put_xml(&b, it->label);
-        puts_(&b, "\"");
+        kp_text_puts(&b, "    <testcase classname=\"");
+        kp_text_xml(&b, it->case_name);
+        kp_text_puts(&b, "\" name=\"");
+        kp_text_xml(&b, it->label);
+        kp_text_puts(&b, "\"");
         int r = result_index(it->result);
         if (r == 0) {
-            puts_(&b, "/>\n");
+            kp_text_puts(&b, "/>\n");
             continue;
         }
-        puts_(&b, ">\n      ");
+        kp_text_puts(&b, ">\n      ");
         const char *tag = r == 1 ? "failure" : r == 2 ? "error" : "skipped";
-        printf_(&b, "<%s message=\"", tag);
-        put_xml(&b, it->summary);
-        printf_(&b, "\" type=\"%s\"", RESULT_NAME(r));
+        kp_text_printf(&b, "<%s message=\"", tag);
+        kp_text_xml(&b, it->summary);
+        kp_text_printf(&b, "\" type=\"%s\"", RESULT_NAME(r));
         if (r >= 3) {
-            puts_(&b, "/>\n");
+            kp_text_puts(&b, "/>\n");
         } else {
-            puts_(&b, ">");
-            put_xml(&b, it->result);
-            puts_(&b, " in ");
-            put_xml(&b, it->file);
+            kp_text_puts(&b, ">");
+            kp_text_xml(&b, it->result);
+            kp_text_puts(&b, " in ");
+            kp_text_xml(&b, it->file);
             if (*it->impl) {
-                puts_(&b, ", impl ");
-                put_xml(&b, it->impl);
+                kp_text_puts(&b, ", impl ");
+                kp_text_xml(&b, it->impl);
             }
-            printf_(&b, "</%s>\n", tag);
+            kp_text_printf(&b, "</%s>\n", tag);
         }
-        puts_(&b, "    </testcase>\n");
+        kp_text_puts(&b, "    </testcase>\n");
     }
-    puts_(&b, "  </testsuite>\n</testsuites>\n");
+    kp_text_puts(&b, "  </testsuite>\n</testsuites>\n");
     free_items(items, n);
-    return finish_buf(&b);
+    return kp_text_finish(&b);
 }
 
 char *kp_report_summary_md(const cJSON *rows, const char *verdict, int exit_code) {
@@ -295,46 +178,27 @@ char *kp_report_summary_md(const cJSON *rows, const char *verdict, int exit_code
     item *items = collect_items(rows, &n);
     if (!items) return NULL;
     count_results(items, n, counts);
-    text_buf b = {0};
-    puts_(&b, "# kparity verdict: ");
-    put_md(&b, verdict);
-    printf_(&b, " (exit code %d)\n\n%d case%s, %zu check%s: ", exit_code, cJSON_GetArraySize(rows),
+    kp_text b = {0};
+    kp_text_puts(&b, "# kparity verdict: ");
+    kp_text_md(&b, verdict);
+    kp_text_printf(&b, " (exit code %d)\n\n%d case%s, %zu check%s: ", exit_code, cJSON_GetArraySize(rows),
             cJSON_GetArraySize(rows) == 1 ? "" : "s", n, n == 1 ? "" : "s");
     put_counts(&b, counts);
-    puts_(&b, ".\n\n| case | impl | check | result | key figure |\n| --- | --- | --- | --- | --- |\n");
+    kp_text_puts(&b, ".\n\n| case | impl | check | result | key figure |\n| --- | --- | --- | --- | --- |\n");
     for (size_t i = 0; i < n; i++) {
         const char *cells[] = {items[i].case_name, items[i].impl, items[i].label, items[i].result, items[i].summary};
         for (int c = 0; c < 5; c++) {
-            puts_(&b, "| ");
-            put_md(&b, cells[c]);
-            puts_(&b, " ");
+            kp_text_puts(&b, "| ");
+            kp_text_md(&b, cells[c]);
+            kp_text_puts(&b, " ");
         }
-        puts_(&b, "|\n");
+        kp_text_puts(&b, "|\n");
     }
     free_items(items, n);
-    return finish_buf(&b);
+    return kp_text_finish(&b);
 }
 
-/* Case names run long (every parameter is in them); the SVG label keeps the head, cut on a
- * UTF-8 boundary. */
-static void put_svg_label(text_buf *b, const char *s) {
-    size_t max = 110, len = strlen(s);
-    if (len <= max) {
-        put_xml(b, s);
-        return;
-    }
-    while (max > 0 && ((unsigned char)s[max] & 0xC0) == 0x80) max--;
-    char *head = strndup(s, max);
-    if (!head) {
-        b->oom = 1;
-        return;
-    }
-    put_xml(b, head);
-    puts_(b, "\xE2\x80\xA6");
-    free(head);
-}
-
-static void put_svg(text_buf *b, const cJSON *rows, const item *items, size_t n) {
+static void put_svg(kp_text *b, const cJSON *rows, const item *items, size_t n) {
     int n_rows = cJSON_GetArraySize(rows);
     const int width = 760, bar_max = 560, top = 30, block = 38;
     size_t max_per_row = 1;
@@ -343,11 +207,9 @@ static void put_svg(text_buf *b, const cJSON *rows, const item *items, size_t n)
         for (size_t i = 0; i < n; i++) k += items[i].row == r;
         if (k > max_per_row) max_per_row = k;
     }
-    printf_(b, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" role=\"img\" "
-               "aria-label=\"check results per case\">\n", width, top + block * n_rows + 8);
+    kp_svg_open(b, width, top + block * n_rows + 8, "check results per case");
     for (int r = 0; r < N_RESULTS; r++) /* legend */
-        printf_(b, "<rect x=\"%d\" y=\"6\" width=\"12\" height=\"12\" fill=\"%s\"/><text x=\"%d\" y=\"16\">%s</text>\n",
-                10 + r * 140, result_colors[r], 26 + r * 140, RESULT_NAME(r));
+        kp_svg_legend(b, 10 + r * 140, 16, result_colors[r], 1, RESULT_NAME(r));
     int row_no = 0;
     const cJSON *row;
     cJSON_ArrayForEach(row, rows) {
@@ -355,70 +217,106 @@ static void put_svg(text_buf *b, const cJSON *rows, const item *items, size_t n)
         for (size_t i = 0; i < n; i++)
             if (items[i].row == row_no) counts[result_index(items[i].result)]++, total++;
         int y = top + block * row_no;
-        printf_(b, "<text x=\"10\" y=\"%d\">", y + 12);
-        put_svg_label(b, str_member(row, "case", "?"));
-        puts_(b, "</text>\n");
+        /* Case names run long (every parameter is in them): the label keeps the head. */
+        kp_text_printf(b, "<text x=\"10\" y=\"%d\">", y + 12);
+        kp_text_xml_head(b, str_member(row, "case", "?"), 110);
+        kp_text_puts(b, "</text>\n");
         double x = 10;
         for (int r = 0; r < N_RESULTS; r++) {
             if (!counts[r]) continue;
             double w = (double)bar_max * (double)counts[r] / (double)max_per_row;
-            printf_(b, "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"14\" fill=\"%s\"><title>%zu %s</title></rect>\n",
-                    x, y + 17, w, result_colors[r], counts[r], RESULT_NAME(r));
+            char title[64];
+            snprintf(title, sizeof title, "%zu %s", counts[r], RESULT_NAME(r));
+            kp_svg_rect(b, x, y + 17, w, 14, result_colors[r], title);
             x += w;
         }
-        printf_(b, "<text x=\"%.1f\" y=\"%d\">%zu check%s</text>\n", x + 6, y + 29, total, total == 1 ? "" : "s");
+        kp_svg_textf(b, x + 6, y + 29, "start", NULL, 0, "%zu check%s", total, total == 1 ? "" : "s");
         row_no++;
     }
-    puts_(b, "</svg>\n");
+    kp_svg_close(b);
 }
 
+/* XHTML-compatible throughout (every element closed, attributes quoted, text escaped), so the page
+ * parses as XML too; it must open offline from a CI artifact and print, so nothing is fetched or run. */
+static const char *const page_style =
+    "body { font-family: sans-serif; margin: 2em; color: #212121; }\n"
+    "table { border-collapse: collapse; font-size: 0.9em; }\n"
+    "th, td { border: 1px solid #bdbdbd; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }\n"
+    "td.case, h3.case { font-family: monospace; word-break: break-all; max-width: 40em; }\n"
+    "h3.case { max-width: none; margin: 1.6em 0 0.4em; font-size: 1em; border-top: 1px solid #bdbdbd; padding-top: 0.6em; }\n"
+    "figure.finding { margin: 0.6em 0 1.4em; break-inside: avoid; }\n"
+    "figcaption { margin-bottom: 0.3em; max-width: 70em; }\n"
+    "p.note { font-size: 0.85em; margin: 0.2em 0; max-width: 80em; }\n"
+    "table.worst { margin: 0.4em 0; font-family: monospace; }\n"
+    "table.worst tr.over td { color: #c62828; }\n"
+    "svg text { font-family: monospace; font-size: 11px; fill: #212121; }\n"
+    "svg text.ptitle { font-weight: bold; }\n"
+    "svg text.small { font-size: 9px; }\n"
+    "svg text.axis { fill: #757575; }\n"
+    "svg text.ok { fill: #2e7d32; font-weight: bold; }\n"
+    "svg text.bad { fill: #c62828; font-weight: bold; }\n"
+    "@media print { body { margin: 0.5cm; } h2 { break-before: auto; } }\n";
+
 char *kp_report_html(const cJSON *rows, const char *verdict, int exit_code) {
-    size_t n, counts[N_RESULTS];
+    size_t n, counts[N_RESULTS], findings = 0;
     item *items = collect_items(rows, &n);
     if (!items) return NULL;
     count_results(items, n, counts);
-    text_buf b = {0};
-    puts_(&b, "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-              /* The report must open offline from a CI artifact: nothing may be fetched. */
-              "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">\n"
-              "<title>kparity: ");
-    put_xml(&b, verdict);
-    puts_(&b, "</title>\n<style>\n"
-              "body { font-family: sans-serif; margin: 2em; color: #212121; }\n"
-              "table { border-collapse: collapse; font-size: 0.9em; }\n"
-              "th, td { border: 1px solid #bdbdbd; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }\n"
-              "td.case { font-family: monospace; word-break: break-all; max-width: 40em; }\n"
-              "svg text { font-family: monospace; font-size: 11px; }\n");
-    for (int r = 0; r < N_RESULTS; r++) printf_(&b, ".r-%s { color: %s; font-weight: bold; }\n", RESULT_NAME(r), result_colors[r]);
-    puts_(&b, "</style>\n</head>\n<body>\n<h1>kparity verdict: <span class=\"r-");
-    put_xml(&b, verdict);
-    puts_(&b, "\">");
-    put_xml(&b, verdict);
-    printf_(&b, "</span> (exit code %d)</h1>\n<p>%d case%s, %zu check%s: ", exit_code, cJSON_GetArraySize(rows),
-            cJSON_GetArraySize(rows) == 1 ? "" : "s", n, n == 1 ? "" : "s");
+    for (size_t i = 0; i < n; i++) findings += items[i].finding;
+    kp_text b = {0};
+    kp_text_puts(&b, "<!DOCTYPE html>\n<html xmlns=\"http://www.w3.org/1999/xhtml\" lang=\"en\">\n<head>\n"
+                     "<meta charset=\"utf-8\"/>\n"
+                     "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\"/>\n"
+                     "<title>kparity: ");
+    kp_text_xml(&b, verdict);
+    kp_text_puts(&b, "</title>\n<style>\n");
+    kp_text_puts(&b, page_style);
+    for (int r = 0; r < N_RESULTS; r++)
+        kp_text_printf(&b, ".r-%s { color: %s; font-weight: bold; }\n", RESULT_NAME(r), result_colors[r]);
+    kp_text_puts(&b, "</style>\n</head>\n<body>\n<h1>kparity verdict: <span class=\"r-");
+    kp_text_xml(&b, verdict);
+    kp_text_puts(&b, "\">");
+    kp_text_xml(&b, verdict);
+    kp_text_printf(&b, "</span> (exit code %d)</h1>\n<p>%d case%s, %zu check%s: ", exit_code, cJSON_GetArraySize(rows),
+                   cJSON_GetArraySize(rows) == 1 ? "" : "s", n, n == 1 ? "" : "s");
     put_counts(&b, counts);
-    puts_(&b, ".</p>\n<h2>Check results per case</h2>\n");
+    kp_text_printf(&b, "; %zu finding%s drawn below.</p>\n", findings, findings == 1 ? "" : "s");
+    kp_plot_rule_overview(&b, rows);
+    kp_text_puts(&b, "<h2>Check results per case</h2>\n");
     if (cJSON_GetArraySize(rows) > 0) put_svg(&b, rows, items, n);
-    else puts_(&b, "<p>No receipts.</p>\n");
-    puts_(&b, "<h2>Checks</h2>\n<table>\n<thead><tr><th>case</th><th>impl</th><th>check</th><th>result</th>"
-              "<th>key figure</th><th>receipt</th></tr></thead>\n<tbody>\n");
+    else kp_text_puts(&b, "<p>No receipts.</p>\n");
+    if (findings) {
+        kp_text_printf(&b, "<h2>Findings (%zu)</h2>\n<p class=\"note\">One plot for each check that broke, each expected "
+                           "defect that reproduced (drawn from the check that showed it) and each check that recorded "
+                           "differences it allows. Hover a mark for its numbers.</p>\n", findings);
+        const size_t drawn = kp_plot_findings(&b, rows);
+        KP_ASSERT(drawn == findings); /* the table's links and the figures come from one predicate */
+    }
+    kp_plot_timing(&b, rows);
+    kp_text_puts(&b, "<h2>Checks</h2>\n<table>\n<thead><tr><th>case</th><th>impl</th><th>check</th><th>result</th>"
+                     "<th>key figure</th><th>receipt</th></tr></thead>\n<tbody>\n");
     for (size_t i = 0; i < n; i++) {
         const item *it = &items[i];
-        puts_(&b, "<tr><td class=\"case\">");
-        put_xml(&b, it->case_name);
-        puts_(&b, "</td><td>");
-        put_xml(&b, it->impl);
-        puts_(&b, "</td><td>");
-        put_xml(&b, it->label);
-        printf_(&b, "</td><td class=\"r-%s\">", RESULT_NAME(result_index(it->result)));
-        put_xml(&b, it->result);
-        puts_(&b, "</td><td>");
-        put_xml(&b, it->summary);
-        puts_(&b, "</td><td>");
-        put_xml(&b, it->file);
-        puts_(&b, "</td></tr>\n");
+        kp_text_puts(&b, "<tr><td class=\"case\">");
+        kp_text_xml(&b, it->case_name);
+        kp_text_puts(&b, "</td><td>");
+        kp_text_xml(&b, it->impl);
+        kp_text_puts(&b, "</td><td>");
+        kp_text_xml(&b, it->label);
+        kp_text_printf(&b, "</td><td class=\"r-%s\">", RESULT_NAME(result_index(it->result)));
+        kp_text_xml(&b, it->result);
+        if (it->finding) {
+            char id[48];
+            kp_plot_anchor(id, sizeof id, it->row, it->check);
+            kp_text_printf(&b, " <a href=\"#%s\">plot</a>", id);
+        }
+        kp_text_puts(&b, "</td><td>");
+        kp_text_xml(&b, it->summary);
+        kp_text_puts(&b, "</td><td>");
+        kp_text_xml(&b, it->file);
+        kp_text_puts(&b, "</td></tr>\n");
     }
-    puts_(&b, "</tbody>\n</table>\n</body>\n</html>\n");
+    kp_text_puts(&b, "</tbody>\n</table>\n</body>\n</html>\n");
     free_items(items, n);
-    return finish_buf(&b);
+    return kp_text_finish(&b);
 }
