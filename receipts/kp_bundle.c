@@ -199,12 +199,14 @@ int kp_bundle_add_receipt(kp_bundle *b, cJSON *receipt, kp_error *err) {
     cJSON *row = cJSON_CreateObject();
     cJSON *reasons = cJSON_GetObjectItemCaseSensitive(receipt, "reasons");
     cJSON *checks = cJSON_GetObjectItemCaseSensitive(receipt, "checks");
+    cJSON *impls = cJSON_GetObjectItemCaseSensitive(receipt, "impls"); /* report.html's impl times */
     if (!row || !cJSON_AddItemToArray(b->rows, row) || !cJSON_AddStringToObject(row, "file", rel) ||
         !cJSON_AddStringToObject(row, "sha256", digest) ||
         !cJSON_AddStringToObject(row, "case", cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(c, "name"))) ||
         !cJSON_AddStringToObject(row, "result", cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(receipt, "result"))) ||
         !replace_member(row, "reasons", reasons ? cJSON_Duplicate(reasons, 1) : cJSON_CreateArray()) ||
-        !replace_member(row, "checks", checks ? cJSON_Duplicate(checks, 1) : cJSON_CreateArray())) {
+        !replace_member(row, "checks", checks ? cJSON_Duplicate(checks, 1) : cJSON_CreateArray()) ||
+        (impls && !replace_member(row, "impls", cJSON_Duplicate(impls, 1)))) {
         rc = kp_fail(err, KP_EXIT_ENV, "out of memory recording receipt %lld", (long long)index);
         goto out;
     }

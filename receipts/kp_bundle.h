@@ -62,7 +62,7 @@ void kp_bundle_free_list(char **paths, size_t count);
 int kp_bundle_write_manifest(const char *dir, kp_error *err);
 
 /* The reports, rendered from receipt rows: an array of {"file", "case", "result", "reasons": [str],
- * "checks": [as in the receipt]}, which the bundle keeps one per receipt. Each check gives one JUnit
+ * "checks": [as in the receipt], "impls": [as in the receipt, when it has them]}, which the bundle keeps one per receipt. Each check gives one JUnit
  * testcase and one table row; a receipt without checks gives one, labelled "case", carrying the
  * receipt's own result. Malloc'd text; NULL only when out of memory. */
 char *kp_report_junit(const cJSON *rows);
