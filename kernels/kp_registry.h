@@ -25,6 +25,8 @@ extern const kp_impl kp_topk_radix_exact_cuda;
 extern const kp_impl kp_moe_marlin_like_cuda;
 extern const kp_impl kp_moe_marlin_gemv32_cuda;
 extern const kp_impl kp_moe_invariant_cuda;
+extern const kp_impl kp_mla_split_count_cuda;
+extern const kp_impl kp_mla_split_size_cuda;
 #endif
 
 /* The number of registered impls, and the i-th. */
