@@ -72,7 +72,10 @@ static int mla_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp
     int rc = kp_mla_case_read(c, &d->mc, err);
     if (rc) return rc;
     const kp_mla_case *mc = &d->mc;
-    const int64_t n = mc->batch + extra_rows;
+    /* the cache (not batched: indices are global slots) holds every request's pages, so its bytes, recorded in
+       receipts, must not depend on which checks asked for filler requests: always the family's own count, which
+       is what a batch check asks for (replay regenerates with none asked) */
+    const int64_t filler = extra_requests(c), n = mc->batch + (extra_rows > filler ? extra_rows : filler);
     kp_mla_case_sizes(mc, n, &d->sz);
     if (d->sz.pages * mc->page > INT32_MAX)
         return kp_fail(err, KP_EXIT_USAGE, "mla: %lld cache slots for %lld requests exceed int32 indices", (long long)(d->sz.pages * mc->page),
