@@ -358,7 +358,7 @@ Test(gpu_mla, judge_catches_planted_errors) {
 /* Caches whose bf16(scale) is exact (pow2, bf16) are asserted; raw f32 scales only reported: rounding a raw scale to
  * bf16 is the production kernel's own error against the f32-scale reference (families.md §D2). The cases: every index
  * profile, topk_length, the sink on and +-inf, h_q 64 and 128, s_q 1 and 2, topk from 128 to 2048 (1 to 32 blocks:
- * split_size's one split at <= 8 blocks and several past it; split_count from 1 to 16 splits). */
+ * split_size's one split at <= KP_MLA_SPLIT_BLOCKS blocks and several past it; split_count from 1 to 16 splits). */
 Test(gpu_mla, both_within_flashmla_tolerances_of_the_reference, .timeout = 1200) {
     static const struct {
         const char *name;
@@ -429,7 +429,8 @@ Test(gpu_mla, split_size_bits_do_not_depend_on_the_batch, .timeout = 900) {
         int64_t nonzero = 0;
         for (int64_t i = 0; i < full.heads * KP_MLA_D_V; i++) nonzero += full.out[i] != 0;
         cr_assert_gt(nonzero, full.heads * KP_MLA_D_V / 2, "mostly zero outputs: the probe would be vacuous");
-        for (int64_t b = 0; b < 64; b++) cr_assert_eq(full.splits[b], 4, "splits[%lld] = %d", (long long)b, full.splits[b]);
+        for (int64_t b = 0; b < 64; b++)
+            cr_assert_eq(full.splits[b], kp_mla_split_size_splits(32), "splits[%lld] = %d", (long long)b, full.splits[b]);
         for (int64_t r = 0; r < 33; r++)
             cr_assert(same_request(&g, &full, r, &b33, r), "batches 33 and 64 disagree on request %lld", (long long)r);
         for (int64_t r = 0; r < 2; r++)

@@ -173,7 +173,7 @@ Test(mla_checks, the_clean_plugin_passes_tolerance_repeat_and_batch_and_is_split
             const cJSON *s = at(p, "splits"), *in_probe = at(s, "probe"), *in_full = at(s, "full_batch");
             cr_assert_eq(cJSON_GetArraySize(in_probe), num(p, "batch"), "%s: a split count for every request", str(p, "probe"));
             cr_assert_eq(cJSON_GetArraySize(in_full), num(p, "batch"), "%s", str(p, "probe"));
-            for (int i = 0; i < cJSON_GetArraySize(in_probe); i++) { /* topk <= 8 blocks: one split, whatever the batch */
+            for (int i = 0; i < cJSON_GetArraySize(in_probe); i++) { /* topk <= KP_MLA_SPLIT_BLOCKS blocks: one split, whatever the batch */
                 cr_assert_eq(cJSON_GetArrayItem(in_probe, i)->valuedouble, 1, "%s, position %d", str(p, "probe"), i);
                 const cJSON *full = cJSON_GetArrayItem(in_full, i);
                 cr_assert(cJSON_IsNull(full) || full->valuedouble == 1, "%s, position %d", str(p, "probe"), i);
