@@ -147,8 +147,9 @@ size_t kp_plot_findings(kp_text *b, const cJSON *rows) {
  * (red) or short of it (purple) for top-p, by the indices missing for top-k. */
 static const char *const excess_shades[5] = {"#ffcdd2", "#ef9a9a", "#e53935", "#b71c1c", "#5d0000"};
 static const char *const shortfall_shades[5] = {"#e1bee7", "#ce93d8", "#ab47bc", "#6a1b9a", "#311b92"};
-static const char *const mass_buckets[5] = {"<1e-6", "<1e-4", "<1e-2", "<0.1", "\xE2\x89\xA5" "0.1"};
-static const char *const count_buckets[5] = {"1", "\xE2\x89\xA4" "4", "\xE2\x89\xA4" "16", "\xE2\x89\xA4" "64", ">64"};
+/* Parenthesized: the literals are split only to end a \x escape (clang -Wstring-concatenation). */
+static const char *const mass_buckets[5] = {"<1e-6", "<1e-4", "<1e-2", "<0.1", ("\xE2\x89\xA5" "0.1")};
+static const char *const count_buckets[5] = {"1", ("\xE2\x89\xA4" "4"), ("\xE2\x89\xA4" "16"), ("\xE2\x89\xA4" "64"), ">64"};
 #define MEETS_SHADE "#c8e6c9"
 
 static int mass_bucket(double m) { return m < 1e-6 ? 0 : m < 1e-4 ? 1 : m < 1e-2 ? 2 : m < 0.1 ? 3 : 4; }
