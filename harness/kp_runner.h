@@ -15,7 +15,19 @@ typedef struct kp_run_options {
     int shard_index;       /* 1..shard_count: run the cases whose config index i has i % shard_count ==
                               shard_index - 1 (0: every case); `kparity merge` joins the parts */
     int shard_count;
+    int isolate;           /* the CLI's gate and run: the cases run in a worker process (kp_run_supervise)
+                              and a crash or a hang there is recorded as its case FAILED */
 } kp_run_options;
+
+/* The CLI's gate and run (opt->isolate): whether this process is to supervise a worker process that runs the cases
+ * (not when it is that worker, nor with KPARITY_IN_PROCESS=1, for a debugger). */
+int kp_run_supervises(const kp_run_options *opt);
+/* Supervise: start the worker (this command line, re-executed) before anything is loaded here, and return the run's
+ * exit code and error as kp_run_config would. A worker that dies in a case (a signal, an exit, killed past the timeout)
+ * leaves that case FAILED, saying how and in which check, and a fresh worker runs the rest; only then is the config at
+ * `config_path` loaded here. A worker that stops before the run (a config error it has reported) gives its exit status
+ * with err empty. */
+int kp_run_supervise(const char *config_path, const kp_run_options *opt, kp_error *err);
 
 /* Returns the exit class: 0 passed, 1 incorrect, 2 usage, 3 environment/kernel failure, 4 timeout,
  * 77 nothing could run. `err` holds the message for 2 and 3 when the run itself could not proceed. */

@@ -134,27 +134,34 @@ static int cmd_run(int gate, const char *config, const char *out, const char *fi
     int shard_index, shard_count;
     if (parse_shard(shard, &shard_index, &shard_count))
         return usage("--shard: expected I/N with 1 <= I <= N (for example 2/4: the second of four shards)");
-    kp_config cfg;
-    if (kp_config_load(config, &cfg, &err)) {
-        kp_config_free(&cfg);
-        return fail(&err);
-    }
     char out_buf[256];
     if (!out) {
         default_out(out_buf, sizeof out_buf);
         out = out_buf;
     }
-    double limit = timeout > 0 ? timeout : cfg.timeout_s;
-    if (limit > 0) { /* the runner stops between checks and its watchdog ends a hung case; this is the last resort */
-        signal(SIGALRM, on_watchdog);
-        alarm((unsigned)(limit * 2 + 60)); /* a backstop: the runner's watchdog normally ends a hung case first */
-    }
     kp_run_options opt = {.out_dir = out, .filter = filter, .timeout_s = timeout, .quiet = quiet, .json = json,
-                          .command = gate ? "gate" : "run", .shard_index = shard_index, .shard_count = shard_count};
-    int code = kp_run_config(&cfg, &opt, &err);
-    alarm(0);
-    kp_config_free(&cfg);
-    if (code == KP_EXIT_USAGE || (code == KP_EXIT_ENV && err.msg[0])) return fail(&err);
+                          .command = gate ? "gate" : "run", .shard_index = shard_index, .shard_count = shard_count,
+                          .isolate = 1};
+    int code;
+    if (kp_run_supervises(&opt)) {
+        /* the cases run in a worker process (this command line again), so a crashing impl is recorded, not fatal */
+        code = kp_run_supervise(config, &opt, &err);
+    } else {
+        kp_config cfg;
+        if (kp_config_load(config, &cfg, &err)) {
+            kp_config_free(&cfg);
+            return fail(&err);
+        }
+        double limit = timeout > 0 ? timeout : cfg.timeout_s;
+        if (limit > 0) { /* the runner stops between checks and its watchdog ends a hung case; this is the last resort */
+            signal(SIGALRM, on_watchdog);
+            alarm((unsigned)(limit * 2 + 60)); /* a backstop: the runner's watchdog normally ends a hung case first */
+        }
+        code = kp_run_config(&cfg, &opt, &err);
+        alarm(0);
+        kp_config_free(&cfg);
+    }
+    if ((code == KP_EXIT_USAGE || code == KP_EXIT_ENV) && err.msg[0]) return fail(&err);
     if (gate && command && command[0]) {
         if (code != KP_EXIT_OK) {
             fprintf(stderr, "kparity: gate did not pass (exit %d); not starting %s\n", code, command[0]);

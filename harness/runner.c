@@ -1,5 +1,6 @@
 /* runner.c: the runner: per case, generate inputs, run each impl once on the full batch, run the
- * declared checks, write the receipt; then the bundle's reports and the exit code. */
+ * declared checks, write the receipt; then the bundle's reports and the exit code. From the CLI the
+ * cases run in a worker process (kp_worker.h) that this one supervises, so a crash is recorded. */
 #define _GNU_SOURCE
 #include "kp_runner.h"
 
@@ -15,11 +16,36 @@
 #include "../receipts/kp_json.h"
 #include "kp_checks.h"
 #include "kp_device.h"
+#include "kp_worker.h"
 
-/* Seconds since this process started (from /proc/self/stat), so the gate's cost on a startup path
- * includes loading, config parsing and device initialisation. */
-static double kp_process_seconds(void) {
-    FILE *f = fopen("/proc/self/stat", "r");
+/* What the supervisor and its workers share (kp_worker_share): where the run is, and the verdict so far,
+ * so a fresh worker carries on where a dead one stopped and the supervisor can say where it died. */
+#define RUN_SHARED_MAGIC 0x6b707275u /* "kpru" */
+typedef struct run_shared {
+    unsigned magic;
+    double t_start;            /* the run's start (kp_now: one monotonic clock for every process of it) */
+    int opened;                /* a worker made the bundle folder: later ones resume it */
+    int resume_at;             /* the config index the next worker starts at */
+    int case_index;            /* the case in progress, -1 between cases */
+    int check_index;           /* its check in progress, -1 while preparing or releasing it */
+    int worst, any_ran, device_lost, timed_out;
+    double stages[KP_STAGE_COUNT];
+    int workers;               /* worker processes started so far */
+    int finishing;             /* a worker is writing the bundle's last files */
+    volatile double timeout;   /* the gate's, published by a worker once it has read the config (0: none) */
+    char out_dir[4096];        /* the bundle folder the supervisor was given */
+    int returned;              /* the worker's run returned `code` with `err`; it is exiting */
+    int code;
+    kp_error err;
+} run_shared;
+
+/* Seconds since process `pid` started (from /proc/PID/stat; a worker asks about its supervisor, which
+ * the command started), so the gate's cost on a startup path includes loading, config parsing and
+ * device initialisation. */
+static double kp_process_seconds(pid_t pid) {
+    char stat_path[64];
+    snprintf(stat_path, sizeof stat_path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(stat_path, "r");
     if (!f) return 0;
     char buf[2048];
     size_t n = fread(buf, 1, sizeof buf - 1, f);
@@ -115,6 +141,7 @@ static cJSON *case_json(const kp_config *cfg, const kp_case_spec *cs) {
 typedef struct run_state {
     const kp_config *cfg;
     const kp_run_options *opt;
+    run_shared *shared;        /* in a worker: the block the supervisor reads; NULL in-process */
     kp_bundle *bundle;
     pthread_mutex_t lock;
     int taken_over;
@@ -150,6 +177,8 @@ static cJSON *meta_json(run_state *st) {
     kp_json_add_int(meta, "host_budget_bytes", (int64_t)st->cfg->host_budget);
     kp_json_add_int(meta, "device_budget_bytes", (int64_t)st->cfg->device_budget);
     kp_json_add_double(meta, "timeout_s", st->timeout);
+    /* 1 for a run no case crashed; each crash or hang a worker died of adds one (kp_run_supervise) */
+    if (st->shared) kp_json_add_int(meta, "worker_processes", st->shared->workers);
     kp_json_add_double(meta, "wall_s", kp_now() - st->t_start);
     cJSON *stages = cJSON_AddObjectToObject(meta, "stages_s");
     for (int s = 0; s < KP_STAGE_COUNT; s++) kp_json_add_double(stages, kp_stage_name((kp_stage)s), kp_stage_seconds((kp_stage)s));
@@ -161,26 +190,53 @@ static cJSON *meta_json(run_state *st) {
     return meta;
 }
 
-/* A receipt for a case that did not get to run its checks. */
-static cJSON *stub_receipt(run_state *st, const kp_case_spec *cs, kp_result result, const char *reason) {
+/* The cases this run writes receipts for: with a receipt's index, how far an unfinished bundle got. */
+static cJSON *run_json(const run_state *st) {
+    cJSON *run = cJSON_CreateObject();
+    kp_json_add_int(run, "cases", st->selected);
+    return run;
+}
+
+/* A receipt for a case that did not get to run its checks, or whose process died in check `at`: that check
+ * gets `result` and `reason`, those before it `result` and `earlier` (they ran, but what they found is
+ * gone), those after it NOT_RUN and `later`. at < 0: every check gets `result` and `reason`. */
+static cJSON *stub_receipt_at(run_state *st, const kp_case_spec *cs, kp_result result, const char *reason, int at,
+                              const char *earlier, const char *later) {
     cJSON *receipt = cJSON_CreateObject();
     cJSON_AddStringToObject(receipt, "schema", "kparity.receipt/v1");
     cJSON_AddItemToObject(receipt, "case", case_json(st->cfg, cs));
+    cJSON_AddItemToObject(receipt, "run", run_json(st));
     cJSON *checks = cJSON_AddArrayToObject(receipt, "checks");
     for (int k = 0; k < cs->nchecks; k++) {
         cJSON *chk = cJSON_CreateObject();
-        kp_check_stub(&cs->checks[k], result, reason, chk);
+        if (at < 0 || k == at) kp_check_stub(&cs->checks[k], result, reason, chk);
+        else if (k < at) kp_check_stub(&cs->checks[k], result, earlier, chk);
+        else kp_check_stub(&cs->checks[k], KP_NOT_RUN, later, chk);
         cJSON_AddItemToArray(checks, chk);
     }
     cJSON_AddStringToObject(receipt, "result", kp_result_name(result));
     cJSON *reasons = cJSON_AddArrayToObject(receipt, "reasons");
-    char msg[600];
+    char msg[1200];
     snprintf(msg, sizeof msg, "%s: %s", kp_result_name(result), reason);
     cJSON_AddItemToArray(reasons, cJSON_CreateString(msg));
     cJSON_AddArrayToObject(receipt, "artifacts");
     kp_json_add_double(receipt, "duration_s", 0.0);
     cJSON_AddItemToObject(receipt, "environment", cJSON_Duplicate(st->env, 1));
     return receipt;
+}
+
+static cJSON *stub_receipt(run_state *st, const kp_case_spec *cs, kp_result result, const char *reason) {
+    return stub_receipt_at(st, cs, result, reason, -1, NULL, NULL);
+}
+
+/* A worker leaves through here: what it returned goes to the supervisor, and nothing of the process runs
+ * after (no atexit handler, no plugin destructor: the record is already made). */
+_Noreturn static void worker_exit(run_shared *shared, int code, const kp_error *err) {
+    if (err) shared->err = *err;
+    shared->code = code;
+    __atomic_store_n(&shared->returned, 1, __ATOMIC_SEQ_CST);
+    fflush(NULL);
+    _exit(code);
 }
 
 /* The watchdog: a case that outlives the gate's timeout (a hung kernel never returns to the
@@ -199,6 +255,7 @@ static void *watchdog_main(void *arg) {
             continue;
         }
         st->taken_over = 1;
+        if (st->shared) __atomic_store_n(&st->shared->finishing, 1, __ATOMIC_SEQ_CST);
         kp_error err = {0};
         char reason[300];
         snprintf(reason, sizeof reason, "timeout: the case was still running %.1f s after the gate's timeout of %.1f s "
@@ -207,36 +264,76 @@ static void *watchdog_main(void *arg) {
         kp_bundle_add_receipt(st->bundle, stub_receipt(st, &st->cfg->cases[st->current], KP_FAILED, reason), &err);
         for (int i = st->current + 1; i < st->cfg->ncases; i++) {
             const kp_case_spec *cs = &st->cfg->cases[i];
-            if (st->opt->filter && !strstr(cs->name, st->opt->filter)) continue;
+            if (!in_share(st->opt, i) || (st->opt->filter && !strstr(cs->name, st->opt->filter))) continue;
             kp_bundle_add_receipt(st->bundle, stub_receipt(st, cs, KP_NOT_RUN, "the gate's timeout passed"), &err);
         }
         if (kp_bundle_finish(st->bundle, "TIMEOUT", KP_EXIT_TIMEOUT, meta_json(st), &err))
             fprintf(stderr, "kparity: could not finish the bundle: %s\n", err.msg);
         fprintf(stderr, "kparity: verdict: TIMEOUT (exit 4); bundle: %s\n", st->opt->out_dir);
         fflush(NULL);
+        if (st->shared) worker_exit(st->shared, KP_EXIT_TIMEOUT, NULL);
         _exit(KP_EXIT_TIMEOUT);
     }
     return NULL;
 }
 
-int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err) {
-    run_state st = {.cfg = cfg, .opt = opt, .current = -1};
-    for (int i = 0; i < cfg->ncases; i++) st.selected += in_share(opt, i) && (!opt->filter || strstr(cfg->cases[i].name, opt->filter));
+static int selected(const kp_run_options *opt, const kp_config *cfg, int ci) {
+    return in_share(opt, ci) && (!opt->filter || strstr(cfg->cases[ci].name, opt->filter));
+}
+
+/* The summary table's rows of one case, from its checks as recorded. */
+static void summary_rows_add(summary_row **rows, int *nrows, const char *case_name, const cJSON *checks) {
+    for (const cJSON *chk = checks ? checks->child : NULL; chk; chk = chk->next) {
+        summary_row *grown = realloc(*rows, sizeof **rows * (size_t)(*nrows + 1));
+        if (!grown) break;
+        *rows = grown;
+        summary_row *row = &(*rows)[(*nrows)++];
+        snprintf(row->case_name, sizeof row->case_name, "%s", case_name);
+        const cJSON *l = cJSON_GetObjectItemCaseSensitive(chk, "label");
+        const cJSON *s = cJSON_GetObjectItemCaseSensitive(chk, "summary");
+        const cJSON *r = cJSON_GetObjectItemCaseSensitive(chk, "result");
+        snprintf(row->label, sizeof row->label, "%s", cJSON_IsString(l) ? l->valuestring : "?");
+        snprintf(row->figure, sizeof row->figure, "%s", cJSON_IsString(s) ? s->valuestring : "");
+        const int parsed = kp_result_parse(cJSON_IsString(r) ? r->valuestring : NULL);
+        row->result = parsed < 0 ? KP_FAILED : (kp_result)parsed;
+    }
+}
+
+/* Run the selected cases (in a worker: from shared->resume_at, into the bundle an earlier worker began). */
+static int run_cases(const kp_config *cfg, const kp_run_options *opt, run_shared *shared, kp_error *err) {
+    run_state st = {.cfg = cfg, .opt = opt, .shared = shared, .current = -1};
+    for (int i = 0; i < cfg->ncases; i++) st.selected += selected(opt, cfg, i);
     if (st.selected == 0) /* before the bundle exists: an empty bundle would read as a run */
         return kp_fail(err, KP_EXIT_USAGE, "%s matches no case", opt->filter ? "--filter" : "--shard");
-    if (kp_bundle_open(&st.bundle, opt->out_dir, err)) return err->code;
+    if (shared && shared->opened) {
+        if (kp_bundle_resume(&st.bundle, opt->out_dir, err)) return err->code;
+    } else {
+        if (kp_bundle_open(&st.bundle, opt->out_dir, err)) return err->code;
+        if (shared) shared->opened = 1;
+    }
     pthread_mutex_init(&st.lock, NULL);
     st.timeout = opt->timeout_s > 0 ? opt->timeout_s : cfg->timeout_s;
-    st.t_start = kp_now();
+    if (shared) shared->timeout = st.timeout;
+    st.t_start = shared ? shared->t_start : kp_now();
     kp_stages_reset();
     st.env = kp_environment_json();
-    if (st.timeout > 0) st.have_watchdog = pthread_create(&st.watchdog, NULL, watchdog_main, &st) == 0;
     summary_row *rows = NULL;
     int nrows = 0, timed_out = 0, any_ran = 0, device_lost = 0;
     kp_result worst = KP_PASSED;
-    for (int ci = 0; ci < cfg->ncases; ci++) {
+    if (shared) { /* carry on from the workers before this one */
+        for (int s = 0; s < KP_STAGE_COUNT; s++) kp_stage_add((kp_stage)s, shared->stages[s]);
+        timed_out = shared->timed_out, any_ran = shared->any_ran, device_lost = shared->device_lost;
+        worst = (kp_result)shared->worst;
+        const cJSON *row;
+        cJSON_ArrayForEach(row, kp_bundle_rows(st.bundle))
+            summary_rows_add(&rows, &nrows, cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(row, "case")),
+                             cJSON_GetObjectItemCaseSensitive(row, "checks"));
+        st.done = (int)kp_bundle_count(st.bundle);
+    }
+    if (st.timeout > 0) st.have_watchdog = pthread_create(&st.watchdog, NULL, watchdog_main, &st) == 0;
+    for (int ci = shared ? shared->resume_at : 0; ci < cfg->ncases; ci++) {
         const kp_case_spec *cs = &cfg->cases[ci];
-        if (!in_share(opt, ci) || (opt->filter && !strstr(cs->name, opt->filter))) continue;
+        if (!selected(opt, cfg, ci)) continue;
         double t_case = kp_now();
         kp_result case_result = KP_PASSED;
         cJSON *receipt;
@@ -250,10 +347,12 @@ int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err
         } else {
             pthread_mutex_lock(&st.lock);
             st.current = ci;
+            if (shared) shared->check_index = -1, shared->case_index = ci;
             pthread_mutex_unlock(&st.lock);
             receipt = cJSON_CreateObject();
             cJSON_AddStringToObject(receipt, "schema", "kparity.receipt/v1");
             cJSON_AddItemToObject(receipt, "case", case_json(cfg, cs));
+            cJSON_AddItemToObject(receipt, "run", run_json(&st));
             cJSON *reasons = cJSON_CreateArray(), *checks = cJSON_CreateArray(), *artifacts = cJSON_CreateArray();
             kp_evidence ev = {.bundle = st.bundle, .artifacts = artifacts, .inline_limit = 16};
             kp_case_ctx ctx;
@@ -270,6 +369,7 @@ int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err
                 for (int k = 0; k < cs->nchecks; k++) {
                     cJSON *chk = cJSON_CreateObject();
                     kp_result r;
+                    if (shared) shared->check_index = k;
                     if (st.timeout > 0 && kp_now() - st.t_start > st.timeout) {
                         timed_out = 1;
                         kp_check_stub(&cs->checks[k], r = KP_NOT_RUN, "the gate's timeout passed", chk);
@@ -289,6 +389,7 @@ int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err
                         cJSON_AddItemToArray(reasons, cJSON_CreateString(msg));
                     }
                 }
+                if (shared) shared->check_index = -1;
                 double t_close = kp_now();
                 kp_case_ctx_close(&ctx);
                 kp_json_add_double(receipt, "release_s", kp_now() - t_close);
@@ -301,22 +402,7 @@ int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err
             kp_json_add_double(receipt, "duration_s", kp_now() - t_case);
             cJSON_AddItemToObject(receipt, "environment", cJSON_Duplicate(st.env, 1));
         }
-        /* the summary table, from the checks as recorded */
-        const cJSON *checks = cJSON_GetObjectItemCaseSensitive(receipt, "checks");
-        for (const cJSON *chk = checks ? checks->child : NULL; chk; chk = chk->next) {
-            summary_row *grown = realloc(rows, sizeof *rows * (size_t)(nrows + 1));
-            if (!grown) break;
-            rows = grown;
-            summary_row *row = &rows[nrows++];
-            snprintf(row->case_name, sizeof row->case_name, "%s", cs->name);
-            const cJSON *l = cJSON_GetObjectItemCaseSensitive(chk, "label");
-            const cJSON *s = cJSON_GetObjectItemCaseSensitive(chk, "summary");
-            const cJSON *r = cJSON_GetObjectItemCaseSensitive(chk, "result");
-            snprintf(row->label, sizeof row->label, "%s", cJSON_IsString(l) ? l->valuestring : "?");
-            snprintf(row->figure, sizeof row->figure, "%s", cJSON_IsString(s) ? s->valuestring : "");
-            const int parsed = kp_result_parse(cJSON_IsString(r) ? r->valuestring : NULL);
-            row->result = parsed < 0 ? KP_FAILED : (kp_result)parsed;
-        }
+        summary_rows_add(&rows, &nrows, cs->name, cJSON_GetObjectItemCaseSensitive(receipt, "checks"));
         kp_digests_settle(); /* none is pending past kp_case_ctx_close; a receipt never holds a placeholder */
         pthread_mutex_lock(&st.lock);
         if (st.taken_over) { /* the watchdog is finishing the bundle; it will exit the process */
@@ -327,6 +413,13 @@ int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err
         int rc = kp_bundle_add_receipt(st.bundle, receipt, err);
         kp_stage_add(KP_STAGE_RECEIPTS, kp_now() - t_write);
         st.current = -1;
+        worst = worse(worst, case_result);
+        if (shared) { /* after the receipt: a worker that dies from here on has nothing of this case unrecorded */
+            shared->case_index = -1;
+            shared->worst = worst, shared->any_ran = any_ran, shared->device_lost = device_lost;
+            shared->timed_out = timed_out;
+            for (int s = 0; s < KP_STAGE_COUNT; s++) shared->stages[s] = kp_stage_seconds((kp_stage)s);
+        }
         pthread_mutex_unlock(&st.lock);
         if (rc) {
             st.stop_watchdog = 1;
@@ -336,7 +429,6 @@ int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err
             kp_bundle_free(st.bundle);
             return err->code;
         }
-        worst = worse(worst, case_result);
         progress(opt, st.done++, st.selected, cs->name, case_result, kp_now() - t_case, kp_now() - st.t_start);
     }
     pthread_mutex_lock(&st.lock);
@@ -359,6 +451,7 @@ int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err
         code = KP_EXIT_SKIP, verdict = kp_result_name(worst);
     }
     double t_finish = kp_now();
+    if (shared) __atomic_store_n(&shared->finishing, 1, __ATOMIC_SEQ_CST);
     cJSON *meta = meta_json(&st);
     int rc = kp_bundle_finish(st.bundle, verdict, code, meta, err);
     kp_stage_add(KP_STAGE_RECEIPTS, kp_now() - t_finish);
@@ -369,11 +462,154 @@ int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err
         for (int s = 0; s < KP_STAGE_COUNT; s++)
             fprintf(stderr, " %s %.2fs,", kp_stage_name((kp_stage)s), kp_stage_seconds((kp_stage)s));
         fprintf(stderr, " other %.2fs; run %.2fs (process start to here %.2fs)\n", run_s - kp_stage_total(), run_s,
-                kp_process_seconds());
+                kp_process_seconds(shared ? getppid() : getpid()));
     }
     cJSON_Delete(st.env);
     free(rows);
     kp_bundle_free(st.bundle);
     pthread_mutex_destroy(&st.lock);
     return rc ? err->code : code;
+}
+
+/* A worker died in case sh->case_index: record it FAILED (the signal, or the timeout, and the check it was in)
+ * unless its receipt was written before it died, and set the run up for the next worker. */
+static int record_death(const kp_config *cfg, const kp_run_options *opt, run_shared *sh, const kp_worker_end *end,
+                        kp_error *err) {
+    run_state st = {.cfg = cfg, .opt = opt, .current = -1};
+    int position = 0; /* receipts before the case's own */
+    for (int i = 0; i < cfg->ncases; i++) {
+        st.selected += selected(opt, cfg, i);
+        position += i < sh->case_index && selected(opt, cfg, i);
+    }
+    const kp_case_spec *cs = &cfg->cases[sh->case_index];
+    if (kp_bundle_resume(&st.bundle, opt->out_dir, err)) return err->code;
+    int rc = 0;
+    if (kp_bundle_count(st.bundle) == position) {
+        char how[200], reason[900], earlier[600], later[600];
+        kp_worker_describe(end, how, sizeof how);
+        const int k = sh->check_index < cs->nchecks ? sh->check_index : -1;
+        const char *what = k >= 0 ? cs->checks[k].label : NULL;
+        snprintf(reason, sizeof reason, "%s: the case's process %s %s%s%s; the cases after it run in a fresh process",
+                 end->deadline ? "timeout" : "crash", how, what ? "in check '" : "while preparing or releasing the case",
+                 what ? what : "", what ? "'" : "");
+        snprintf(earlier, sizeof earlier, "%s: this check ran, but what it found died with the case's process, which %s "
+                 "in check '%s'", end->deadline ? "timeout" : "crash", how, what ? what : "");
+        snprintf(later, sizeof later, "not reached: the case's process %s in check '%s'", how, what ? what : "");
+        st.env = kp_environment_json();
+        cJSON *receipt = stub_receipt_at(&st, cs, KP_FAILED, reason, k, earlier, later);
+        cJSON *death = cJSON_AddObjectToObject(receipt, "process");
+        cJSON_AddStringToObject(death, "ended", end->deadline ? "killed at the timeout" : end->signal ? "signal" : "exit");
+        if (end->signal && !end->deadline) kp_json_add_int(death, "signal", end->signal);
+        if (end->exited) kp_json_add_int(death, "status", end->status);
+        if (what) cJSON_AddStringToObject(death, "check", what);
+        fprintf(stderr, "kparity: %s: %s\n", cs->name, reason);
+        rc = kp_bundle_add_receipt(st.bundle, receipt, err);
+        if (!rc) progress(opt, position, st.selected, cs->name, KP_FAILED, 0.0, kp_now() - sh->t_start);
+        cJSON_Delete(st.env);
+    }
+    kp_bundle_free(st.bundle);
+    sh->worst = worse((kp_result)sh->worst, KP_FAILED);
+    sh->timed_out |= end->deadline;
+    sh->resume_at = sh->case_index + 1;
+    sh->case_index = sh->check_index = -1;
+    return rc;
+}
+
+/* The supervisor: start a worker, wait for it, and when it dies in a case record that case FAILED and start
+ * a fresh worker for the rest (each death takes one case, so this ends). Past the gate's timeout (and the
+ * worker's own watchdog's grace) the worker is killed: a stopped or wedged process cannot hold the gate. */
+int kp_run_supervises(const kp_run_options *opt) {
+    const char *in_process = getenv("KPARITY_IN_PROCESS");
+    return opt->isolate && !kp_worker_is_one() && !(in_process && !strcmp(in_process, "1"));
+}
+
+/* The supervisor: start a worker, wait for it, and when it dies in a case record that case FAILED and start a
+ * fresh worker for the rest (each death takes one case, so this ends). It loads nothing itself until a worker
+ * has died in a case (then the config, to write that case's receipt): the worker starts at once, and the
+ * supervisor's own start costs no device initialisation. Past the gate's timeout (which the worker publishes
+ * once it has read the config) and the worker's own watchdog's grace, the worker is killed: a stopped or
+ * wedged process cannot hold the gate. */
+int kp_run_supervise(const char *config_path, const kp_run_options *opt, kp_error *err) {
+    run_shared *sh;
+    int fd;
+    if (kp_worker_share((void **)&sh, &fd, sizeof *sh, err)) return err->code;
+    sh->magic = RUN_SHARED_MAGIC;
+    sh->t_start = kp_now();
+    sh->case_index = sh->check_index = -1;
+    sh->worst = KP_PASSED;
+    if (snprintf(sh->out_dir, sizeof sh->out_dir, "%s", opt->out_dir) >= (int)sizeof sh->out_dir) {
+        kp_worker_unshare(sh, fd, sizeof *sh);
+        return kp_fail(err, KP_EXIT_USAGE, "--out: the path is longer than %zu bytes", sizeof sh->out_dir - 1);
+    }
+    kp_config cfg;
+    int have_cfg = 0, code;
+    for (;;) {
+        pid_t pid;
+        sh->workers++;
+        if (kp_worker_start(fd, &pid, err)) {
+            code = err->code;
+            break;
+        }
+        kp_worker_end end;
+        const double started = kp_now();
+        for (;;) {
+            /* Past the worker's own watchdog (2 s after the timeout) and then some; a worker started after the
+             * timeout (to record the cases left as NOT_RUN) gets 10 s; one finishing the bundle, a minute more.
+             * Until the worker has published the timeout, look again every quarter second. */
+            const double timeout = sh->timeout;
+            double deadline = sh->t_start + timeout + 2.0 + 3.0;
+            if (sh->workers > 1 && deadline < started + 10.0) deadline = started + 10.0;
+            if (__atomic_load_n(&sh->finishing, __ATOMIC_SEQ_CST)) deadline += 60.0;
+            kp_worker_wait(pid, timeout > 0 ? deadline : kp_now() + 0.25, &end);
+            if (!end.running) break;
+            if (timeout > 0 && kp_now() > deadline) {
+                kp_worker_kill(pid, &end);
+                break;
+            }
+        }
+        if (__atomic_load_n(&sh->returned, __ATOMIC_SEQ_CST) && !end.deadline) {
+            *err = sh->err;
+            code = sh->code;
+            break;
+        }
+        if (end.exited && !sh->opened && end.status != 127) { /* it stopped before the run: a config error it reported */
+            code = end.status;
+            break;
+        }
+        char how[200];
+        kp_worker_describe(&end, how, sizeof how);
+        if (!sh->opened || sh->case_index < 0) {
+            code = kp_fail(err, KP_EXIT_ENV, "the run's worker process %s %s%s%s", how,
+                           !sh->opened ? "before it made the bundle (while loading the config and its plugins?)"
+                                       : "outside any case (starting, between cases or finishing the bundle); the bundle ",
+                           sh->opened ? opt->out_dir : "", sh->opened ? " is unfinished (kparity verify says what is missing)" : "");
+            break;
+        }
+        if (!have_cfg && kp_config_load(config_path, &cfg, err)) {
+            kp_error_prefix(err, "recording the case a worker process died in: ");
+            code = err->code == KP_EXIT_USAGE ? KP_EXIT_ENV : err->code;
+            kp_config_free(&cfg);
+            break;
+        }
+        have_cfg = 1;
+        kp_run_options resumed = *opt;
+        resumed.out_dir = sh->out_dir;
+        if ((code = record_death(&cfg, &resumed, sh, &end, err))) break;
+    }
+    if (have_cfg) kp_config_free(&cfg);
+    kp_worker_unshare(sh, fd, sizeof *sh);
+    return code;
+}
+
+int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err) {
+    run_shared *shared = NULL;
+    const int worker = kp_worker_attach((void **)&shared, sizeof *shared, err);
+    if (worker < 0) return err->code;
+    if (worker && shared->magic != RUN_SHARED_MAGIC)
+        return kp_fail(err, KP_EXIT_ENV, "the block shared with the supervisor is not a run's");
+    if (!worker) return run_cases(cfg, opt, NULL, err);
+    /* the supervisor's --out (a default one is named from the clock, which may have moved on since) */
+    kp_run_options own = *opt;
+    own.out_dir = shared->out_dir;
+    worker_exit(shared, run_cases(cfg, &own, shared, err), err);
 }

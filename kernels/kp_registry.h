@@ -40,6 +40,10 @@ const char *kp_impl_origin(const kp_impl *impl, const char **sha256_hex);
 /* Load a plugin (a shared library exporting kparity_impls), check every entry's ABI, family and
  * name, and register its impls. Exit class 2 naming the path and the field on any mismatch. */
 int kp_plugin_load(const char *path, kp_error *err);
+/* The same, for a plugin whose SHA-256 (hex) is pinned: a file with another digest is refused before
+ * dlopen, so none of its code (constructors included) runs; one that changes during the load is refused
+ * after it. pin NULL: kp_plugin_load. */
+int kp_plugin_load_pinned(const char *path, const char *pin, kp_error *err);
 
 /* Register an impl that stands for outputs made outside kparity (`kparity judge`): origin names the files and
  * sha256_hex is its identity (recorded where a plugin's digest would be). Its name must be new. */

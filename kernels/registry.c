@@ -139,23 +139,43 @@ static int check_plugin_impl(const char *path, const kp_impl *impls, int i, kp_e
     return 0;
 }
 
-int kp_plugin_load(const char *path, kp_error *err) {
+int kp_plugin_load(const char *path, kp_error *err) { return kp_plugin_load_pinned(path, NULL, err); }
+
+int kp_plugin_load_pinned(const char *path, const char *pin, kp_error *err) {
     if (!path || !*path) return kp_fail(err, KP_EXIT_USAGE, "plugin path is empty");
     /* A bare name would make dlopen search the library path: demand a path so the digest in the
      * receipt is of the file that was really loaded. */
     if (!strchr(path, '/'))
         return kp_fail(err, KP_EXIT_USAGE, "plugin %s: give a path (e.g. ./%s), not a bare library name", path, path);
+    char sha[KP_SHA256_HEX_LEN];
+    int rc;
+    /* Before dlopen: loading runs the library's constructors, so a file that is not the pinned one must
+     * never get that far. */
+    if (pin) {
+        if ((rc = kp_sha256_file_hex(path, sha, err))) {
+            kp_error_prefix(err, "plugin %s: ", path);
+            return rc;
+        }
+        if (strcmp(sha, pin))
+            return kp_fail(err, KP_EXIT_USAGE, "plugin %s has SHA-256 %s, the config pins %s; it was not loaded", path, sha, pin);
+    }
     void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
         const char *why = dlerror();
         return kp_fail(err, KP_EXIT_USAGE, "plugin %s: cannot load: %s", path, why ? why : "dlopen failed");
     }
-    char sha[KP_SHA256_HEX_LEN];
-    int rc = kp_sha256_file_hex(path, sha, err);
+    rc = kp_sha256_file_hex(path, sha, err);
     if (rc) {
         dlclose(lib);
         kp_error_prefix(err, "plugin %s: ", path);
         return rc;
+    }
+    /* The digest receipts record is taken after the load; with a pin it must still be the pin, or the
+     * file changed between the check and the load (its constructors have run: refuse it all the same). */
+    if (pin && strcmp(sha, pin)) {
+        dlclose(lib);
+        return kp_fail(err, KP_EXIT_USAGE, "plugin %s changed while it was loaded (SHA-256 %s, the config pins %s); "
+                       "refused", path, sha, pin);
     }
     dlerror();
     void *sym = dlsym(lib, KP_PLUGIN_ENTRY_NAME);

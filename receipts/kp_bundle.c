@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "kp_json.h"
 #include "kp_npy.h"
@@ -35,6 +36,27 @@ static char *parent_of(const char *path) {
     const char *slash = strrchr(path, '/');
     if (!slash) return strdup(".");
     return strndup(path, slash == path ? 1 : (size_t)(slash - path));
+}
+
+/* mkdir, as one file operation of the fault hook (kp_fault_point). */
+static int fault_mkdir(const char *path) {
+    int f = kp_fault_point(1);
+    if (f) errno = f;
+    return f ? -1 : mkdir(path, 0755);
+}
+
+/* Every write past kp_bundle_open: a failure there is the machine's (kp_bundle_open made the folder and
+ * wrote in it), and the run stops with the bundle unfinished, which verify calls incomplete. */
+static int bundle_write_failed(const kp_bundle *b, kp_error *err) {
+    err->code = KP_EXIT_ENV;
+    size_t n = strlen(err->msg);
+    snprintf(err->msg + n, sizeof err->msg - n, "; the bundle stays unfinished (kparity verify %s says what is missing)",
+             b->dir);
+    return KP_EXIT_ENV;
+}
+
+static int bundle_write(const kp_bundle *b, const char *path, const void *data, size_t len, kp_error *err) {
+    return kp_write_file_atomic(path, data, len, err) ? bundle_write_failed(b, err) : 0;
 }
 
 /* Explain a failed mkdir of the bundle folder in terms of its parent, since that is what the
@@ -72,7 +94,7 @@ int kp_bundle_open(kp_bundle **out, const char *dir, kp_error *err) {
             return KP_EXIT_USAGE;
         }
         closedir(d);
-    } else if (errno != ENOENT || mkdir(dir, 0755) != 0) {
+    } else if (errno != ENOENT || fault_mkdir(dir) != 0) {
         return creation_failed(dir, errno, err);
     }
 
@@ -88,7 +110,7 @@ int kp_bundle_open(kp_bundle **out, const char *dir, kp_error *err) {
     const char *subs[] = {"receipts", "artifacts"};
     for (int i = 0; i < 2; i++) {
         char *p = join(b->dir, subs[i]);
-        int ok = p && mkdir(p, 0755) == 0;
+        int ok = p && fault_mkdir(p) == 0;
         int e = errno;
         free(p);
         if (!ok) {
@@ -114,7 +136,7 @@ int kp_bundle_add_artifact(kp_bundle *b, const char *descr, int ndim, const int6
     int rc = 0;
     struct stat st;
     if (!path) rc = kp_fail(err, KP_EXIT_ENV, "out of memory");
-    else if (stat(path, &st) != 0) rc = kp_write_file_atomic(path, buf, len, err);
+    else if (stat(path, &st) != 0) rc = bundle_write(b, path, buf, len, err);
     /* else: the name is the digest of these exact bytes, so the file already holds them */
     free(path);
     free(buf);
@@ -168,6 +190,27 @@ static int check_receipt(const kp_bundle *b, const cJSON *r, int64_t index, kp_e
     return 0;
 }
 
+/* Record a written receipt for the reports and bundle.json, and make it the chain's head. */
+static int add_row(kp_bundle *b, const char *rel, const char digest[KP_SHA256_HEX_LEN], const cJSON *receipt,
+                   int64_t index, kp_error *err) {
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(receipt, "case");
+    cJSON *row = cJSON_CreateObject();
+    cJSON *reasons = cJSON_GetObjectItemCaseSensitive(receipt, "reasons");
+    cJSON *checks = cJSON_GetObjectItemCaseSensitive(receipt, "checks");
+    cJSON *impls = cJSON_GetObjectItemCaseSensitive(receipt, "impls"); /* report.html's impl times */
+    if (!row || !cJSON_AddItemToArray(b->rows, row) || !cJSON_AddStringToObject(row, "file", rel) ||
+        !cJSON_AddStringToObject(row, "sha256", digest) ||
+        !cJSON_AddStringToObject(row, "case", cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(c, "name"))) ||
+        !cJSON_AddStringToObject(row, "result", cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(receipt, "result"))) ||
+        !replace_member(row, "reasons", reasons ? cJSON_Duplicate(reasons, 1) : cJSON_CreateArray()) ||
+        !replace_member(row, "checks", checks ? cJSON_Duplicate(checks, 1) : cJSON_CreateArray()) ||
+        (impls && !replace_member(row, "impls", cJSON_Duplicate(impls, 1))))
+        return kp_fail(err, KP_EXIT_ENV, "out of memory recording receipt %lld", (long long)index);
+    memcpy(b->prev, digest, KP_SHA256_HEX_LEN);
+    b->count = index;
+    return 0;
+}
+
 int kp_bundle_add_receipt(kp_bundle *b, cJSON *receipt, kp_error *err) {
     int64_t index = b->count + 1;
     char rel[64], digest[KP_SHA256_HEX_LEN];
@@ -192,26 +235,9 @@ int kp_bundle_add_receipt(kp_bundle *b, cJSON *receipt, kp_error *err) {
         rc = kp_fail(err, KP_EXIT_ENV, "out of memory printing receipt %lld", (long long)index);
         goto out;
     }
-    if ((rc = kp_write_file_atomic(path, text, strlen(text), err))) goto out;
+    if ((rc = bundle_write(b, path, text, strlen(text), err))) goto out;
     kp_sha256_hex(text, strlen(text), digest);
-
-    const cJSON *c = cJSON_GetObjectItemCaseSensitive(receipt, "case");
-    cJSON *row = cJSON_CreateObject();
-    cJSON *reasons = cJSON_GetObjectItemCaseSensitive(receipt, "reasons");
-    cJSON *checks = cJSON_GetObjectItemCaseSensitive(receipt, "checks");
-    cJSON *impls = cJSON_GetObjectItemCaseSensitive(receipt, "impls"); /* report.html's impl times */
-    if (!row || !cJSON_AddItemToArray(b->rows, row) || !cJSON_AddStringToObject(row, "file", rel) ||
-        !cJSON_AddStringToObject(row, "sha256", digest) ||
-        !cJSON_AddStringToObject(row, "case", cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(c, "name"))) ||
-        !cJSON_AddStringToObject(row, "result", cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(receipt, "result"))) ||
-        !replace_member(row, "reasons", reasons ? cJSON_Duplicate(reasons, 1) : cJSON_CreateArray()) ||
-        !replace_member(row, "checks", checks ? cJSON_Duplicate(checks, 1) : cJSON_CreateArray()) ||
-        (impls && !replace_member(row, "impls", cJSON_Duplicate(impls, 1)))) {
-        rc = kp_fail(err, KP_EXIT_ENV, "out of memory recording receipt %lld", (long long)index);
-        goto out;
-    }
-    memcpy(b->prev, digest, KP_SHA256_HEX_LEN);
-    b->count = index;
+    rc = add_row(b, rel, digest, receipt, index, err);
 out:
     free(text);
     free(path);
@@ -222,7 +248,7 @@ out:
 static int write_text(const kp_bundle *b, const char *rel, char *text, kp_error *err) {
     if (!text) return kp_fail(err, KP_EXIT_ENV, "out of memory rendering %s", rel);
     char *path = join(b->dir, rel);
-    int rc = path ? kp_write_file_atomic(path, text, strlen(text), err) : kp_fail(err, KP_EXIT_ENV, "out of memory");
+    int rc = path ? bundle_write(b, path, text, strlen(text), err) : kp_fail(err, KP_EXIT_ENV, "out of memory");
     free(path);
     free(text);
     return rc;
@@ -301,7 +327,10 @@ int kp_bundle_finish(kp_bundle *b, const char *verdict, int exit_code, cJSON *me
     }
     if ((rc = write_text(b, "bundle.json", text, err))) goto out;
     /* Last, so it covers every other file in its final form. */
-    if ((rc = kp_bundle_write_manifest(b->dir, err))) goto out;
+    if ((rc = kp_bundle_write_manifest(b->dir, err))) {
+        bundle_write_failed(b, err);
+        goto out;
+    }
     b->finished = 1;
 out:
     cJSON_Delete(meta);
@@ -313,6 +342,88 @@ void kp_bundle_free(kp_bundle *b) {
     free(b->dir);
     cJSON_Delete(b->rows);
     free(b);
+}
+
+int64_t kp_bundle_count(const kp_bundle *b) { return b->count; }
+const cJSON *kp_bundle_rows(const kp_bundle *b) { return b->rows; }
+
+/* Remove what writes that never finished left in one folder of the bundle (kp_write_file_atomic's
+ * temporary files); nothing else is touched. */
+static int drop_temp_files(const char *folder, kp_error *err) {
+    DIR *d = opendir(folder);
+    if (!d) return kp_fail(err, KP_EXIT_ENV, "%s: cannot read the folder: %s", folder, strerror(errno));
+    struct dirent *e;
+    int rc = 0;
+    while (!rc && (e = readdir(d)) != NULL) {
+        if (!kp_bundle_is_temp_name(e->d_name)) continue;
+        char *p = join(folder, e->d_name);
+        if (!p || unlink(p) != 0) rc = kp_fail(err, KP_EXIT_ENV, "%s/%s: cannot remove a write that never finished: %s",
+                                                folder, e->d_name, p ? strerror(errno) : "out of memory");
+        free(p);
+    }
+    closedir(d);
+    return rc;
+}
+
+int kp_bundle_resume(kp_bundle **out, const char *dir, kp_error *err) {
+    *out = NULL;
+    kp_bundle *b = calloc(1, sizeof *b);
+    if (!b || !(b->dir = strdup(dir)) || !(b->rows = cJSON_CreateArray())) {
+        kp_bundle_free(b);
+        return kp_fail(err, KP_EXIT_ENV, "out of memory reopening bundle %s", dir);
+    }
+    size_t n = strlen(b->dir);
+    while (n > 1 && b->dir[n - 1] == '/') b->dir[--n] = '\0';
+    memcpy(b->prev, KP_ZERO_DIGEST, KP_SHA256_HEX_LEN);
+    int rc = 0;
+    struct stat st;
+    const char *finished[] = {"bundle.json", "manifest.sha256"}, *subs[] = {"", "receipts", "artifacts"};
+    for (int i = 0; !rc && i < 2; i++) {
+        char *p = join(dir, finished[i]);
+        if (!p) rc = kp_fail(err, KP_EXIT_ENV, "out of memory");
+        else if (stat(p, &st) == 0) rc = kp_fail(err, KP_EXIT_ENV, "%s: already finished (it has %s); nothing can be added", dir, finished[i]);
+        free(p);
+    }
+    for (int i = 0; !rc && i < 3; i++) {
+        char *p = *subs[i] ? join(dir, subs[i]) : strdup(dir);
+        rc = p ? drop_temp_files(p, err) : kp_fail(err, KP_EXIT_ENV, "out of memory");
+        free(p);
+    }
+    for (int64_t index = 1; !rc; index++) {
+        char rel[64], digest[KP_SHA256_HEX_LEN], *path = NULL, *text = NULL;
+        size_t len = 0, at = 0;
+        snprintf(rel, sizeof rel, "receipts/%04lld.json", (long long)index);
+        if (!(path = join(dir, rel))) {
+            rc = kp_fail(err, KP_EXIT_ENV, "out of memory");
+            break;
+        }
+        if (stat(path, &st) != 0) { /* the first receipt not written: the end */
+            free(path);
+            break;
+        }
+        cJSON *r = NULL;
+        int64_t got = 0;
+        if (kp_read_file(path, &text, &len, err)) rc = KP_EXIT_ENV;
+        else if (!(r = kp_json_parse(text, len, &at)))
+            rc = kp_fail(err, KP_EXIT_ENV, "%s: does not parse as JSON (byte %zu); the bundle cannot be continued", path, at);
+        else {
+            kp_sha256_hex(text, len, digest);
+            const char *prev = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(r, "chain"), "prev"));
+            if (kp_json_get_int(r, "index", &got) || got != index || !prev || strcmp(prev, b->prev))
+                rc = kp_fail(err, KP_EXIT_ENV, "%s: its index or chain.prev is not what receipt %lld of this bundle would hold",
+                             path, (long long)index);
+            else rc = add_row(b, rel, digest, r, index, err);
+        }
+        cJSON_Delete(r);
+        free(text);
+        free(path);
+    }
+    if (rc) {
+        kp_bundle_free(b);
+        return rc;
+    }
+    *out = b;
+    return 0;
 }
 
 int kp_bundle_write_manifest(const char *dir, kp_error *err) {

@@ -15,6 +15,7 @@
 #include <cjson/cJSON.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "../cases/kp_common.h"
 #include "../cases/kp_sha256.h"
@@ -25,8 +26,20 @@ typedef struct kp_bundle kp_bundle;
 #define KP_ZERO_DIGEST "0000000000000000000000000000000000000000000000000000000000000000"
 
 /* Create `dir` (it must not exist, or be an empty folder; its parent must exist) with receipts/ and
- * artifacts/. KP_EXIT_USAGE naming the path and the reason when it cannot be created or written. */
+ * artifacts/. KP_EXIT_USAGE naming the path and the reason when it cannot be created or written.
+ * Past this point every write that fails is KP_EXIT_ENV naming the file and why, and leaves the bundle
+ * unfinished: no bundle.json or manifest is written after a failed write, so verify calls it incomplete. */
 int kp_bundle_open(kp_bundle **out, const char *dir, kp_error *err);
+
+/* Reopen a bundle a run left unfinished (its process died: no bundle.json, no manifest) to append to it:
+ * receipts/0001.json.. are read back in order, each checked against its index and the chain, and the
+ * temporary files of writes that never finished are removed. KP_EXIT_ENV naming the file when what is
+ * there does not read back as this bundle wrote it. */
+int kp_bundle_resume(kp_bundle **out, const char *dir, kp_error *err);
+/* Receipts written (or read back by kp_bundle_resume), and one row per receipt: {"file", "sha256", "case",
+ * "result", "reasons", "checks"}, owned by the bundle. */
+int64_t kp_bundle_count(const kp_bundle *b);
+const cJSON *kp_bundle_rows(const kp_bundle *b);
 
 /* Store an array as artifacts/<sha256>.npy (content addressed; the same bytes are stored once).
  * `digest` receives the file's SHA-256, `relpath` its path inside the bundle. */
@@ -46,7 +59,10 @@ void kp_bundle_free(kp_bundle *b);
 
 /* Recheck a bundle: every manifest line, no file added or removed, bundle.json's receipt digests,
  * the chain, every artifact a receipt names. 0 when intact; KP_EXIT_INCORRECT with a message
- * naming the first bad file otherwise; KP_EXIT_USAGE when `dir` is not a bundle. */
+ * naming the first bad file otherwise; KP_EXIT_USAGE when `dir` is not a bundle. A bundle whose run
+ * stopped before its manifest (killed, disk full) is KP_EXIT_INCORRECT with a message that begins
+ * "incomplete:", names the last receipt and what is missing, after checking that every file there
+ * is whole and chained; damage to what is there is reported as for a finished bundle. */
 int kp_bundle_verify(const char *dir, kp_error *err);
 
 /* Read a receipt file of a bundle (for replay), numbers kept exact (kp_json_parse).
@@ -58,6 +74,8 @@ int kp_bundle_read_json(const char *path, cJSON **out, kp_error *err);
  * folder (a symlink, a socket), or whose name a manifest line cannot hold (control character, backslash). */
 int kp_bundle_list_files(const char *dir, char ***paths, size_t *count, kp_error *err);
 void kp_bundle_free_list(char **paths, size_t count);
+/* Whether a name (no folder) is a temporary file of kp_write_file_atomic: ".<name>.tmp-XXXXXX". */
+int kp_bundle_is_temp_name(const char *name);
 /* (Re)write DIR/manifest.sha256 over every other file: "<64 hex>  <path>\n", sorted by path. */
 int kp_bundle_write_manifest(const char *dir, kp_error *err);
 
@@ -68,5 +86,18 @@ int kp_bundle_write_manifest(const char *dir, kp_error *err);
 char *kp_report_junit(const cJSON *rows);
 char *kp_report_summary_md(const cJSON *rows, const char *verdict, int exit_code);
 char *kp_report_html(const cJSON *rows, const char *verdict, int exit_code);
+
+/* Fault injection for the crash-consistency tests (tests/test_crash.c), in kp_fileio.c. KPARITY_FAULT=kill@N,
+ * enospc@N or eacces@N acts at this process's Nth file operation that writes (a bundle folder made; a file
+ * created, written, synced, closed, renamed into place, its folder synced; counted from 1):
+ *   kill@N    SIGKILL there, after writing half when it is a write (the torn temporary file a crash leaves),
+ *             and the pid given to kp_fault_also_kill first (a run's supervisor: the whole gate dies at once);
+ *   enospc@N  that operation and every later one fails with ENOSPC (a full disk stays full);
+ *   eacces@N  every operation from the Nth on that adds or renames a folder entry fails with EACCES.
+ * Unset, it costs one predicted branch per operation. kp_fault_point counts one operation and returns 0 (go
+ * ahead) or the errno to fail it with (kill does not return); in_folder: the operation adds or renames an
+ * entry (mkdir, create, rename). */
+int kp_fault_point(int in_folder);
+void kp_fault_also_kill(pid_t pid);
 
 #endif

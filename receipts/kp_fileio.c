@@ -12,11 +12,82 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <signal.h>
+
 #include "kp_bundle.h"
 #include "kp_npy.h"
 
-/* Creating the file is where a wrong path shows (usage); a failed write or sync after that is the
- * disk or the system (environment). */
+/* KPARITY_FAULT, read once: -1 not yet read, 0 unset, else the fault armed. */
+static int fault_kind = -1;
+static long fault_at, fault_ops;
+static pid_t fault_also;
+enum { FAULT_KILL = 1, FAULT_ENOSPC, FAULT_EACCES };
+
+void kp_fault_also_kill(pid_t pid) { fault_also = pid; }
+
+_Noreturn static void fault_kill(void) {
+    if (fault_also > 0) kill(fault_also, SIGKILL);
+    raise(SIGKILL);
+    _exit(137); /* not reached: SIGKILL cannot be caught */
+}
+
+static void fault_read(void) {
+    const char *v = getenv("KPARITY_FAULT");
+    fault_kind = 0;
+    if (!v || !*v) return;
+    static const struct {
+        const char *name;
+        int kind;
+    } kinds[] = {{"kill@", FAULT_KILL}, {"enospc@", FAULT_ENOSPC}, {"eacces@", FAULT_EACCES}};
+    for (size_t i = 0; i < sizeof kinds / sizeof *kinds; i++) {
+        size_t n = strlen(kinds[i].name);
+        char *end;
+        if (strncmp(v, kinds[i].name, n) != 0) continue;
+        long at = strtol(v + n, &end, 10);
+        if (end == v + n || *end || at < 1) break;
+        fault_kind = kinds[i].kind, fault_at = at;
+        return;
+    }
+    /* A test that set a fault it did not get would pass for nothing: refuse loudly. */
+    kp_abort(__FILE__, __LINE__, "KPARITY_FAULT='%s': expected kill@N, enospc@N or eacces@N with N >= 1", v);
+}
+
+/* The fault for the next operation: 0, FAULT_KILL or an errno. */
+static int fault_next(int in_folder) {
+    if (__builtin_expect(fault_kind == 0, 1)) return 0;
+    if (fault_kind < 0) {
+        fault_read();
+        if (fault_kind == 0) return 0;
+    }
+    if (++fault_ops < fault_at) return 0;
+    if (fault_kind == FAULT_KILL) return -1;
+    /* From the Nth operation on: a full disk stays full, an unwritable folder stays so (and only
+     * what adds or renames an entry in a folder needs it writable). */
+    if (fault_kind == FAULT_ENOSPC) return ENOSPC;
+    return in_folder ? EACCES : 0;
+}
+
+int kp_fault_point(int in_folder) {
+    int f = fault_next(in_folder);
+    if (f < 0) fault_kill();
+    return f;
+}
+
+/* One step of the atomic writer: 0, or -1 with errno set as the failing call would set it. */
+static int fault_step(int in_folder) {
+    int f = kp_fault_point(in_folder);
+    if (f) errno = f;
+    return f ? -1 : 0;
+}
+
+/* A missing or unwritable folder is the caller's path (usage); a full disk, a failed write or sync is
+ * the disk or the system (environment). kp_bundle makes every failure past kp_bundle_open environment:
+ * it made and checked the folder itself, so a change under it is the machine's. */
+static int create_failure_code(int e) {
+    return e == ENOENT || e == ENOTDIR || e == EACCES || e == EPERM || e == EROFS || e == ENAMETOOLONG ? KP_EXIT_USAGE
+                                                                                                      : KP_EXIT_ENV;
+}
+
 int kp_write_file_atomic(const char *path, const void *data, size_t len, kp_error *err) {
     const char *slash = strrchr(path, '/');
     const char *base = slash ? slash + 1 : path;
@@ -27,17 +98,23 @@ int kp_write_file_atomic(const char *path, const void *data, size_t len, kp_erro
         return kp_fail(err, KP_EXIT_ENV, "%s: out of memory", path);
     }
     int rc = 0;
-    int fd = mkstemp(tmp);
+    int fd = fault_step(1) ? -1 : mkstemp(tmp);
     if (fd < 0) {
-        rc = kp_fail(err, KP_EXIT_USAGE, "%s: cannot create a file in %s: %s", path, folder, strerror(errno));
+        int e = errno;
+        rc = kp_fail(err, create_failure_code(e), "%s: cannot create a file in %s: %s", path, folder, strerror(e));
         goto out;
     }
     /* mkstemp makes 0600; bundles are meant to be read by others (CI uploads, reviewers). */
     fchmod(fd, 0644);
     const unsigned char *p = data;
     size_t left = len;
+    int f = fault_next(0);
+    if (f < 0) { /* die with the temporary file half written: the torn file a crash leaves */
+        if (write(fd, p, left / 2) < 0) {}
+        fault_kill();
+    }
     while (left > 0) {
-        ssize_t n = write(fd, p, left);
+        ssize_t n = f ? (errno = f, -1) : write(fd, p, left);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) {
             rc = kp_fail(err, KP_EXIT_ENV, "%s: write failed: %s", path, n < 0 ? strerror(errno) : "no progress");
@@ -49,24 +126,27 @@ int kp_write_file_atomic(const char *path, const void *data, size_t len, kp_erro
         left -= (size_t)n;
     }
     /* fsync before rename: otherwise a crash can leave the new name pointing at an empty file. */
-    if (fsync(fd) != 0) {
+    if (fault_step(0) || fsync(fd) != 0) {
         rc = kp_fail(err, KP_EXIT_ENV, "%s: sync failed: %s", path, strerror(errno));
         close(fd);
         unlink(tmp);
         goto out;
     }
-    if (close(fd) != 0) {
+    int injected = fault_step(0);
+    if (injected || close(fd) != 0) {
         rc = kp_fail(err, KP_EXIT_ENV, "%s: close failed: %s", path, strerror(errno));
+        if (injected) close(fd); /* never close twice: after a failed close the descriptor is gone */
         unlink(tmp);
         goto out;
     }
-    if (rename(tmp, path) != 0) {
-        rc = kp_fail(err, KP_EXIT_USAGE, "%s: cannot rename the finished file into place: %s", path, strerror(errno));
+    if (fault_step(1) || rename(tmp, path) != 0) {
+        int e = errno;
+        rc = kp_fail(err, create_failure_code(e), "%s: cannot rename the finished file into place: %s", path, strerror(e));
         unlink(tmp);
         goto out;
     }
     /* The rename lives in the folder: sync it too, or a crash may forget the new entry. */
-    int dfd = open(folder, O_RDONLY | O_DIRECTORY);
+    int dfd = fault_step(0) ? -1 : open(folder, O_RDONLY | O_DIRECTORY);
     if (dfd < 0 || fsync(dfd) != 0) rc = kp_fail(err, KP_EXIT_ENV, "%s: cannot sync folder %s: %s", path, folder, strerror(errno));
     if (dfd >= 0) close(dfd);
 out:
@@ -105,6 +185,11 @@ int kp_read_file(const char *path, char **buf, size_t *len, kp_error *err) {
     *buf = data;
     *len = n;
     return 0;
+}
+
+int kp_bundle_is_temp_name(const char *name) {
+    const char *mark = strstr(name, ".tmp-");
+    return name[0] == '.' && mark && mark > name + 1 && strlen(mark) == 11;
 }
 
 typedef struct {

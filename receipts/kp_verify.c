@@ -193,8 +193,13 @@ static int check_bundle_json(const manifest *m, kp_error *err) {
     char *path = NULL;
     if (asprintf(&path, "%s/bundle.json", m->dir) < 0) return kp_fail(err, KP_EXIT_ENV, "out of memory");
     cJSON *doc = NULL;
+    struct stat st;
+    int there = stat(path, &st) == 0;
     int rc = kp_bundle_read_json(path, &doc, err);
     free(path);
+    if (rc && !there)
+        return kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: bundle.json: missing, though manifest.sha256 is there (a run "
+                       "writes bundle.json before its manifest)", m->dir);
     if (rc) return kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: bundle.json: not valid JSON", m->dir);
     const cJSON *list = cJSON_GetObjectItemCaseSensitive(doc, "receipts"), *entry;
     char prev[KP_SHA256_HEX_LEN] = KP_ZERO_DIGEST;
@@ -239,19 +244,196 @@ static int check_artifact_names(const manifest *m, kp_error *err) {
     return 0;
 }
 
+/* Whether dir/rel exists (as a folder when `folder`). */
+static int present(const char *dir, const char *rel, int folder) {
+    char *p = NULL;
+    struct stat st;
+    if (asprintf(&p, "%s/%s", dir, rel) < 0) return 0;
+    int there = stat(p, &st) == 0 && (!folder || S_ISDIR(st.st_mode));
+    free(p);
+    return there;
+}
+
+/* The files a run writes, by name: receipts/NNNN.json, artifacts/<sha256>.npy and the finished bundle's own. */
+static int written_by_a_run(const char *path) {
+    static const char *const finish[] = {"bundle.json", "junit.xml", "summary.md", "report.html"};
+    for (size_t i = 0; i < sizeof finish / sizeof *finish; i++)
+        if (strcmp(path, finish[i]) == 0) return 1;
+    long long k;
+    char again[64];
+    if (sscanf(path, "receipts/%lld.json", &k) == 1 && k >= 1 &&
+        (snprintf(again, sizeof again, "receipts/%04lld.json", k), strcmp(again, path) == 0))
+        return 1;
+    size_t n = strlen(path);
+    if (n != 10 + 64 + 4 || strncmp(path, "artifacts/", 10) != 0 || strcmp(path + n - 4, ".npy") != 0) return 0;
+    for (size_t i = 10; i < 74; i++)
+        if (!((path[i] >= '0' && path[i] <= '9') || (path[i] >= 'a' && path[i] <= 'f'))) return 0;
+    return 1;
+}
+
+/* A temporary file of a write that never finished, in a folder a run writes into. */
+static int unfinished_write(const char *path) {
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    size_t folder = slash ? (size_t)(slash - path) : 0;
+    int in_run_folder = !slash || (folder == 8 && !strncmp(path, "receipts", 8)) || (folder == 9 && !strncmp(path, "artifacts", 9));
+    return in_run_folder && kp_bundle_is_temp_name(base);
+}
+
+/* The receipts of a bundle without bundle.json, walked as a run writes them: 0001 on, each whole, its index
+ * its own, chained to the one before, naming only artifacts the bundle holds with their digests. */
+static int check_receipts_alone(const manifest *m, int64_t *count, cJSON **last, kp_error *err) {
+    char prev[KP_SHA256_HEX_LEN] = KP_ZERO_DIGEST;
+    *count = 0;
+    *last = NULL;
+    for (int64_t index = 1;; index++) {
+        char file[64];
+        snprintf(file, sizeof file, "receipts/%04lld.json", (long long)index);
+        const manifest_entry *me = lookup(m, file);
+        if (!me) break;
+        char *path = NULL;
+        if (asprintf(&path, "%s/%s", m->dir, file) < 0) return kp_fail(err, KP_EXIT_ENV, "out of memory");
+        cJSON *r = NULL;
+        int rc = kp_bundle_read_json(path, &r, err);
+        free(path);
+        if (rc) return kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: not valid JSON (a receipt is written whole or not "
+                               "at all, so this one was damaged after)", m->dir, file);
+        int64_t got = 0;
+        const char *chain_prev = str_at(cJSON_GetObjectItemCaseSensitive(r, "chain"), "prev");
+        if (kp_json_get_int(r, "index", &got) != 0 || got != index)
+            rc = kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: \"index\" is not %lld (receipts out of order)", m->dir, file,
+                         (long long)index);
+        else if (!same(chain_prev, prev))
+            rc = kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: chain.prev %s is not the digest of receipts/%04lld.json, %s "
+                         "(chain broken: one of the two was changed)", m->dir, file, chain_prev ? chain_prev : "(none)",
+                         (long long)index - 1, prev);
+        const cJSON *a;
+        cJSON_ArrayForEach(a, cJSON_GetObjectItemCaseSensitive(r, "artifacts")) {
+            if (rc) break;
+            const char *af = str_at(a, "file"), *sha = str_at(a, "sha256");
+            const manifest_entry *ae = af ? lookup(m, af) : NULL;
+            if (!ae)
+                rc = kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: names artifact '%s', which the bundle does not hold "
+                             "(a run writes a receipt's artifacts before it)", m->dir, file, af ? af : "(no file)");
+            else if (!same(sha, ae->hex))
+                rc = kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: %s records sha256 %s, the artifact has %s", m->dir, af,
+                             file, sha ? sha : "(none)", ae->hex);
+        }
+        if (rc) {
+            cJSON_Delete(r);
+            return rc;
+        }
+        cJSON_Delete(*last);
+        *last = r;
+        *count = index;
+        memcpy(prev, me->hex, KP_SHA256_HEX_LEN);
+    }
+    for (size_t i = 0; i < m->count; i++) {
+        long long k = 0;
+        if (sscanf(m->entries[i].path, "receipts/%lld.json", &k) == 1 && k > *count)
+            return kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: present, but receipt %lld is not (a run writes them in "
+                           "order)", m->dir, m->entries[i].path, (long long)*count + 1);
+    }
+    return 0;
+}
+
+/* A bundle with no manifest: its run stopped before the end (killed, the disk full, a crash), or the manifest
+ * was removed. Everything there is checked as verify checks a finished bundle, with digests taken from the
+ * files themselves; when all of it is whole, the answer is "incomplete", naming the last receipt and what
+ * is missing, never "intact". */
+static int check_unfinished(const char *dir, kp_error *err) {
+    manifest m = {.dir = dir};
+    char **disk = NULL, unfinished[400] = "";
+    size_t n_disk = 0, n_unfinished = 0, n_artifacts = 0, used = 0;
+    int64_t count = 0;
+    cJSON *last = NULL;
+    int rc = kp_bundle_list_files(dir, &disk, &n_disk, err);
+    if (rc == KP_EXIT_USAGE) {
+        kp_error_prefix(err, "bundle %s: ", dir);
+        rc = err->code = KP_EXIT_INCORRECT;
+    }
+    for (size_t i = 0; !rc && i < n_disk; i++) {
+        if (unfinished_write(disk[i])) {
+            if (n_unfinished++ < 3 && used + 1 < sizeof unfinished) {
+                int w = snprintf(unfinished + used, sizeof unfinished - used, "%s%s", n_unfinished > 1 ? ", " : "", disk[i]);
+                used = w < 0 || (size_t)w >= sizeof unfinished - used ? sizeof unfinished - 1 : used + (size_t)w;
+            }
+            continue;
+        }
+        if (!written_by_a_run(disk[i])) {
+            rc = kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: present, but no kparity run writes such a file", dir, disk[i]);
+            break;
+        }
+        manifest_entry *grown = realloc(m.entries, (m.count + 1) * sizeof *grown);
+        if (!grown) {
+            rc = kp_fail(err, KP_EXIT_ENV, "out of memory");
+            break;
+        }
+        m.entries = grown;
+        manifest_entry *e = &m.entries[m.count];
+        char *full = NULL;
+        if (asprintf(&full, "%s/%s", dir, disk[i]) < 0 || !(e->path = strdup(disk[i]))) {
+            free(full);
+            rc = kp_fail(err, KP_EXIT_ENV, "out of memory");
+            break;
+        }
+        m.count++;
+        e->line = 0;
+        rc = kp_sha256_file_hex(full, e->hex, err);
+        free(full);
+        n_artifacts += strncmp(disk[i], "artifacts/", 10) == 0;
+    }
+    if (!rc) rc = check_artifact_names(&m, err);
+    if (!rc) rc = check_receipts_alone(&m, &count, &last, err);
+    int have_bundle_json = lookup(&m, "bundle.json") != NULL;
+    if (!rc && have_bundle_json) rc = check_bundle_json(&m, err); /* the run stopped between bundle.json and the manifest */
+    if (!rc) {
+        char missing[160] = "";
+        const char *finish[] = {"junit.xml", "summary.md", "report.html", "bundle.json"};
+        for (size_t i = 0; i < 4; i++)
+            if (!lookup(&m, finish[i])) snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s, ", finish[i]);
+        char *stopped = NULL, more[160] = "";
+        const char *name = str_at(cJSON_GetObjectItemCaseSensitive(last, "case"), "name"), *result = str_at(last, "result");
+        if (last ? asprintf(&stopped, "after receipt %lld (%s: %s)", (long long)count, name ? name : "?",
+                            result ? result : "?") < 0
+                 : !(stopped = strdup("before its first receipt")))
+            stopped = NULL;
+        int64_t planned = -1;
+        if (last && kp_json_get_int(cJSON_GetObjectItemCaseSensitive(last, "run"), "cases", &planned)) planned = -1;
+        if (planned > count)
+            snprintf(more, sizeof more, ", and the receipts of %lld more of the %lld cases the run had (receipts/%04lld.json on)",
+                     (long long)(planned - count), (long long)planned, (long long)count + 1);
+        else if (planned < 0 && !have_bundle_json) /* no receipt says how many the run had */
+            snprintf(more, sizeof more, ", and the receipts of any case after it");
+        char whole[160] = "";
+        if (count || n_artifacts)
+            snprintf(whole, sizeof whole, "; what is there is whole (%lld receipt%s, chained, and %zu artifact%s matching "
+                     "%s names)", (long long)count, count == 1 ? "" : "s", n_artifacts, n_artifacts == 1 ? "" : "s",
+                     n_artifacts == 1 ? "its" : "their");
+        char *text = NULL;
+        int w = !stopped ? -1 : asprintf(&text, "bundle %s: incomplete: the run stopped %s; missing: %smanifest.sha256%s%s%s%s%s%s",
+                         dir, stopped, missing, more, whole, n_unfinished ? "; " : "", n_unfinished ? "writes that never finished "
+                         "(temporary files, no part of the record): " : "", unfinished, n_unfinished > 3 ? ", ..." : "");
+        rc = kp_fail(err, KP_EXIT_INCORRECT, "%s", w < 0 ? "incomplete (out of memory describing it)" : text);
+        free(text);
+        free(stopped);
+    }
+    cJSON_Delete(last);
+    kp_bundle_free_list(disk, n_disk);
+    free_manifest(&m);
+    return rc;
+}
+
 int kp_bundle_verify(const char *dir, kp_error *err) {
     struct stat st;
     if (stat(dir, &st) != 0) return kp_fail(err, KP_EXIT_USAGE, "%s: not a bundle: %s", dir, strerror(errno));
     if (!S_ISDIR(st.st_mode)) return kp_fail(err, KP_EXIT_USAGE, "%s: not a bundle: not a folder", dir);
-    const char *needed[] = {"manifest.sha256", "bundle.json"};
-    for (int i = 0; i < 2; i++) {
-        char *p = NULL;
-        if (asprintf(&p, "%s/%s", dir, needed[i]) < 0) return kp_fail(err, KP_EXIT_ENV, "out of memory");
-        int there = stat(p, &st) == 0;
-        free(p);
-        if (!there)
-            return kp_fail(err, KP_EXIT_USAGE, "%s: not a kparity bundle (no %s); hint: pass the folder given to --out",
-                           dir, needed[i]);
+    if (!present(dir, "manifest.sha256", 0)) {
+        /* receipts/ and artifacts/ are the first thing a run makes: with neither, it is no bundle at all */
+        if (!present(dir, "receipts", 1) && !present(dir, "artifacts", 1) && !present(dir, "bundle.json", 0))
+            return kp_fail(err, KP_EXIT_USAGE, "%s: not a kparity bundle (no manifest.sha256); hint: pass the folder given "
+                           "to --out", dir);
+        return check_unfinished(dir, err);
     }
     manifest m = {.dir = dir};
     char *text = NULL, *path = NULL, **disk = NULL;

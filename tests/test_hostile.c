@@ -1,0 +1,220 @@
+/* test_hostile.c: hostile plugins (issue 20, part 4), through the kparity binary: an impl that segfaults, aborts,
+ * exits or stops its own process is contained (its case FAILED saying how, the cases after it run in a fresh worker
+ * process, the bundle verifies as the record of that), and a plugin whose SHA-256 is not the config's pin is refused
+ * before any of its code runs. Plugins: tests/fixtures/plugin_hostile.c, built here with cc. */
+#define _GNU_SOURCE
+#include <cjson/cJSON.h>
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "../cases/kp_sha256.h"
+#include "kp_test_util.h"
+
+TestSuite(hostile, .init = kpt_dir_setup, .fini = kpt_dir_teardown, .timeout = 300);
+
+/* Build plugin_hostile.c with one -D flag (NULL: none) and extra (NULL: none) as topp.<name>@host. */
+static char *plugin(const char *name, const char *flag, const char *extra) {
+    char *so, *src, *inc, *def;
+    cr_assert(asprintf(&so, "%s/%s.so", kpt_dir, name) > 0);
+    cr_assert(asprintf(&src, "%s/tests/fixtures/plugin_hostile.c", kpt_source_dir()) > 0);
+    cr_assert(asprintf(&inc, "-I%s/kernels", kpt_source_dir()) > 0);
+    cr_assert(asprintf(&def, "-DKPT_NAME=\"topp.%s@host\"", name) > 0);
+    char *argv[] = {"/usr/bin/cc", "-shared", "-fPIC", "-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", inc, def,
+                    (char *)(flag ? flag : "-DKPT_TAME"), (char *)(extra ? extra : "-DKPT_BATCH=3"), "-o", so, src, "-lm", NULL};
+    char *out, *err;
+    cr_assert_eq(kpt_run(argv, &out, &err), 0, "building the plugin failed: %s", err);
+    free(out), free(err), free(src), free(inc), free(def);
+    return so;
+}
+
+/* Four cases: the plugin (candidate) on 2 rows, on 3 rows (where it turns hostile, in its case's second check),
+ * on 4 rows, then a built-in impl on 3 rows. top_p = 1: the plugin keeps every token, the rule's answer. */
+static char *config(const char *tag, const char *so, const char *name, const char *pin, double timeout) {
+    char *body, *path, *pin_field = NULL, *timeout_field = NULL;
+    if (pin) cr_assert(asprintf(&pin_field, ",\"sha256\":\"%s\"", pin) > 0);
+    cr_assert(asprintf(&timeout_field, timeout > 0 ? "\"timeout_s\":%g," : "", timeout) >= 0);
+    cr_assert(asprintf(&body,
+                       "{\"schema\":\"kparity.gate/v1\",\"name\":\"hostile\",\"plugins\":[{\"path\":\"%s\"%s}],"
+                       "\"impls\":{\"incumbent\":\"topp.split_logit@host\",\"candidate\":\"topp.%s@host\"},"
+                       "\"defaults\":{\"tie_policy\":\"minimal_index\",\"band\":1e-6},%s\"cases\":["
+                       "{\"case\":\"topp(batch=2,profile=ordinary,seed=1,top_p=1,vocab=500)\",\"checks\":[{\"check\":\"rule\",\"impl\":\"candidate\"}]},"
+                       "{\"case\":\"topp(batch=3,profile=ordinary,seed=2,top_p=1,vocab=500)\",\"checks\":[{\"check\":\"rule\",\"impl\":\"incumbent\"},"
+                       "{\"check\":\"rule\",\"impl\":\"candidate\"},{\"check\":\"exact\",\"impls\":[\"incumbent\",\"candidate\"]}]},"
+                       "{\"case\":\"topp(batch=4,profile=ordinary,seed=3,top_p=1,vocab=500)\",\"checks\":[{\"check\":\"rule\",\"impl\":\"candidate\"}]},"
+                       "{\"case\":\"topp(batch=3,profile=ordinary,seed=4,top_p=0.9,vocab=500)\",\"checks\":[{\"check\":\"rule\",\"impl\":\"incumbent\"}]}]}",
+                       so, pin_field ? pin_field : "", name, timeout_field) > 0);
+    cr_assert(asprintf(&path, "%s/%s.json", kpt_dir, tag) > 0);
+    cr_assert_eq(kpt_write(path, body, strlen(body)), 0);
+    free(body), free(pin_field), free(timeout_field);
+    return path;
+}
+
+/* kparity gate ... -- /bin/echo serving-started; the exit status, what it printed. */
+static int gate(const char *cfg, const char *out, char **o, char **e) {
+    char *argv[] = {kpt_binary(), "gate", "--config", (char *)cfg, "--out", (char *)out, "--quiet", "--", "/bin/echo",
+                    "serving-started", NULL};
+    return kpt_run(argv, o, e);
+}
+
+static const char *str(const cJSON *obj, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+static const cJSON *check_of(const cJSON *rec, int k) { return cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(rec, "checks"), k); }
+
+static cJSON *bundle_json(const char *out) {
+    char *p;
+    cr_assert(asprintf(&p, "%s/bundle.json", out) > 0);
+    char *text = kpt_read(p, NULL);
+    cr_assert_not_null(text, "no %s", p);
+    cJSON *doc = cJSON_Parse(text);
+    cr_assert_not_null(doc);
+    free(text), free(p);
+    return doc;
+}
+
+/* The gate with an impl that dies in case 2's second check: exit 3, the command not started; case 2 FAILED saying
+ * how, in which check, the first check's findings lost with it and the third not reached; cases 3 and 4 PASSED in
+ * a second worker process; and verify (with --replay) accepts the bundle. */
+static void contained(const char *name, const char *flag, const char *how, int signal, int status) {
+    char *so = plugin(name, flag, NULL), *cfg = config(name, so, name, NULL, 0), *out, *o, *e;
+    cr_assert(asprintf(&out, "%s/b-%s", kpt_dir, name) > 0);
+    cr_assert_eq(gate(cfg, out, &o, &e), 3, "%s: %s%s", name, o, e);
+    cr_assert_null(strstr(o, "serving-started"), "%s: the command started although a case crashed", name);
+    cr_assert(strstr(e, how), "%s: stderr does not say '%s': %s", name, how, e);
+    char label[64];
+    snprintf(label, sizeof label, "rule topp.%s@host", name);
+
+    cJSON *r1 = kpt_receipt(out, 1), *r2 = kpt_receipt(out, 2), *r3 = kpt_receipt(out, 3), *r4 = kpt_receipt(out, 4);
+    cr_assert_str_eq(str(r1, "result"), "PASSED");
+    cr_assert_str_eq(str(r2, "result"), "FAILED");
+    const char *reason = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(r2, "reasons"), 0)->valuestring;
+    cr_assert(strstr(reason, how) && strstr(reason, label), "%s: the reason does not say how and where: %s", name, reason);
+    const cJSON *proc = cJSON_GetObjectItemCaseSensitive(r2, "process");
+    cr_assert_not_null(proc, "%s: no process record", name);
+    cr_assert_str_eq(str(proc, "check"), label);
+    if (signal) cr_assert_eq(cJSON_GetObjectItemCaseSensitive(proc, "signal")->valueint, signal);
+    else cr_assert_eq(cJSON_GetObjectItemCaseSensitive(proc, "status")->valueint, status);
+    cr_assert_str_eq(str(check_of(r2, 0), "result"), "FAILED"); /* ran, but its findings died with the process */
+    cr_assert(strstr(str(check_of(r2, 0), "summary"), "died with"), "%s", str(check_of(r2, 0), "summary"));
+    cr_assert_str_eq(str(check_of(r2, 1), "result"), "FAILED");
+    cr_assert_str_eq(str(check_of(r2, 2), "result"), "NOT_RUN");
+    cr_assert_str_eq(str(r3, "result"), "PASSED", "%s: the case after the crash did not run", name);
+    cr_assert_str_eq(str(r4, "result"), "PASSED");
+    cJSON *doc = bundle_json(out);
+    cr_assert_str_eq(str(doc, "verdict"), "FAILED");
+    cr_assert_eq(cJSON_GetObjectItemCaseSensitive(doc, "exit_code")->valueint, 3);
+    cr_assert_eq(cJSON_GetObjectItemCaseSensitive(doc, "worker_processes")->valueint, 2, "%s: one crash, two workers", name);
+    free(o), free(e);
+    char *vargv[] = {kpt_binary(), "verify", out, "--replay", NULL};
+    cr_assert_eq(kpt_run(vargv, &o, &e), 0, "%s: verify refuses the bundle: %s%s", name, o, e);
+    cJSON_Delete(r1), cJSON_Delete(r2), cJSON_Delete(r3), cJSON_Delete(r4), cJSON_Delete(doc);
+    free(o), free(e), free(so), free(cfg), free(out);
+}
+
+Test(hostile, a_segfaulting_impl_fails_its_case_and_the_rest_run_in_a_fresh_process) {
+    contained("segv", "-DKPT_SEGV", "killed by signal 11 (SIGSEGV", 11, 0);
+}
+
+Test(hostile, an_aborting_impl_is_contained_the_same_way) {
+    contained("abort", "-DKPT_ABORT", "killed by signal 6 (SIGABRT", 6, 0);
+}
+
+/* exit(0) from inside an impl: a clean status, but the run had not finished, so it is a crash like any other. */
+Test(hostile, an_impl_that_exits_the_process_is_a_crash_not_a_pass) {
+    contained("exit", "-DKPT_EXIT", "exited with status 0 before it had finished", 0, 0);
+}
+
+/* A plugin that crashes as it is loaded (in a constructor): the config's plugins are loaded in the worker, so the
+ * gate still ends with exit 3 saying so, and the command is not started. No case ran: there is no bundle. */
+Test(hostile, a_plugin_that_crashes_while_loading_ends_the_gate_with_exit_3) {
+    char *so = plugin("ctor", "-DKPT_CTOR_SEGV", NULL), *cfg = config("ctor", so, "ctor", NULL, 0), *out, *o, *e;
+    cr_assert(asprintf(&out, "%s/b-ctor", kpt_dir) > 0);
+    cr_assert_eq(gate(cfg, out, &o, &e), 3, "%s%s", o, e);
+    cr_assert_null(strstr(o, "serving-started"));
+    cr_assert(strstr(e, "SIGSEGV") && strstr(e, "before it made the bundle"), "%s", e);
+    struct stat st;
+    cr_assert_neq(stat(out, &st), 0, "a bundle folder for a run that never started");
+    free(o), free(e), free(so), free(cfg), free(out);
+}
+
+/* The positive control: the same plugin, never hostile (no case of KPT_BATCH rows), passes in one worker. */
+Test(hostile, the_same_plugin_tame_passes_in_one_worker) {
+    char *so = plugin("tame", NULL, "-DKPT_BATCH=99"), *cfg = config("tame", so, "tame", NULL, 0), *out, *o, *e;
+    cr_assert(asprintf(&out, "%s/b-tame", kpt_dir) > 0);
+    cr_assert_eq(gate(cfg, out, &o, &e), 0, "%s%s", o, e);
+    cr_assert(strstr(o, "serving-started"));
+    cJSON *doc = bundle_json(out);
+    cr_assert_eq(cJSON_GetObjectItemCaseSensitive(doc, "worker_processes")->valueint, 1);
+    cJSON_Delete(doc);
+    free(o), free(e), free(so), free(cfg), free(out);
+}
+
+/* An impl that stops its own process (SIGSTOP): every thread halts, the worker's watchdog too, so only the
+ * supervisor can end it, at the timeout: the case FAILED (timeout), the rest NOT_RUN, exit 4, and the bundle
+ * verifies. (A hang the watchdog can end, pause() in the impl, is tests/test_harness.c's.) */
+Test(hostile, an_impl_that_stops_its_process_is_killed_at_the_timeout) {
+    char *so = plugin("stop", "-DKPT_STOP", NULL), *cfg = config("stop", so, "stop", NULL, 1.0), *out, *o, *e;
+    cr_assert(asprintf(&out, "%s/b-stop", kpt_dir) > 0);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    cr_assert_eq(gate(cfg, out, &o, &e), 4, "%s%s", o, e);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    const double took = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    cr_assert_lt(took, 30.0, "the supervisor took %.1f s to end a stopped worker", took);
+    cr_assert_null(strstr(o, "serving-started"));
+    cJSON *r2 = kpt_receipt(out, 2), *r3 = kpt_receipt(out, 3), *r4 = kpt_receipt(out, 4);
+    cr_assert_str_eq(str(r2, "result"), "FAILED");
+    const char *reason = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(r2, "reasons"), 0)->valuestring;
+    cr_assert(strstr(reason, "timeout") && strstr(reason, "rule topp.stop@host"), "%s", reason);
+    cr_assert_str_eq(str(r3, "result"), "NOT_RUN");
+    cr_assert_str_eq(str(r4, "result"), "NOT_RUN");
+    cJSON *doc = bundle_json(out);
+    cr_assert_str_eq(str(doc, "verdict"), "TIMEOUT");
+    free(o), free(e);
+    char *vargv[] = {kpt_binary(), "verify", out, NULL};
+    cr_assert_eq(kpt_run(vargv, &o, &e), 0, "%s%s", o, e);
+    cJSON_Delete(r2), cJSON_Delete(r3), cJSON_Delete(r4), cJSON_Delete(doc);
+    free(o), free(e), free(so), free(cfg), free(out);
+}
+
+/* A plugin whose SHA-256 is not the pin is refused before dlopen: its constructor, which appends to a marker file
+ * when the library is loaded, never runs, and no bundle is made. The control: the right pin loads it (the
+ * marker appears) and the gate passes. */
+Test(hostile, a_plugin_off_its_pin_is_refused_before_any_of_its_code_runs) {
+    char *marker, *flag;
+    cr_assert(asprintf(&marker, "%s/constructor-ran", kpt_dir) > 0);
+    cr_assert(asprintf(&flag, "-DKPT_MARKER=\"%s\"", marker) > 0);
+    char *so = plugin("marked", flag, "-DKPT_BATCH=99");
+    char right[KP_SHA256_HEX_LEN], wrong[KP_SHA256_HEX_LEN];
+    kp_error err = {0};
+    cr_assert_eq(kp_sha256_file_hex(so, right, &err), 0, "%s", err.msg);
+    memcpy(wrong, right, sizeof wrong);
+    wrong[0] = wrong[0] == '0' ? '1' : '0';
+    struct stat st;
+
+    char *cfg = config("wrong-pin", so, "marked", wrong, 0), *out, *o, *e;
+    cr_assert(asprintf(&out, "%s/b-wrong", kpt_dir) > 0);
+    cr_assert_eq(gate(cfg, out, &o, &e), 2, "%s%s", o, e);
+    cr_assert(strstr(e, "plugins[0].sha256") && strstr(e, right) && strstr(e, wrong) && strstr(e, "not loaded"),
+              "the refusal does not name the pin and the digest: %s", e);
+    cr_assert_neq(stat(marker, &st), 0, "the plugin's constructor ran although its digest is not the pin");
+    cr_assert_neq(stat(out, &st), 0, "a bundle was made for a refused config");
+    cr_assert_null(strstr(o, "serving-started"));
+    free(o), free(e);
+    char *largv[] = {kpt_binary(), "list", "--config", cfg, NULL};
+    cr_assert_eq(kpt_run(largv, &o, &e), 2, "list: %s", e);
+    cr_assert_neq(stat(marker, &st), 0, "list loaded the plugin off its pin");
+    free(o), free(e), free(cfg), free(out);
+
+    cfg = config("right-pin", so, "marked", right, 0);
+    cr_assert(asprintf(&out, "%s/b-right", kpt_dir) > 0);
+    cr_assert_eq(gate(cfg, out, &o, &e), 0, "%s%s", o, e);
+    cr_assert_eq(stat(marker, &st), 0, "the control: with the right pin the constructor must run");
+    free(o), free(e), free(cfg), free(out), free(so), free(marker), free(flag);
+}
