@@ -143,11 +143,28 @@ int kpt_gpu_available(void) {
 }
 
 char *kpt_dir;
+static void **scratch;
+static size_t nscratch, scratch_cap;
+
 void kpt_dir_setup(void) { kpt_dir = kpt_tempdir(); }
 void kpt_dir_teardown(void) {
     kpt_rmtree(kpt_dir);
     free(kpt_dir);
     kpt_dir = NULL;
+    for (size_t i = 0; i < nscratch; i++) free(scratch[i]);
+    free(scratch);
+    scratch = NULL;
+    nscratch = scratch_cap = 0;
+}
+
+void *kpt_scratch(void *p) {
+    if (!p) return p;
+    if (nscratch == scratch_cap) {
+        void **grown = realloc(scratch, sizeof *grown * (scratch_cap = scratch_cap ? 2 * scratch_cap : 16));
+        cr_assert_not_null(grown, "out of memory");
+        scratch = grown;
+    }
+    return scratch[nscratch++] = p;
 }
 
 cJSON *kpt_receipt(const char *bundle, int index) {

@@ -24,6 +24,9 @@ double kpt_unit(uint64_t *state);
 extern char *kpt_dir;
 void kpt_dir_setup(void);
 void kpt_dir_teardown(void);
+/* Keep a malloc'd buffer the test holds to its end (a path, a key file's name) and return it: kpt_dir_teardown
+ * frees it, so a helper can hand out paths without every test freeing each (LeakSanitizer, KP_SANITIZE=ON). */
+void *kpt_scratch(void *p);
 /* Parse receipts/NNNN.json of a bundle (asserting it exists and parses); cJSON_Delete it. */
 struct cJSON;
 struct cJSON *kpt_receipt(const char *bundle, int index);

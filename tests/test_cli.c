@@ -23,6 +23,13 @@ static char *config(const char *name, const char *text) {
     return path;
 }
 
+/* kpt_run, with what it printed kept as scratch (kpt_scratch) for the test's assertions. */
+static int run_cli(char *const argv[], char **out, char **err) {
+    int rc = kpt_run(argv, out, err);
+    kpt_scratch(*out), kpt_scratch(*err);
+    return rc;
+}
+
 static void expect_usage(const char *text, const char *needle) {
     char *cfg = config("bad", text), *out, *err, *bundle;
     cr_assert(asprintf(&bundle, "%s/never", kpt_dir) > 0);
@@ -75,12 +82,13 @@ Test(cli, unwritable_output_folder_exits_2_naming_the_path) {
     cfg = config("ok", text);
     char *argv[] = {kpt_binary(), "gate", "--config", cfg, "--out", "/proc/version/bundle", "--quiet", NULL};
     char *out, *err;
-    cr_assert_eq(kpt_run(argv, &out, &err), 2, "%s", err);
+    cr_assert_eq(run_cli(argv, &out, &err), 2, "%s", err);
     cr_assert(strstr(err, "/proc/version/bundle"), "%s", err);
     /* a non-empty folder is refused too: receipts are never mixed with older files */
     char *argv2[] = {kpt_binary(), "gate", "--config", cfg, "--out", kpt_dir, "--quiet", NULL};
-    cr_assert_eq(kpt_run(argv2, &out, &err), 2, "%s", err);
+    cr_assert_eq(run_cli(argv2, &out, &err), 2, "%s", err);
     cr_assert(strstr(err, kpt_dir), "%s", err);
+    free(cfg), free(text);
 }
 
 Test(cli, a_filter_that_matches_nothing_is_refused_without_a_bundle) {
@@ -89,29 +97,30 @@ Test(cli, a_filter_that_matches_nothing_is_refused_without_a_bundle) {
     cfg = config("filter", text);
     cr_assert(asprintf(&bundle, "%s/none", kpt_dir) > 0);
     char *argv[] = {kpt_binary(), "run", "--config", cfg, "--filter", "vocab=999)", "--out", bundle, NULL};
-    cr_assert_eq(kpt_run(argv, &out, &err), 2, "%s", err);
+    cr_assert_eq(run_cli(argv, &out, &err), 2, "%s", err);
     cr_assert(strstr(err, "matches no case"), "%s", err);
     struct stat st;
     cr_assert_neq(stat(bundle, &st), 0, "no bundle for a run that ran nothing");
+    free(cfg), free(text), free(bundle);
 }
 
 Test(cli, missing_config_and_unknown_options_are_usage_errors) {
     char *out, *err;
     char *a1[] = {kpt_binary(), "gate", "--config", "/nonexistent/x.json", NULL};
-    cr_assert_eq(kpt_run(a1, &out, &err), 2);
+    cr_assert_eq(run_cli(a1, &out, &err), 2);
     cr_assert(strstr(err, "/nonexistent/x.json"), "%s", err);
     char *a2[] = {kpt_binary(), "gate", "--frobnicate", NULL};
-    cr_assert_eq(kpt_run(a2, &out, &err), 2);
+    cr_assert_eq(run_cli(a2, &out, &err), 2);
     char *a6[] = {kpt_binary(), "gate", "--config", "x.json", "--filter", "topp", NULL};
-    cr_assert_eq(kpt_run(a6, &out, &err), 2, "a gate must run its whole config");
+    cr_assert_eq(run_cli(a6, &out, &err), 2, "a gate must run its whole config");
     cr_assert(strstr(err, "--filter"), "%s", err);
     char *a3[] = {kpt_binary(), "launch", NULL};
-    cr_assert_eq(kpt_run(a3, &out, &err), 2);
+    cr_assert_eq(run_cli(a3, &out, &err), 2);
     char *a4[] = {kpt_binary(), "export", "topp(batch=2,profile=ordinary,seed=1,top_p=2,vocab=300)", "--out", kpt_dir, NULL};
-    cr_assert_eq(kpt_run(a4, &out, &err), 2);
+    cr_assert_eq(run_cli(a4, &out, &err), 2);
     cr_assert(strstr(err, "'top_p'"), "%s", err);
     char *a5[] = {kpt_binary(), "verify", "/nonexistent-bundle", NULL};
-    cr_assert_eq(kpt_run(a5, &out, &err), 2);
+    cr_assert_eq(run_cli(a5, &out, &err), 2);
 }
 
 /* Run a small gate into kpt_dir/name and return the bundle path. */
@@ -133,14 +142,17 @@ static char *make_bundle(const char *name) {
     int rc = kpt_run(argv, &out, &err);
     cr_assert(rc == 0 || rc == 1, "run exit %d: %s", rc, err);
     free(text), free(cfg), free(out), free(err);
-    return bundle;
+    return kpt_scratch(bundle);
 }
 
 static int verify(const char *bundle, char **err) {
     char *argv[] = {kpt_binary(), "verify", (char *)bundle, NULL};
     char *out;
-    int rc = kpt_run(argv, &out, err);
+    static char *last_err; /* *err stays valid until the next call */
+    free(last_err);
+    int rc = kpt_run(argv, &out, &last_err);
     free(out);
+    *err = last_err;
     return rc;
 }
 
@@ -177,19 +189,20 @@ Test(cli, verify_names_the_file_after_any_tampering) {
     remove(removed);
     cr_assert_eq(verify(b, &err), 1);
     cr_assert(strstr(err, "receipts/0002.json"), "%s", err);
+    free(added), free(removed);
 }
 
 Test(cli, verify_replay_regenerates_inputs_and_reference) {
     char *b = make_bundle("r");
     char *argv[] = {kpt_binary(), "verify", b, "--replay", NULL}, *out, *err;
-    cr_assert_eq(kpt_run(argv, &out, &err), 0, "%s", err);
+    cr_assert_eq(run_cli(argv, &out, &err), 0, "%s", err);
     cr_assert(strstr(out, "regenerated"), "%s", out);
 }
 
 Test(cli, export_writes_npy_files_numpy_can_open) {
     char *out, *err, *path;
     char *argv[] = {kpt_binary(), "export", (char *)good_case, "--out", kpt_dir, NULL};
-    cr_assert_eq(kpt_run(argv, &out, &err), 0, "%s", err);
+    cr_assert_eq(run_cli(argv, &out, &err), 0, "%s", err);
     const char *names[] = {"logits.npy", "top_p.npy", "reference_keep.npy", "reference_prob.npy", "topp.split_logit@host.npy",
                            "topp.split_prob@host.npy"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
@@ -211,15 +224,16 @@ Test(cli, export_writes_npy_files_numpy_can_open) {
 Test(cli, list_shows_impls_and_a_configs_cases) {
     char *out, *err;
     char *a1[] = {kpt_binary(), "list", NULL};
-    cr_assert_eq(kpt_run(a1, &out, &err), 0);
+    cr_assert_eq(run_cli(a1, &out, &err), 0);
     cr_assert(strstr(out, "topp.split_logit@host") && strstr(out, "topp.split_prob@host"), "%s", out);
     char *cfg;
     cr_assert(asprintf(&cfg, "%s/ci/gates/glm-split-topp.json", kpt_source_dir()) > 0);
     char *a2[] = {kpt_binary(), "list", "--config", cfg, NULL};
-    cr_assert_eq(kpt_run(a2, &out, &err), 0, "%s", err);
+    cr_assert_eq(run_cli(a2, &out, &err), 0, "%s", err);
     int cases = 0;
     for (const char *p = out; (p = strstr(p, "\ntopp(")); p++) cases++;
     cr_assert_eq(cases, 12, "the seed's contract has 12 cases:\n%s", out);
+    free(cfg);
 }
 
 /* One parser per field: a fractional run count is refused wherever it is given, naming the field. */
@@ -249,7 +263,7 @@ Test(cli, exact_runs_without_rule_parameters) {
     char *bundle, *out, *err;
     cr_assert(asprintf(&bundle, "%s/b", kpt_dir) > 0);
     char *argv[] = {kpt_binary(), "gate", "--config", cfg, "--out", bundle, "--quiet", NULL};
-    int rc = kpt_run(argv, &out, &err);
+    int rc = run_cli(argv, &out, &err);
     cr_assert(rc == 0 || rc == 1, "exit %d: %s", rc, err);
     cJSON *rec = kpt_receipt(bundle, 1);
     const cJSON *chk = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(rec, "checks"), 0);
@@ -258,6 +272,7 @@ Test(cli, exact_runs_without_rule_parameters) {
     cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(params, "tie_policy")->valuestring, "minimal_index");
     cr_assert_str_neq(cJSON_GetObjectItemCaseSensitive(chk, "result")->valuestring, "FAILED");
     cJSON_Delete(rec);
+    free(cfg), free(bundle);
 }
 
 Test(cli, every_subcommand_prints_its_usage_on_help) {
@@ -280,7 +295,8 @@ Test(cli, a_case_field_error_names_its_path_once) {
                                       "\"checks\":" RULE "}]}");
     char *out, *err;
     char *argv[] = {kpt_binary(), "list", "--config", cfg, NULL};
-    cr_assert_eq(kpt_run(argv, &out, &err), 2, "%s", err);
+    cr_assert_eq(run_cli(argv, &out, &err), 2, "%s", err);
     cr_assert(strstr(err, "cases[0].params.force_value: expected a string or a number"), "%s", err);
     cr_assert_null(strstr(err, "force_value: cases[0]"), "the path is given twice: %s", err);
+    free(cfg);
 }

@@ -42,7 +42,7 @@ static char *config(const char *name, const char *defaults, const char *checks) 
                        name, defaults, checks) > 0);
     cr_assert_eq(kpt_write(path, body, strlen(body)), 0);
     free(body);
-    return path;
+    return kpt_scratch(path);
 }
 
 /* Load and run a config in this process; returns the exit class and case 1's receipt. */
@@ -56,6 +56,7 @@ static int run(const char *cfg_path, const char *name, cJSON **receipt, char **b
         return rc;
     }
     cr_assert(asprintf(bundle, "%s/%s", kpt_dir, name) > 0);
+    kpt_scratch(*bundle);
     kp_run_options opt = {.out_dir = *bundle, .quiet = 1, .command = "run"};
     fflush(stdout);
     rc = kp_run_config(&cfg, &opt, &err);
@@ -316,6 +317,7 @@ Test(family_seam, one_config_holds_two_families_with_roles_of_their_own) {
                        "\"checks\":[{\"check\":\"rule\",\"impl\":\"candidate\"}]},{\"case\":\"" CASE "\",\"checks\":"
                        "[{\"check\":\"tolerance\",\"impl\":\"candidate\"}]}]}") > 0);
     cr_assert_eq(kpt_write(path, body, strlen(body)), 0);
+    kpt_scratch(path), kpt_scratch(body);
     cJSON *rec;
     char *bundle;
     cr_assert_eq(run(path, "two", &rec, &bundle), 0);
@@ -328,6 +330,7 @@ Test(family_seam, one_config_holds_two_families_with_roles_of_their_own) {
     /* "candidate" names a scale impl: the topp case cannot use it */
     char *bad;
     cr_assert(asprintf(&bad, "%s/bad_role.json", kpt_dir) > 0);
+    kpt_scratch(bad);
     const char *bad_body = "{\"schema\":\"kparity.gate/v1\",\"name\":\"t\",\"impls\":{\"candidate\":\"scale.f32@host\"},"
                            "\"cases\":[{\"case\":\"topp(batch=2,profile=ordinary,seed=1,top_p=0.9,vocab=500)\",\"checks\":"
                            "[{\"check\":\"exact\",\"impls\":[\"candidate\",\"topp.split_logit@host\"]}]}]}";

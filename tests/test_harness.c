@@ -26,14 +26,14 @@ static char *plugin(const char *flag, const char *name) {
     int rc = kpt_run(argv, &out, &err);
     cr_assert_eq(rc, 0, "building the plugin failed: %s", err);
     free(out), free(err), free(src), free(inc), free(def);
-    return so;
+    return kpt_scratch(so);
 }
 
 static char *write_config(const char *name, const char *body) {
     char *path;
     cr_assert(asprintf(&path, "%s/%s.json", kpt_dir, name) > 0);
     cr_assert_eq(kpt_write(path, body, strlen(body)), 0);
-    return path;
+    return kpt_scratch(path);
 }
 
 /* A config with one plugin impl as "candidate" and the given checks on a small ordinary case. */
@@ -58,9 +58,12 @@ static char *config_for(const char *so, const char *impl, const char *checks, co
     return path;
 }
 
+/* The gate's exit code; what it printed is scratch (kpt_scratch). */
 static int gate(const char *config, const char *out, char **stdout_text, char **stderr_text) {
     char *argv[] = {kpt_binary(), "gate", "--config", (char *)config, "--out", (char *)out, "--quiet", NULL};
-    return kpt_run(argv, stdout_text, stderr_text);
+    int rc = kpt_run(argv, stdout_text, stderr_text);
+    kpt_scratch(*stdout_text), kpt_scratch(*stderr_text);
+    return rc;
 }
 
 static const cJSON *check_of(const cJSON *rec, int k) {
@@ -81,7 +84,7 @@ static double num(const cJSON *obj, const char *key) {
 static char *bundle_path(const char *name) {
     char *p;
     cr_assert(asprintf(&p, "%s/%s", kpt_dir, name) > 0);
-    return p;
+    return kpt_scratch(p);
 }
 
 /* The gate on a defect plugin (built with `define`) as the candidate, one check on the default
@@ -199,9 +202,11 @@ Test(harness, gate_execs_the_command_only_when_it_passes) {
     char *out1 = bundle_path("exec1"), *out2 = bundle_path("exec2"), *o, *e;
     char *argv1[] = {kpt_binary(), "gate", "--config", cfg_good, "--out", out1, "--quiet", "--", "/bin/echo", "serving-started", NULL};
     cr_assert_eq(kpt_run(argv1, &o, &e), 0, "%s", e);
+    kpt_scratch(o), kpt_scratch(e);
     cr_assert(strstr(o, "serving-started"), "%s", o);
     char *argv2[] = {kpt_binary(), "gate", "--config", cfg_bad, "--out", out2, "--quiet", "--", "/bin/echo", "serving-started", NULL};
     cr_assert_eq(kpt_run(argv2, &o, &e), 1);
+    kpt_scratch(o), kpt_scratch(e);
     cr_assert_null(strstr(o, "serving-started"), "the command ran although the gate failed");
     cr_assert(strstr(e, "not starting"), "%s", e);
 }
@@ -214,6 +219,7 @@ Test(harness, a_timeout_exits_4_with_a_verifiable_bundle) {
     char *out = bundle_path("timeout"), *o, *e;
     char *argv[] = {kpt_binary(), "gate", "--config", cfg, "--out", out, "--timeout", "0.01", "--quiet", NULL};
     cr_assert_eq(kpt_run(argv, &o, &e), 4, "%s%s", o, e);
+    kpt_scratch(o), kpt_scratch(e);
     cJSON *rec = kpt_receipt(out, 2);
     cr_assert_str_eq(str(rec, "result"), "NOT_RUN");
     char *vargv[] = {kpt_binary(), "verify", out, NULL};
@@ -229,6 +235,7 @@ Test(harness, the_watchdog_ends_a_hung_case_as_failed_and_keeps_the_bundle_intac
     char *out = bundle_path("hang"), *o, *e;
     char *argv[] = {kpt_binary(), "gate", "--config", cfg, "--out", out, "--timeout", "1", "--quiet", "--", "/bin/echo", "started", NULL};
     cr_assert_eq(kpt_run(argv, &o, &e), 4, "%s%s", o, e);
+    kpt_scratch(o), kpt_scratch(e);
     cr_assert_null(strstr(o, "started"));
     cJSON *rec = kpt_receipt(out, 1);
     cr_assert_str_eq(str(rec, "result"), "FAILED");
@@ -238,6 +245,7 @@ Test(harness, the_watchdog_ends_a_hung_case_as_failed_and_keeps_the_bundle_intac
     cr_assert_str_eq(str(rec2, "result"), "NOT_RUN");
     char *vargv[] = {kpt_binary(), "verify", out, NULL};
     cr_assert_eq(kpt_run(vargv, NULL, &e), 0, "%s", e);
+    free(e);
     cJSON_Delete(rec), cJSON_Delete(rec2);
 }
 

@@ -22,10 +22,11 @@
 
 TestSuite(sign, .init = kpt_dir_setup, .fini = kpt_dir_teardown, .timeout = 300);
 
+/* Scratch (kpt_scratch): freed when the test's folder is torn down. */
 static char *path_in(const char *dir, const char *rel) {
     char *p = NULL;
     cr_assert(asprintf(&p, "%s/%s", dir, rel) > 0);
-    return p;
+    return kpt_scratch(p);
 }
 
 /* Two small topp cases: the candidate passes an ordinary case; the incumbent's logit threshold
@@ -54,7 +55,7 @@ static char *gate_bundle(const char *name, const char *config, int want_rc) {
     char *argv[] = {kpt_binary(), "gate", "--config", cfg, "--out", bundle, "--quiet", NULL};
     int rc = kpt_run(argv, &out, &err);
     cr_assert_eq(rc, want_rc, "gate exit %d: %s", rc, err);
-    free(cname), free(cfg), free(out), free(err);
+    free(cname), free(out), free(err);
     return bundle;
 }
 
@@ -68,8 +69,8 @@ static void write_pem_pair(EVP_PKEY *pkey, const char *name, char **priv, char *
     cr_assert_eq(PEM_write_PrivateKey(f, pkey, NULL, NULL, 0, NULL, NULL), 1);
     cr_assert_eq(PEM_write_PUBKEY(g, pkey), 1);
     fclose(f), fclose(g);
-    *priv = p;
-    *pub = q;
+    *priv = kpt_scratch(p);
+    *pub = kpt_scratch(q);
 }
 
 static void make_keypair(const char *name, const char *alg, char **priv, char **pub) {
@@ -83,10 +84,14 @@ static void make_keypair(const char *name, const char *alg, char **priv, char **
     EVP_PKEY_CTX_free(ctx);
 }
 
+/* kparity's exit code; *err is what it printed on stderr, valid until the next call (which frees it). */
 static int kp(char **err, char *a0, char *a1, char *a2, char *a3, char *a4) {
+    static char *last_err;
     char *argv[] = {kpt_binary(), a0, a1, a2, a3, a4, NULL}, *out;
-    int rc = kpt_run(argv, &out, err);
+    free(last_err);
+    int rc = kpt_run(argv, &out, &last_err);
     free(out);
+    *err = last_err;
     return rc;
 }
 static int sign(const char *bundle, const char *key, char **err) {
@@ -138,7 +143,6 @@ static char *signed_statement(const char *bundle, size_t *len) {
     cr_assert_not_null(payload, "envelope without payload");
     char *statement = (char *)unbase64(payload, len);
     cJSON_Delete(env);
-    free(path);
     return statement;
 }
 
@@ -150,7 +154,6 @@ static void set_envelope_string(const char *bundle, const char *key, const char 
     cr_assert(cJSON_ReplaceItemInObjectCaseSensitive(where, key, cJSON_CreateString(value)));
     write_json(path, env);
     cJSON_Delete(env);
-    free(path);
 }
 
 /* manifest.sha256 rewritten over the bundle as it is, with the envelope set aside, as a forger
@@ -161,7 +164,6 @@ static void rewrite_manifest(const char *bundle) {
     kp_error e = {0};
     cr_assert_eq(kp_bundle_write_manifest(bundle, &e), 0, "%s", e.msg);
     cr_assert_eq(rename(aside, env), 0);
-    free(env), free(aside);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -173,12 +175,14 @@ Test(sign, a_signed_gate_bundle_verifies_with_its_public_key) {
     char *argv[] = {kpt_binary(), "verify", b, "--pubkey", pub, NULL};
     cr_assert_eq(kpt_run(argv, &out, &err), 0, "%s", err);
     cr_assert(strstr(out, "signed by") && strstr(out, pub), "%s", out);
+    free(out), free(err);
     /* the envelope lies outside the manifest: plain verify must not count it as an added file */
     cr_assert_eq(verify_plain(b, &err), 0, "%s", err);
     /* and --replay still runs beside --pubkey */
     char *argv2[] = {kpt_binary(), "verify", b, "--pubkey", pub, "--replay", NULL};
     cr_assert_eq(kpt_run(argv2, &out, &err), 0, "%s", err);
     cr_assert(strstr(out, "regenerated"), "%s", out);
+    free(out), free(err);
 }
 
 /* The statement checked field by field against the bundle, read here without kparity's code. */
@@ -217,7 +221,7 @@ Test(sign, the_statement_names_every_file_and_the_verdict) {
         else cr_assert_str_eq(name, "manifest.sha256", "%s is a subject but not in the manifest", name);
         prev = name;
         n++;
-        free(file), free(data);
+        free(data);
     }
     int lines = 0;
     for (const char *p = manifest; *p; p++) lines += *p == '\n';
@@ -245,6 +249,8 @@ Test(sign, the_statement_names_every_file_and_the_verdict) {
     cr_assert(env_signed && env_bundle);
     cr_assert_str_eq(env_signed, env_bundle);
     cJSON_Delete(st), cJSON_Delete(bundle);
+    cJSON_free(env_signed), cJSON_free(env_bundle);
+    free(text), free(manifest), free(cfg_text);
 }
 
 /* The envelope read as DSSE defines it, with PAE built and the signature checked here through EVP
@@ -296,7 +302,7 @@ Test(sign, the_envelope_is_dsse_with_ed25519_over_pae) {
     OPENSSL_free(der);
     EVP_PKEY_free(pk);
     cJSON_Delete(env);
-    free(mine), free(stmt), free(sig), free(path);
+    free(mine), free(stmt), free(sig);
 }
 
 /* A forger without the key turns an INCORRECT gate into PASSED and rewrites everything plain verify
@@ -342,7 +348,7 @@ Test(sign, a_consistent_rewrite_passes_plain_verify_but_not_the_signature) {
         cJSON_AddItemToObject(row, "checks", cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(r, "checks"), 1));
         cJSON_AddItemToArray(rows, row);
         cJSON_Delete(r);
-        free(text), free(rpath);
+        free(text);
     }
     cr_assert_eq(forged, 1, "the forced case's receipt was not INCORRECT: the forgery would change nothing");
     cJSON_ReplaceItemInObjectCaseSensitive(bundle, "chain_head", cJSON_CreateString(prev));
@@ -354,7 +360,7 @@ Test(sign, a_consistent_rewrite_passes_plain_verify_but_not_the_signature) {
     for (int i = 0; i < 3; i++) {
         char *p = path_in(b, reports[i]);
         cr_assert(rendered[i] && kpt_write(p, rendered[i], strlen(rendered[i])) == 0);
-        free(p), free(rendered[i]);
+        free(rendered[i]);
     }
     rewrite_manifest(b);
 
@@ -363,6 +369,7 @@ Test(sign, a_consistent_rewrite_passes_plain_verify_but_not_the_signature) {
     char *summary_path = path_in(b, "summary.md");
     char *summary = kpt_read(summary_path, NULL);
     cr_assert(strstr(summary, "PASSED") && !strstr(summary, "INCORRECT"), "%s", summary);
+    free(summary);
     /* the signature still vouches for the old bytes: the first changed file in path order is named */
     cr_assert_eq(verify_pub(b, pub, &err), 1, "the forged bundle passed verify --pubkey: %s", err);
     cr_assert(strstr(err, "bundle.json") && strstr(err, "changed after signing"), "%s", err);
@@ -418,7 +425,7 @@ Test(sign, a_file_added_or_removed_under_a_rewritten_manifest_is_named) {
     kpt_write(env, env_text, env_len + 1);
     cr_assert_eq(verify_plain(b, &err), 1);
     cr_assert(strstr(err, KP_SIGN_ENVELOPE), "%s", err);
-    free(saved), free(report), free(extra), free(env), free(env_text);
+    free(saved), free(env_text);
 }
 
 Test(sign, a_wrong_key_or_a_tampered_envelope_does_not_verify) {
@@ -485,7 +492,7 @@ Test(sign, a_wrong_key_or_a_tampered_envelope_does_not_verify) {
     kpt_write(path, original, env_len);
     cr_assert_eq(verify_pub(b, pub, &err), 0, "restored: %s", err);
     cJSON_Delete(env);
-    free(sig), free(stmt), free(original), free(path);
+    free(sig), free(stmt), free(original);
 }
 
 /* Sign `statement` with the PEM private key at `key_path` here, through EVP over PAE built here,
@@ -515,7 +522,7 @@ static void sign_here(const char *bundle, const char *key_path, const char *stat
     char *path = envelope_path(bundle);
     write_json(path, env);
     cJSON_Delete(env);
-    free(pae), free(p64), free(s64), free(path);
+    free(pae), free(p64), free(s64);
 }
 
 /* What verify checks after the signature: a validly signed statement can still be wrong about the
@@ -612,7 +619,6 @@ Test(sign, key_and_signature_file_problems_exit_2_naming_the_file) {
     cr_assert_eq(sign(b, key, &err), 1);
     cr_assert(strstr(err, "summary.md") && strstr(err, "not signing"), "%s", err);
     cr_assert_neq(stat(env, &st), 0, "a damaged bundle was signed");
-    free(missing), free(garbage), free(env), free(nob), free(summary);
 }
 
 Test(sign, signing_the_same_bundle_twice_gives_the_same_bytes) {
@@ -643,7 +649,7 @@ Test(sign, signing_the_same_bundle_twice_gives_the_same_bytes) {
     cr_assert_eq(sign(b2, key, &err), 0, "%s", err);
     char *stmt4 = signed_statement(b2, &s2);
     cr_assert(s1 != s2 || memcmp(stmt1, stmt4, s1) != 0, "another run's bundle gave the same statement");
-    free(first), free(second), free(third), free(stmt1), free(stmt2), free(stmt3), free(stmt4), free(path);
+    free(first), free(second), free(third), free(stmt1), free(stmt2), free(stmt3), free(stmt4);
 }
 
 Test(sign, sign_prints_its_usage_on_help) {
@@ -651,7 +657,9 @@ Test(sign, sign_prints_its_usage_on_help) {
     char *argv[] = {kpt_binary(), "sign", "--help", NULL};
     cr_assert_eq(kpt_run(argv, &out, &err), 0, "%s", err);
     cr_assert(strstr(out, "kparity sign DIR --key KEY.pem"), "%s", out);
+    free(out), free(err);
     char *argv2[] = {kpt_binary(), "verify", "--help", NULL};
     cr_assert_eq(kpt_run(argv2, &out, &err), 0, "%s", err);
     cr_assert(strstr(out, "--pubkey PUB.pem"), "%s", out);
+    free(out), free(err);
 }
