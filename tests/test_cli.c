@@ -72,6 +72,11 @@ Test(cli, bad_configs_exit_2_naming_the_field) {
                       "\"checks\":" RULE "}]}", "'vocab' is required");
     expect_usage(HEAD "\"budget\":{\"host_bytes\":1048576},\"cases\":[{\"case\":\"topp(batch=64,profile=ordinary,seed=1,top_p=0.9,"
                       "vocab=154856)\",\"checks\":" RULE "}]}", "over the budget");
+    /* found by fuzz/fuzz_config.c: a budget past 2^64 was converted to an integer (undefined; UBSan stops there) */
+    expect_usage(HEAD "\"budget\":{\"host_bytes\":8.58993e101},\"cases\":[{\"case\":\"topp(batch=2,profile=ordinary,seed=1,"
+                      "top_p=0.9,vocab=300)\",\"checks\":" RULE "}]}", "budget.host_bytes: 8.58993e+101 is past 2^64 bytes");
+    expect_usage(HEAD "\"budget\":{\"device_bytes\":1.8446744073709552e19},\"cases\":[{\"case\":\"topp(batch=2,"
+                      "profile=ordinary,seed=1,top_p=0.9,vocab=300)\",\"checks\":" RULE "}]}", "budget.device_bytes");
     expect_usage(HEAD "\"colour\":1,\"cases\":[]}", "'colour' is unknown");
     expect_usage("[1,2]", "top level must be an object");
 }
