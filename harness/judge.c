@@ -19,6 +19,7 @@
 
 #include "../receipts/kp_json.h"
 #include "../receipts/kp_npy.h"
+#include "kp_judge.h"
 #include "kp_launch.h"
 #include "kp_runner.h"
 
@@ -149,6 +150,30 @@ static int parse_impl_arg(const char *arg, char *name, size_t name_len, int64_t 
     return 0;
 }
 
+int kp_judge_check_output(const char *path, const unsigned char *buf, size_t len, const kp_tensor *t, int64_t rows,
+                          kp_npy_info *info, kp_error *err) {
+    kp_error e = {0};
+    if (kp_npy_decode(buf, len, info, &e))
+        return kp_fail(err, KP_EXIT_USAGE, "%s: not a readable .npy file for output '%s': %s", path, t->name, e.msg);
+    /* room for the longest shape a header may give (KP_NPY_MAX_DIMS entries of 19 digits and ", "), and bounded
+       anyway: a 96-byte buffer here was overrun by (0, 2^63 - 1, ...), an empty array of any shape (fuzz_judge_output) */
+    char want[96], got[KP_NPY_MAX_DIMS * 22 + 8];
+    shape_text(t, rows, want, sizeof want);
+    size_t n = (size_t)snprintf(got, sizeof got, "[");
+    for (int d = 0; d < info->ndim && n < sizeof got; d++)
+        n += (size_t)snprintf(got + n, sizeof got - n, "%s%lld", d ? ", " : "", (long long)info->shape[d]);
+    if (n < sizeof got) snprintf(got + n, sizeof got - n, "]");
+    if (strcmp(info->descr, npy_descr(t->dtype)))
+        return kp_fail(err, KP_EXIT_USAGE, "%s: dtype %s; the family's output '%s' is %s (%s) %s", path, info->descr, t->name,
+                       npy_descr(t->dtype), kp_dtype_name(t->dtype), want);
+    int same = info->ndim == t->ndim && info->shape[0] == rows;
+    for (int d = 1; same && d < t->ndim; d++) same = info->shape[d] == t->shape[d];
+    if (!same)
+        return kp_fail(err, KP_EXIT_USAGE, "%s: shape %s; the family's output '%s' of %lld rows is %s", path, got, t->name,
+                       (long long)rows, want);
+    return 0;
+}
+
 /* Read one output file and check it against tensor t of `rows` rows. */
 static int read_output(const char *path, const kp_tensor *t, int64_t rows, unsigned char **data, char hex[KP_SHA256_HEX_LEN],
                        kp_error *err) {
@@ -158,27 +183,9 @@ static int read_output(const char *path, const kp_tensor *t, int64_t rows, unsig
     if (rc) return rc;
     kp_sha256_hex(buf, len, hex);
     kp_npy_info info;
-    kp_error e = {0};
-    if (kp_npy_decode((const unsigned char *)buf, len, &info, &e)) {
+    if ((rc = kp_judge_check_output(path, (const unsigned char *)buf, len, t, rows, &info, err))) {
         free(buf);
-        return kp_fail(err, KP_EXIT_USAGE, "%s: not a readable .npy file for output '%s': %s", path, t->name, e.msg);
-    }
-    char want[96], got[96];
-    shape_text(t, rows, want, sizeof want);
-    int n = snprintf(got, sizeof got, "[");
-    for (int d = 0; d < info.ndim; d++) n += snprintf(got + n, sizeof got - (size_t)n, "%s%lld", d ? ", " : "", (long long)info.shape[d]);
-    snprintf(got + n, sizeof got - (size_t)n, "]");
-    if (strcmp(info.descr, npy_descr(t->dtype))) {
-        free(buf);
-        return kp_fail(err, KP_EXIT_USAGE, "%s: dtype %s; the family's output '%s' is %s (%s) %s", path, info.descr, t->name,
-                       npy_descr(t->dtype), kp_dtype_name(t->dtype), want);
-    }
-    int same = info.ndim == t->ndim && info.shape[0] == rows;
-    for (int d = 1; same && d < t->ndim; d++) same = info.shape[d] == t->shape[d];
-    if (!same) {
-        free(buf);
-        return kp_fail(err, KP_EXIT_USAGE, "%s: shape %s; the family's output '%s' of %lld rows is %s", path, got, t->name,
-                       (long long)rows, want);
+        return rc;
     }
     *data = malloc(info.data_bytes ? info.data_bytes : 1);
     if (!*data) {

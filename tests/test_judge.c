@@ -207,3 +207,21 @@ Test(judge, bad_files_are_refused_naming_the_file) {
     cr_assert(strstr(err, "repeat on outside needs at least two runs' outputs"), "%s", err);
     free(err), free(a), free(d), free(buf), free(good), free(trunc), free(notnpy), free(f64), free(shape);
 }
+
+/* An empty array may declare any shape: (0, 2^63 - 1, ...) over 8 dimensions passes the .npy reader (no bytes to
+ * hold) and overran the 96-byte buffer the judge wrote the shape into for its message (found by
+ * fuzz/fuzz_judge_output.c; under ASan a stack-buffer-overflow). It is refused as a wrong shape, named whole. */
+Test(judge, an_empty_array_of_a_huge_shape_is_refused_naming_the_whole_shape) {
+    char *path = in_dir("huge.npy");
+    int64_t shape[8] = {0};
+    char want[256] = "huge.npy: shape [0";
+    for (int d = 1; d < 8; d++) shape[d] = INT64_MAX, strcat(want, ", 9223372036854775807");
+    strcat(want, "]; the family's output 'out' of 4 rows is [4, 131072]");
+    kp_error kerr = {0};
+    cr_assert_eq(kp_npy_write(path, "<f4", 8, shape, NULL, 0, &kerr), 0, "%s", kerr.msg);
+    char *a = arg("outside", "huge.npy"), *err;
+    const char *impls[] = {a, NULL};
+    cr_assert_eq(judge(ORDINARY, "huge", impls, NULL, &err), 2, "%s", err);
+    cr_assert(strstr(err, want), "%s", err);
+    free(a), free(err), free(path);
+}

@@ -1,0 +1,15 @@
+/* kp_judge.h: `kparity judge`'s reader of outputs made outside kparity (harness/judge.c), exposed on its own so
+ * fuzz/fuzz_judge_output.c can drive it from memory. */
+#ifndef KP_JUDGE_H
+#define KP_JUDGE_H
+
+#include "../receipts/kp_npy.h"
+#include "kp_harness.h"
+
+/* One outside output checked: buf (a whole file's len bytes, named `path` in messages) must be a .npy of tensor
+ * t's dtype and shape with `rows` rows; *info then says where its data lies. KP_EXIT_USAGE naming path and what is
+ * wrong (not .npy, truncated, dtype, shape) otherwise. */
+int kp_judge_check_output(const char *path, const unsigned char *buf, size_t len, const kp_tensor *t, int64_t rows,
+                          kp_npy_info *info, kp_error *err);
+
+#endif
