@@ -417,8 +417,11 @@ static int check_statement(const char *dir, const char *text, size_t len, size_t
         rc = kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: the signed payload is not a %s statement of predicate type %s "
                      "with a subject list (_type '%s', predicateType '%s')", dir, f, KP_SIGN_STATEMENT_TYPE,
                      KP_SIGN_PREDICATE_TYPE, or_none(type), or_none(ptype));
-    else if (!(rc = statement_doc(dir, &now, &count, err)) &&
-             !(rc = check_subjects(dir, list, cJSON_GetObjectItemCaseSensitive(now, "subject"), err))) {
+    else if ((rc = statement_doc(dir, &now, &count, err))) {
+        /* The signer read a whole bundle.json and listed every file: one that cannot be read or listed now
+         * was damaged after signing, not misnamed by the user (as kp_bundle_verify classes it). */
+        if (rc == KP_EXIT_USAGE) rc = err->code = KP_EXIT_INCORRECT;
+    } else if (!(rc = check_subjects(dir, list, cJSON_GetObjectItemCaseSensitive(now, "subject"), err))) {
         /* Both printed by today's printer, so only content can differ. bundle.json's bytes matched
          * already; a mismatch here means the signer vouched for something bundle.json does not say. */
         a = kp_json_print(cJSON_GetObjectItemCaseSensitive(signed_doc, "predicate"));

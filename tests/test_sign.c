@@ -568,6 +568,42 @@ Test(sign, a_signed_statement_that_disagrees_with_the_bundle_fails) {
     free(statement);
 }
 
+/* Found by fuzz/fuzz_bundle.c: bundle.json damaged after signing, the manifest rewritten to match, made the
+ * signature check exit 2 (a usage error: "was this bundle written by kparity run or gate?") instead of 1. Through
+ * the CLI (plain verify first) a bundle.json that still verifies but no longer says its verdict; through
+ * kp_sign_check itself the fuzzer's input, a bundle.json that is not JSON. */
+Test(sign, bundle_json_damaged_after_signing_is_incorrect_not_a_usage_error) {
+    char *b = gate_bundle("g", gate_config, 1), *key, *pub, *err;
+    make_keypair("signer", "ED25519", &key, &pub);
+    cr_assert_eq(sign(b, key, &err), 0, "%s", err);
+    char *bpath = path_in(b, "bundle.json");
+    size_t seed_len;
+    char *seed = kpt_read(bpath, &seed_len);
+    cJSON *bundle = read_json(bpath);
+    cJSON_DeleteItemFromObjectCaseSensitive(bundle, "verdict");
+    write_json(bpath, bundle);
+    cJSON_Delete(bundle);
+    rewrite_manifest(b);
+    cr_assert_eq(verify_plain(b, &err), 0, "the control: plain verify does not read the verdict: %s", err);
+    cr_assert_eq(verify_pub(b, pub, &err), 1, "%s", err);
+    cr_assert(strstr(err, "bundle.json") && strstr(err, "verdict"), "%s", err);
+
+    const char *not_json = "0000000000000000000000000000000000000000000000000000000000000000  artifacts\n";
+    cr_assert_eq(kpt_write(bpath, not_json, strlen(not_json)), 0);
+    rewrite_manifest(b);
+    kp_sign_key *pk = NULL;
+    kp_error e = {0};
+    cr_assert_eq(kp_sign_key_load(pub, 0, &pk, &e), 0, "%s", e.msg);
+    cr_assert_eq(kp_sign_check(b, pk, NULL, &e), KP_EXIT_INCORRECT, "%s", e.msg);
+    cr_assert(strstr(e.msg, "bundle.json"), "%s", e.msg);
+    /* the positive control: the signed bytes back, and the same check passes */
+    cr_assert_eq(kpt_write(bpath, seed, seed_len), 0);
+    rewrite_manifest(b);
+    cr_assert_eq(kp_sign_check(b, pk, NULL, &e), 0, "%s", e.msg);
+    kp_sign_key_free(pk);
+    free(seed);
+}
+
 Test(sign, key_and_signature_file_problems_exit_2_naming_the_file) {
     char *b = gate_bundle("pass", passing_config, 0), *key, *pub, *rsa, *rsa_pub, *err;
     make_keypair("signer", "ED25519", &key, &pub);
