@@ -1,8 +1,10 @@
 #!/bin/sh
 # test.sh: set up, build, then run every test through ctest: label cpu everywhere; label gpu
 # skips (exit 77) without a GPU. Then the cpu tests again under AddressSanitizer + UndefinedBehaviorSanitizer
-# (build-asan/, -DKP_SANITIZE=ON: any report fails its test).
+# (build-asan/, -DKP_SANITIZE=ON: any report fails its test), and a short libFuzzer run of every parser of
+# outside input (scripts/fuzz.sh, which installs clang if it is missing).
 #   KPARITY_SANITIZE=0       skip the sanitizer build and its run
+#   KPARITY_FUZZ_SECONDS=N   seconds per fuzz target (default 60; 0 skips fuzzing)
 # Arguments go to both ctest runs (e.g. -R test_cli).
 set -eu
 cd "$(dirname "$0")/.."
@@ -21,3 +23,6 @@ if [ "${KPARITY_SANITIZE:-1}" != 0 ]; then
   # Criterion runs one test at a time there (CMakeLists.txt says why), so ctest runs binaries side by side
   (cd "$asan" && ctest --output-on-failure --timeout 7200 -j"$(nproc)" -L cpu "$@")
 fi
+
+seconds=${KPARITY_FUZZ_SECONDS:-60}
+[ "$seconds" = 0 ] || ./scripts/fuzz.sh "$seconds"
