@@ -104,7 +104,7 @@ static kp_case_out *full_output(kp_case_ctx *ctx, const kp_impl *impl, const cha
     return o;
 }
 
-static void check_head(const kp_check_spec *spec, cJSON *chk) {
+void kp_check_head(const kp_check_spec *spec, cJSON *chk) {
     cJSON_AddStringToObject(chk, "check", kp_check_name(spec->kind));
     cJSON_AddStringToObject(chk, "label", spec->label);
     cJSON_AddStringToObject(chk, "impl", spec->impl[0]->name);
@@ -112,13 +112,13 @@ static void check_head(const kp_check_spec *spec, cJSON *chk) {
 }
 
 void kp_check_stub(const kp_check_spec *spec, kp_result result, const char *why, cJSON *chk) {
-    check_head(spec, chk);
+    kp_check_head(spec, chk);
     cJSON_AddStringToObject(chk, "result", kp_result_name(result));
     cJSON_AddStringToObject(chk, "summary", why);
 }
 
 static void check_header(const kp_family *fam, const kp_case *c, const kp_check_spec *spec, cJSON *chk) {
-    check_head(spec, chk);
+    kp_check_head(spec, chk);
     cJSON *params = cJSON_AddObjectToObject(chk, "params");
     const kp_check_kind kind = spec->kind == KP_CHECK_EXPECT ? spec->of : spec->kind;
     if (spec->has_params && fam->describe_params) {

@@ -311,6 +311,18 @@ int kp_config_load(const char *path, kp_config *cfg, kp_error *err) {
     return 0;
 }
 
+double kp_config_timeout_peek(const char *path) {
+    kp_error ignored = {0};
+    size_t len;
+    char *text = read_text(path, &len, &ignored);
+    cJSON *doc = text ? cJSON_ParseWithLength(text, len) : NULL;
+    free(text);
+    const cJSON *v = member(doc, "timeout_s");
+    const double timeout = cJSON_IsNumber(v) && v->valuedouble > 0 ? v->valuedouble : 0;
+    cJSON_Delete(doc);
+    return timeout;
+}
+
 void kp_config_free(kp_config *cfg) {
     for (int i = 0; i < cfg->ncases; i++) free(cfg->cases[i].checks);
     free(cfg->cases);

@@ -30,6 +30,8 @@ int kp_case_ctx_open(kp_case_ctx *ctx, const kp_case_spec *cs, kp_evidence *ev, 
 void kp_case_ctx_close(kp_case_ctx *ctx);
 /* Run one check; its record (check, label, impl, params, result, summary, findings) goes into `chk`. */
 kp_result kp_check_run(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON *chk);
+/* A check's head, as every record of it starts: check, label, impl (and impl_b). */
+void kp_check_head(const kp_check_spec *spec, cJSON *chk);
 /* The record of a check that did not run, with the reason: the same head as kp_check_run writes. */
 void kp_check_stub(const kp_check_spec *spec, kp_result result, const char *why, cJSON *chk);
 

@@ -117,6 +117,9 @@ typedef struct kp_config {
  * Any problem: exit class 2 with the JSON path of the field, e.g. "cases[3].checks[1].impl". */
 int kp_config_load(const char *path, kp_config *cfg, kp_error *err);
 void kp_config_free(kp_config *cfg);
+/* The config's timeout_s, read as JSON alone (no plugin loaded, nothing validated): 0 when it has none or the file
+ * is no config (kp_config_load, in the worker, then says why). For the supervisor, which loads nothing. */
+double kp_config_timeout_peek(const char *path);
 
 /* Where a check's parameters come from: the check, else the config's "defaults" (never from code).
  * A family's parse_params reads its fields through these; each field has one parser, and every

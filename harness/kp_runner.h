@@ -22,11 +22,12 @@ typedef struct kp_run_options {
 /* The CLI's gate and run (opt->isolate): whether this process is to supervise a worker process that runs the cases
  * (not when it is that worker, nor with KPARITY_IN_PROCESS=1, for a debugger). */
 int kp_run_supervises(const kp_run_options *opt);
-/* Supervise: start the worker (this command line, re-executed) before anything is loaded here, and return the run's
- * exit code and error as kp_run_config would. A worker that dies in a case (a signal, an exit, killed past the timeout)
- * leaves that case FAILED, saying how and in which check, and a fresh worker runs the rest; only then is the config at
- * `config_path` loaded here. A worker that stops before the run (a config error it has reported) gives its exit status
- * with err empty. */
+/* Supervise: start the worker (this command line, re-executed), and return the run's exit code and error as
+ * kp_run_config would. Nothing of the config at `config_path` is loaded here (only its timeout_s is read): a worker
+ * that dies in a case (a signal, an exit, killed past the timeout) leaves that case FAILED, saying how and in which
+ * check, from the skeleton the worker published as the case began, and a fresh worker runs the rest. A worker that
+ * stops before the run (a config error it has reported) gives its exit status with err empty; one that dies or hangs
+ * before it made the bundle (a plugin's constructor) is exit 3 or 4 with err saying so. */
 int kp_run_supervise(const char *config_path, const kp_run_options *opt, kp_error *err);
 
 /* Returns the exit class: 0 passed, 1 incorrect, 2 usage, 3 environment/kernel failure, 4 timeout,

@@ -127,8 +127,20 @@ static int parse_shard(const char *s, int *index, int *count) {
     return 0;
 }
 
+/* The plugins named with --plugin. */
+typedef struct kp_plugin_list {
+    const char *const *paths;
+    int count;
+} kp_plugin_list;
+
+static int load_plugins(const kp_plugin_list *pl, kp_error *err) {
+    for (int i = 0; i < pl->count; i++)
+        if (kp_plugin_load(pl->paths[i], err)) return err->code;
+    return 0;
+}
+
 static int cmd_run(int gate, const char *config, const char *out, const char *filter, const char *shard, double timeout,
-                   int quiet, int json, char **command) {
+                   int quiet, int json, char **command, const kp_plugin_list *pl) {
     kp_error err = {0};
     if (!config) return usage("--config FILE is required");
     int shard_index, shard_count;
@@ -144,10 +156,12 @@ static int cmd_run(int gate, const char *config, const char *out, const char *fi
                           .isolate = 1};
     int code;
     if (kp_run_supervises(&opt)) {
-        /* the cases run in a worker process (this command line again), so a crashing impl is recorded, not fatal */
+        /* the cases run in a worker process (this command line again, which loads the --plugin libraries), so a
+         * crashing impl or plugin is recorded, not fatal */
         code = kp_run_supervise(config, &opt, &err);
     } else {
         kp_config cfg;
+        if (load_plugins(pl, &err)) return fail(&err);
         if (kp_config_load(config, &cfg, &err)) {
             kp_config_free(&cfg);
             return fail(&err);
@@ -161,7 +175,7 @@ static int cmd_run(int gate, const char *config, const char *out, const char *fi
         alarm(0);
         kp_config_free(&cfg);
     }
-    if ((code == KP_EXIT_USAGE || code == KP_EXIT_ENV) && err.msg[0]) return fail(&err);
+    if ((code == KP_EXIT_USAGE || code == KP_EXIT_ENV || code == KP_EXIT_TIMEOUT) && err.msg[0]) return fail(&err);
     if (gate && command && command[0]) {
         if (code != KP_EXIT_OK) {
             fprintf(stderr, "kparity: gate did not pass (exit %d); not starting %s\n", code, command[0]);
@@ -185,10 +199,16 @@ static int cmd_verify(const char *dir, int replay, const char *pubkey) {
     int rc = kp_bundle_verify(dir, &err);
     if (!rc && key) rc = kp_sign_check(dir, key, &subjects, &err);
     if (!rc && replay) rc = kp_replay_bundle(dir, &err);
+    char leftovers[512];
+    const int nleft = rc ? 0 : kp_sign_leftovers(dir, 0, leftovers, sizeof leftovers, &err);
+    if (nleft < 0) rc = err.code;
     if (!rc) {
         printf("%s: intact", dir);
         if (key) printf("; signed by %s (keyid %s), covering all %zu files", pubkey, kp_sign_keyid(key), subjects);
-        printf("%s\n", replay ? "; every case's inputs and reference regenerated to the same digests" : "");
+        printf("%s", replay ? "; every case's inputs and reference regenerated to the same digests" : "");
+        if (nleft) printf("; passed over %s, what a sign that never finished left (no part of the record; the next sign "
+                          "removes it)", leftovers);
+        printf("\n");
     }
     kp_sign_key_free(key);
     return rc ? fail(&err) : 0;
@@ -297,8 +317,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "judge") && !(argc == 3 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"))))
         return kp_cmd_judge(argc - 2, argv + 2); /* NAME=FILE arguments */
     const char *config = NULL, *out = NULL, *filter = NULL, *positional = NULL, *key = NULL, *pubkey = NULL;
-    const char *impls[32], *cases[32];
-    int nimpl = 0, ncase = 0, quiet = 0, json = 0, replay = 0, reps = 0, help = 0;
+    const char *impls[32], *cases[32], *plugins[32];
+    int nimpl = 0, ncase = 0, nplugin = 0, quiet = 0, json = 0, replay = 0, reps = 0, help = 0;
     const char *shard = NULL;
     double timeout = 0;
     char **command = NULL;
@@ -323,7 +343,8 @@ int main(int argc, char **argv) {
             timeout = strtod(argv[++i], &end);
             if (*end || !(timeout > 0)) return usage("--timeout: expected a positive number of seconds");
         } else if (!strcmp(a, "--plugin") && more) {
-            if (kp_plugin_load(argv[++i], &err)) return fail(&err);
+            if (nplugin == 32) return usage("--plugin: at most 32 plugins");
+            plugins[nplugin++] = argv[++i];
         } else if (!strcmp(a, "--quiet")) quiet = 1;
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--replay")) replay = 1;
@@ -344,13 +365,15 @@ int main(int argc, char **argv) {
             print_usage(stdout, cmd);
             return 0;
         }
-    if (!strcmp(cmd, "list")) return cmd_list(config);
-    if (!strcmp(cmd, "run")) return cmd_run(0, config, out, filter, shard, timeout, quiet, json, NULL);
+    const kp_plugin_list pl = {plugins, nplugin};
+    if (!strcmp(cmd, "run")) return cmd_run(0, config, out, filter, shard, timeout, quiet, json, NULL, &pl);
     if (!strcmp(cmd, "gate")) {
         /* a gate runs its frozen config whole: a subset that passes must not start a server */
         if (filter || shard) return usage("gate runs the whole config; --filter and --shard are for `kparity run`");
-        return cmd_run(1, config, out, NULL, NULL, timeout, quiet, json, command);
+        return cmd_run(1, config, out, NULL, NULL, timeout, quiet, json, command, &pl);
     }
+    if (load_plugins(&pl, &err)) return fail(&err); /* run and gate load them in their worker process */
+    if (!strcmp(cmd, "list")) return cmd_list(config);
     if (!strcmp(cmd, "verify")) {
         if (key) return usage("verify checks a signature with --pubkey PUB.pem; --key is the private key, for sign");
         return cmd_verify(positional, replay, pubkey);

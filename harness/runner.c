@@ -37,6 +37,10 @@ typedef struct run_shared {
     int returned;              /* the worker's run returned `code` with `err`; it is exiting */
     int code;
     kp_error err;
+    int position;              /* receipts in the bundle before the case in progress */
+    int selected;              /* the cases this run writes receipts for */
+    char skeleton[1 << 20];    /* the case in progress's receipt skeleton (skeleton_json), as JSON text: the
+                                  supervisor writes that case's receipt from it without loading the config */
 } run_shared;
 
 /* Seconds since process `pid` started (from /proc/PID/stat; a worker asks about its supervisor, which
@@ -197,21 +201,43 @@ static cJSON *run_json(const run_state *st) {
     return run;
 }
 
+/* What the receipt of a case that never finished is made of: the case, the run, each check's head (what it is, its
+ * label, its impls) and the environment. A worker publishes it as each case starts (run_shared.skeleton), so the
+ * supervisor can write that case's receipt without loading the config, and so the config's plugins, itself. */
+static cJSON *skeleton_json(const run_state *st, const kp_case_spec *cs) {
+    cJSON *skel = cJSON_CreateObject();
+    cJSON_AddItemToObject(skel, "case", case_json(st->cfg, cs));
+    cJSON_AddItemToObject(skel, "run", run_json(st));
+    cJSON *heads = cJSON_AddArrayToObject(skel, "checks");
+    for (int k = 0; k < cs->nchecks; k++) {
+        cJSON *head = cJSON_CreateObject();
+        kp_check_head(&cs->checks[k], head);
+        cJSON_AddItemToArray(heads, head);
+    }
+    cJSON_AddItemToObject(skel, "environment", cJSON_Duplicate(st->env, 1));
+    return skel;
+}
+
+static cJSON *copied(const cJSON *skel, const char *key) {
+    return cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(skel, key), 1);
+}
+
 /* A receipt for a case that did not get to run its checks, or whose process died in check `at`: that check
  * gets `result` and `reason`, those before it `result` and `earlier` (they ran, but what they found is
  * gone), those after it NOT_RUN and `later`. at < 0: every check gets `result` and `reason`. */
-static cJSON *stub_receipt_at(run_state *st, const kp_case_spec *cs, kp_result result, const char *reason, int at,
-                              const char *earlier, const char *later) {
+static cJSON *stub_receipt_at(const cJSON *skel, kp_result result, const char *reason, int at, const char *earlier,
+                              const char *later) {
     cJSON *receipt = cJSON_CreateObject();
     cJSON_AddStringToObject(receipt, "schema", "kparity.receipt/v1");
-    cJSON_AddItemToObject(receipt, "case", case_json(st->cfg, cs));
-    cJSON_AddItemToObject(receipt, "run", run_json(st));
+    cJSON_AddItemToObject(receipt, "case", copied(skel, "case"));
+    cJSON_AddItemToObject(receipt, "run", copied(skel, "run"));
     cJSON *checks = cJSON_AddArrayToObject(receipt, "checks");
-    for (int k = 0; k < cs->nchecks; k++) {
-        cJSON *chk = cJSON_CreateObject();
-        if (at < 0 || k == at) kp_check_stub(&cs->checks[k], result, reason, chk);
-        else if (k < at) kp_check_stub(&cs->checks[k], result, earlier, chk);
-        else kp_check_stub(&cs->checks[k], KP_NOT_RUN, later, chk);
+    int k = 0;
+    for (const cJSON *head = cJSON_GetObjectItemCaseSensitive(skel, "checks")->child; head; head = head->next, k++) {
+        cJSON *chk = cJSON_Duplicate(head, 1);
+        const int mine = at < 0 || k == at, before = k < at;
+        cJSON_AddStringToObject(chk, "result", kp_result_name(mine || before ? result : KP_NOT_RUN));
+        cJSON_AddStringToObject(chk, "summary", mine ? reason : before ? earlier : later);
         cJSON_AddItemToArray(checks, chk);
     }
     cJSON_AddStringToObject(receipt, "result", kp_result_name(result));
@@ -221,12 +247,14 @@ static cJSON *stub_receipt_at(run_state *st, const kp_case_spec *cs, kp_result r
     cJSON_AddItemToArray(reasons, cJSON_CreateString(msg));
     cJSON_AddArrayToObject(receipt, "artifacts");
     kp_json_add_double(receipt, "duration_s", 0.0);
-    cJSON_AddItemToObject(receipt, "environment", cJSON_Duplicate(st->env, 1));
+    cJSON_AddItemToObject(receipt, "environment", copied(skel, "environment"));
     return receipt;
 }
 
 static cJSON *stub_receipt(run_state *st, const kp_case_spec *cs, kp_result result, const char *reason) {
-    return stub_receipt_at(st, cs, result, reason, -1, NULL, NULL);
+    cJSON *skel = skeleton_json(st, cs), *receipt = stub_receipt_at(skel, result, reason, -1, NULL, NULL);
+    cJSON_Delete(skel);
+    return receipt;
 }
 
 /* A worker leaves through here: what it returned goes to the supervisor, and nothing of the process runs
@@ -299,6 +327,38 @@ static void summary_rows_add(summary_row **rows, int *nrows, const char *case_na
     }
 }
 
+/* In a worker, before case cs starts: what the supervisor needs to write its receipt should the process die in it. */
+static int publish_case(const run_state *st, const kp_case_spec *cs, kp_error *err) {
+    cJSON *skel = skeleton_json(st, cs);
+    char *text = skel ? cJSON_PrintUnformatted(skel) : NULL;
+    cJSON_Delete(skel);
+    run_shared *sh = st->shared;
+    const size_t len = text ? strlen(text) : 0;
+    if (!text || len >= sizeof sh->skeleton) {
+        cJSON_free(text);
+        return kp_fail(err, KP_EXIT_ENV, "%s: the record kept for the case should its process die is %s (%zu bytes of "
+                       "at most %zu)", cs->name, text ? "too long" : "out of memory", len, sizeof sh->skeleton - 1);
+    }
+    memcpy(sh->skeleton, text, len + 1);
+    cJSON_free(text);
+    sh->check_index = -1;
+    sh->position = st->done;
+    sh->selected = st->selected;
+    return 0;
+}
+
+/* The run cannot go on (err says why): stop the watchdog, free what the run holds, leave the bundle unfinished. */
+static int run_abandon(run_state *st, summary_row *rows, const kp_error *err) {
+    pthread_mutex_lock(&st->lock);
+    st->stop_watchdog = 1;
+    pthread_mutex_unlock(&st->lock);
+    if (st->have_watchdog) pthread_join(st->watchdog, NULL);
+    cJSON_Delete(st->env);
+    free(rows);
+    kp_bundle_free(st->bundle);
+    return err->code;
+}
+
 /* Run the selected cases (in a worker: from shared->resume_at, into the bundle an earlier worker began). */
 static int run_cases(const kp_config *cfg, const kp_run_options *opt, run_shared *shared, kp_error *err) {
     run_state st = {.cfg = cfg, .opt = opt, .shared = shared, .current = -1};
@@ -345,9 +405,10 @@ static int run_cases(const kp_config *cfg, const kp_run_options *opt, run_shared
             case_result = KP_NOT_RUN;
             receipt = stub_receipt(&st, cs, KP_NOT_RUN, "the device was lost to a sticky CUDA error in an earlier case");
         } else {
+            if (shared && publish_case(&st, cs, err)) return run_abandon(&st, rows, err);
             pthread_mutex_lock(&st.lock);
             st.current = ci;
-            if (shared) shared->check_index = -1, shared->case_index = ci;
+            if (shared) __atomic_store_n(&shared->case_index, ci, __ATOMIC_SEQ_CST);
             pthread_mutex_unlock(&st.lock);
             receipt = cJSON_CreateObject();
             cJSON_AddStringToObject(receipt, "schema", "kparity.receipt/v1");
@@ -421,14 +482,7 @@ static int run_cases(const kp_config *cfg, const kp_run_options *opt, run_shared
             for (int s = 0; s < KP_STAGE_COUNT; s++) shared->stages[s] = kp_stage_seconds((kp_stage)s);
         }
         pthread_mutex_unlock(&st.lock);
-        if (rc) {
-            st.stop_watchdog = 1;
-            if (st.have_watchdog) pthread_join(st.watchdog, NULL);
-            cJSON_Delete(st.env);
-            free(rows);
-            kp_bundle_free(st.bundle);
-            return err->code;
-        }
+        if (rc) return run_abandon(&st, rows, err);
         progress(opt, st.done++, st.selected, cs->name, case_result, kp_now() - t_case, kp_now() - st.t_start);
     }
     pthread_mutex_lock(&st.lock);
@@ -472,42 +526,46 @@ static int run_cases(const kp_config *cfg, const kp_run_options *opt, run_shared
 }
 
 /* A worker died in case sh->case_index: record it FAILED (the signal, or the timeout, and the check it was in)
- * unless its receipt was written before it died, and set the run up for the next worker. */
-static int record_death(const kp_config *cfg, const kp_run_options *opt, run_shared *sh, const kp_worker_end *end,
-                        kp_error *err) {
-    run_state st = {.cfg = cfg, .opt = opt, .current = -1};
-    int position = 0; /* receipts before the case's own */
-    for (int i = 0; i < cfg->ncases; i++) {
-        st.selected += selected(opt, cfg, i);
-        position += i < sh->case_index && selected(opt, cfg, i);
+ * unless its receipt was written before it died, and set the run up for the next worker. All it knows of the
+ * case is the skeleton the worker published (nothing of the config is loaded here). */
+static int record_death(const kp_run_options *opt, run_shared *sh, const kp_worker_end *end, kp_error *err) {
+    cJSON *skel = cJSON_Parse(sh->skeleton);
+    const cJSON *heads = cJSON_GetObjectItemCaseSensitive(skel, "checks");
+    const char *name = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(skel, "case"), "name"));
+    if (!name || !cJSON_IsArray(heads)) {
+        cJSON_Delete(skel);
+        return kp_fail(err, KP_EXIT_ENV, "the run's worker process died in config case %d, and the record it kept of that "
+                       "case is unreadable; the bundle %s is unfinished", sh->case_index + 1, opt->out_dir);
     }
-    const kp_case_spec *cs = &cfg->cases[sh->case_index];
-    if (kp_bundle_resume(&st.bundle, opt->out_dir, err)) return err->code;
+    kp_bundle *bundle;
+    if (kp_bundle_resume(&bundle, opt->out_dir, err)) {
+        cJSON_Delete(skel);
+        return err->code;
+    }
     int rc = 0;
-    if (kp_bundle_count(st.bundle) == position) {
+    if (kp_bundle_count(bundle) == sh->position) {
+        const int k = sh->check_index < cJSON_GetArraySize(heads) ? sh->check_index : -1;
+        const char *what = k >= 0 ? cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(heads, k), "label")) : NULL;
         char how[200], reason[900], earlier[600], later[600];
         kp_worker_describe(end, how, sizeof how);
-        const int k = sh->check_index < cs->nchecks ? sh->check_index : -1;
-        const char *what = k >= 0 ? cs->checks[k].label : NULL;
         snprintf(reason, sizeof reason, "%s: the case's process %s %s%s%s; the cases after it run in a fresh process",
                  end->deadline ? "timeout" : "crash", how, what ? "in check '" : "while preparing or releasing the case",
                  what ? what : "", what ? "'" : "");
         snprintf(earlier, sizeof earlier, "%s: this check ran, but what it found died with the case's process, which %s "
                  "in check '%s'", end->deadline ? "timeout" : "crash", how, what ? what : "");
         snprintf(later, sizeof later, "not reached: the case's process %s in check '%s'", how, what ? what : "");
-        st.env = kp_environment_json();
-        cJSON *receipt = stub_receipt_at(&st, cs, KP_FAILED, reason, k, earlier, later);
+        cJSON *receipt = stub_receipt_at(skel, KP_FAILED, reason, k, earlier, later);
         cJSON *death = cJSON_AddObjectToObject(receipt, "process");
         cJSON_AddStringToObject(death, "ended", end->deadline ? "killed at the timeout" : end->signal ? "signal" : "exit");
         if (end->signal && !end->deadline) kp_json_add_int(death, "signal", end->signal);
         if (end->exited) kp_json_add_int(death, "status", end->status);
         if (what) cJSON_AddStringToObject(death, "check", what);
-        fprintf(stderr, "kparity: %s: %s\n", cs->name, reason);
-        rc = kp_bundle_add_receipt(st.bundle, receipt, err);
-        if (!rc) progress(opt, position, st.selected, cs->name, KP_FAILED, 0.0, kp_now() - sh->t_start);
-        cJSON_Delete(st.env);
+        fprintf(stderr, "kparity: %s: %s\n", name, reason);
+        rc = kp_bundle_add_receipt(bundle, receipt, err);
+        if (!rc) progress(opt, sh->position, sh->selected, name, KP_FAILED, 0.0, kp_now() - sh->t_start);
     }
-    kp_bundle_free(st.bundle);
+    cJSON_Delete(skel);
+    kp_bundle_free(bundle);
     sh->worst = worse((kp_result)sh->worst, KP_FAILED);
     sh->timed_out |= end->deadline;
     sh->resume_at = sh->case_index + 1;
@@ -524,11 +582,11 @@ int kp_run_supervises(const kp_run_options *opt) {
 }
 
 /* The supervisor: start a worker, wait for it, and when it dies in a case record that case FAILED and start a
- * fresh worker for the rest (each death takes one case, so this ends). It loads nothing itself until a worker
- * has died in a case (then the config, to write that case's receipt): the worker starts at once, and the
- * supervisor's own start costs no device initialisation. Past the gate's timeout (which the worker publishes
- * once it has read the config) and the worker's own watchdog's grace, the worker is killed: a stopped or
- * wedged process cannot hold the gate. */
+ * fresh worker for the rest (each death takes one case, so this ends). It loads nothing of the config, and so none
+ * of its plugins: the worker starts at once, the supervisor's own start costs no device initialisation, and what a
+ * plugin does as it loads happens only in a worker. Past the gate's timeout (--timeout, else the config's
+ * timeout_s, read here without loading anything) and the worker's own watchdog's grace, the worker is killed: a
+ * stopped or wedged process, or one hung loading a plugin, cannot hold the gate. */
 int kp_run_supervise(const char *config_path, const kp_run_options *opt, kp_error *err) {
     run_shared *sh;
     int fd;
@@ -537,12 +595,12 @@ int kp_run_supervise(const char *config_path, const kp_run_options *opt, kp_erro
     sh->t_start = kp_now();
     sh->case_index = sh->check_index = -1;
     sh->worst = KP_PASSED;
+    sh->timeout = opt->timeout_s > 0 ? opt->timeout_s : kp_config_timeout_peek(config_path);
     if (snprintf(sh->out_dir, sizeof sh->out_dir, "%s", opt->out_dir) >= (int)sizeof sh->out_dir) {
         kp_worker_unshare(sh, fd, sizeof *sh);
         return kp_fail(err, KP_EXIT_USAGE, "--out: the path is longer than %zu bytes", sizeof sh->out_dir - 1);
     }
-    kp_config cfg;
-    int have_cfg = 0, code;
+    int code;
     for (;;) {
         pid_t pid;
         sh->workers++;
@@ -555,7 +613,7 @@ int kp_run_supervise(const char *config_path, const kp_run_options *opt, kp_erro
         for (;;) {
             /* Past the worker's own watchdog (2 s after the timeout) and then some; a worker started after the
              * timeout (to record the cases left as NOT_RUN) gets 10 s; one finishing the bundle, a minute more.
-             * Until the worker has published the timeout, look again every quarter second. */
+             * Without a timeout, look again every quarter second (the worker may yet publish one). */
             const double timeout = sh->timeout;
             double deadline = sh->t_start + timeout + 2.0 + 3.0;
             if (sh->workers > 1 && deadline < started + 10.0) deadline = started + 10.0;
@@ -578,25 +636,17 @@ int kp_run_supervise(const char *config_path, const kp_run_options *opt, kp_erro
         }
         char how[200];
         kp_worker_describe(&end, how, sizeof how);
-        if (!sh->opened || sh->case_index < 0) {
-            code = kp_fail(err, KP_EXIT_ENV, "the run's worker process %s %s%s%s", how,
+        if (!sh->opened || __atomic_load_n(&sh->case_index, __ATOMIC_SEQ_CST) < 0) {
+            code = kp_fail(err, end.deadline ? KP_EXIT_TIMEOUT : KP_EXIT_ENV, "the run's worker process %s %s%s%s", how,
                            !sh->opened ? "before it made the bundle (while loading the config and its plugins?)"
                                        : "outside any case (starting, between cases or finishing the bundle); the bundle ",
                            sh->opened ? opt->out_dir : "", sh->opened ? " is unfinished (kparity verify says what is missing)" : "");
             break;
         }
-        if (!have_cfg && kp_config_load(config_path, &cfg, err)) {
-            kp_error_prefix(err, "recording the case a worker process died in: ");
-            code = err->code == KP_EXIT_USAGE ? KP_EXIT_ENV : err->code;
-            kp_config_free(&cfg);
-            break;
-        }
-        have_cfg = 1;
         kp_run_options resumed = *opt;
         resumed.out_dir = sh->out_dir;
-        if ((code = record_death(&cfg, &resumed, sh, &end, err))) break;
+        if ((code = record_death(&resumed, sh, &end, err))) break;
     }
-    if (have_cfg) kp_config_free(&cfg);
     kp_worker_unshare(sh, fd, sizeof *sh);
     return code;
 }

@@ -5,12 +5,14 @@
 #endif
 #include "kp_sign.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <openssl/err.h>
 #include <openssl/evp.h>
@@ -191,7 +193,37 @@ static cJSON *predicate_of(const char *dir, const cJSON *bundle, kp_error *err) 
     return p;
 }
 
-/* Every file but the envelope, sorted as kp_bundle_list_files sorts (strcmp). */
+int kp_sign_is_leftover(const char *path) {
+    static const char prefix[] = "." KP_SIGN_ENVELOPE ".tmp-";
+    return !strncmp(path, prefix, sizeof prefix - 1) && kp_bundle_is_temp_name(path);
+}
+
+int kp_sign_leftovers(const char *dir, int remove, char *names, size_t len, kp_error *err) {
+    if (len) names[0] = '\0';
+    DIR *d = opendir(dir);
+    if (!d) return kp_fail(err, KP_EXIT_USAGE, "%s: cannot read the folder: %s", dir, strerror(errno)), -1;
+    int found = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (!kp_sign_is_leftover(e->d_name)) continue;
+        const size_t used = strlen(names);
+        if (used < len) snprintf(names + used, len - used, "%s%s", found ? ", " : "", e->d_name);
+        found++;
+        char *p = remove ? join(dir, e->d_name) : NULL;
+        if (remove && (!p || unlink(p) != 0)) {
+            kp_fail(err, KP_EXIT_ENV, "%s/%s: cannot remove what an unfinished sign left: %s", dir, e->d_name,
+                    p ? strerror(errno) : "out of memory");
+            free(p);
+            closedir(d);
+            return -1;
+        }
+        free(p);
+    }
+    closedir(d);
+    return found;
+}
+
+/* Every file but the envelope and what an unfinished write of it left, sorted as kp_bundle_list_files sorts (strcmp). */
 static int add_subjects(cJSON *list, const char *dir, size_t *count, kp_error *err) {
     char **paths = NULL;
     size_t n = 0;
@@ -202,7 +234,7 @@ static int add_subjects(cJSON *list, const char *dir, size_t *count, kp_error *e
     }
     int rc = 0;
     for (size_t i = 0; !rc && i < n; i++) {
-        if (strcmp(paths[i], KP_SIGN_ENVELOPE) == 0) continue;
+        if (strcmp(paths[i], KP_SIGN_ENVELOPE) == 0 || kp_sign_is_leftover(paths[i])) continue;
         char *full = join(dir, paths[i]), hex[KP_SHA256_HEX_LEN];
         cJSON *s = NULL, *d = NULL;
         if (!full) rc = kp_fail(err, KP_EXIT_ENV, "out of memory");
@@ -299,6 +331,11 @@ int kp_sign_bundle(const char *dir, const kp_sign_key *key, size_t *subjects, kp
         !(printed = kp_json_print(env)) || asprintf(&text, "%s\n", printed) < 0) {
         text = NULL;
         rc = kp_fail(err, KP_EXIT_ENV, "out of memory writing %s/%s", dir, KP_SIGN_ENVELOPE);
+        goto out;
+    }
+    char gone[256];
+    if (kp_sign_leftovers(dir, 1, gone, sizeof gone, err) < 0) {
+        rc = err->code;
         goto out;
     }
     if (!(rc = kp_write_file_atomic(path, text, strlen(text), err)) && subjects) *subjects = count;

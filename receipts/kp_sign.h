@@ -48,8 +48,17 @@ char *kp_dsse_pae(const char *payload_type, const void *body, size_t body_len, s
  * bundle.json lacks what the predicate needs (verdict, config.sha256). */
 int kp_sign_statement(const char *dir, char **text, size_t *len, kp_error *err);
 
+/* Whether a bundle path is the temporary file of an envelope write that never finished (a `sign` killed or out of
+ * space mid-write: "." KP_SIGN_ENVELOPE ".tmp-XXXXXX" at the top). No part of the record: verify passes over it
+ * and names it, signing leaves it out of the statement and removes it (kp_sign_leftovers). */
+int kp_sign_is_leftover(const char *path);
+
+/* The leftovers in dir's top folder, named in `names` (", " between, cut at `len`), removed when `remove` is set.
+ * How many there were, or -1 with err filled (the folder cannot be read, one cannot be removed). */
+int kp_sign_leftovers(const char *dir, int remove, char *names, size_t len, kp_error *err);
+
 /* Write dir/KP_SIGN_ENVELOPE atomically (a crash leaves the old envelope or none, never half of
- * one); *subjects (if given) receives how many files it names. It signs what is on disk: verify
+ * one, and at most a leftover the next sign removes); *subjects (if given) receives how many files it names. It signs what is on disk: verify
  * the bundle first (kp_bundle_verify), as `kparity sign` does. */
 int kp_sign_bundle(const char *dir, const kp_sign_key *key, size_t *subjects, kp_error *err);
 

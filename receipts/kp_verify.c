@@ -107,10 +107,10 @@ static const manifest_entry *lookup(const manifest *m, const char *path) {
 static int check_files(const manifest *m, char **disk, size_t n_disk, kp_error *err) {
     size_t i = 0, j = 0;
     while (i < m->count || j < n_disk) {
-        /* The signature envelope is written after the manifest and checked by kp_sign_check; a
-         * manifest that lists it anyway is held to it like any other file. */
+        /* The signature envelope is written after the manifest and checked by kp_sign_check (and a sign that
+         * never finished may have left a temporary file of it); a manifest that lists either is held to it. */
         if (j < n_disk && (strcmp(disk[j], "manifest.sha256") == 0 ||
-                           (strcmp(disk[j], KP_SIGN_ENVELOPE) == 0 && !lookup(m, KP_SIGN_ENVELOPE)))) {
+                           ((strcmp(disk[j], KP_SIGN_ENVELOPE) == 0 || kp_sign_is_leftover(disk[j])) && !lookup(m, disk[j])))) {
             j++;
             continue;
         }

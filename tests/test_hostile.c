@@ -16,19 +16,42 @@
 
 TestSuite(hostile, .init = kpt_dir_setup, .fini = kpt_dir_teardown, .timeout = 300);
 
-/* Build plugin_hostile.c with one -D flag (NULL: none) and extra (NULL: none) as topp.<name>@host. */
-static char *plugin(const char *name, const char *flag, const char *extra) {
+/* Build plugin_hostile.c as topp.<name>@host with the -D flags given (NULL-terminated, at most 4; none: a tame
+ * plugin) and KPT_BATCH=3 unless one of them sets it. */
+static char *plugin_with(const char *name, const char *const *flags) {
     char *so, *src, *inc, *def;
     cr_assert(asprintf(&so, "%s/%s.so", kpt_dir, name) > 0);
     cr_assert(asprintf(&src, "%s/tests/fixtures/plugin_hostile.c", kpt_source_dir()) > 0);
     cr_assert(asprintf(&inc, "-I%s/kernels", kpt_source_dir()) > 0);
     cr_assert(asprintf(&def, "-DKPT_NAME=\"topp.%s@host\"", name) > 0);
-    char *argv[] = {"/usr/bin/cc", "-shared", "-fPIC", "-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", inc, def,
-                    (char *)(flag ? flag : "-DKPT_TAME"), (char *)(extra ? extra : "-DKPT_BATCH=3"), "-o", so, src, "-lm", NULL};
+    char *argv[20] = {"/usr/bin/cc", "-shared", "-fPIC", "-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", inc, def};
+    int n = 10, batch = 0;
+    for (int i = 0; flags && flags[i]; i++) {
+        cr_assert_lt(i, 4);
+        argv[n++] = (char *)flags[i];
+        batch |= strncmp(flags[i], "-DKPT_BATCH=", 12) == 0;
+    }
+    if (!batch) argv[n++] = "-DKPT_BATCH=3";
+    argv[n++] = "-o", argv[n++] = so, argv[n++] = src, argv[n++] = "-lm", argv[n] = NULL;
     char *out, *err;
     cr_assert_eq(kpt_run(argv, &out, &err), 0, "building the plugin failed: %s", err);
     free(out), free(err), free(src), free(inc), free(def);
     return so;
+}
+
+/* With one -D flag (NULL: none) and extra (NULL: KPT_BATCH=3). */
+static char *plugin(const char *name, const char *flag, const char *extra) {
+    const char *flags[] = {flag ? flag : extra, flag ? extra : NULL, NULL};
+    return plugin_with(name, flags);
+}
+
+/* How many lines a marker file holds (0: none). */
+static int lines_of(const char *path) {
+    char *text = kpt_read(path, NULL);
+    int n = 0;
+    for (const char *c = text; c && *c; c++) n += *c == '\n';
+    free(text);
+    return n;
 }
 
 /* Four cases: the plugin (candidate) on 2 rows, on 3 rows (where it turns hostile, in its case's second check),
@@ -58,6 +81,16 @@ static int gate(const char *cfg, const char *out, char **o, char **e) {
     char *argv[] = {kpt_binary(), "gate", "--config", (char *)cfg, "--out", (char *)out, "--quiet", "--", "/bin/echo",
                     "serving-started", NULL};
     return kpt_run(argv, o, e);
+}
+
+/* gate(), and how long it took in seconds. */
+static int timed_gate(const char *cfg, const char *out, char **o, char **e, double *took) {
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const int rc = gate(cfg, out, o, e);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    *took = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    return rc;
 }
 
 static const char *str(const cJSON *obj, const char *key) {
@@ -143,6 +176,60 @@ Test(hostile, a_plugin_that_crashes_while_loading_ends_the_gate_with_exit_3) {
     free(o), free(e), free(so), free(cfg), free(out);
 }
 
+/* The supervisor loads nothing of the config: when a worker dies in a case, it writes that case's receipt from what
+ * the worker published as the case began, so a plugin's code (here a constructor that leaves a line in a marker file
+ * each time the library is loaded) runs only in the two workers, never in the process that keeps the record. */
+Test(hostile, the_supervisor_never_loads_a_plugin_even_to_record_a_crash) {
+    char *marker, *mflag;
+    cr_assert(asprintf(&marker, "%s/loads", kpt_dir) > 0);
+    cr_assert(asprintf(&mflag, "-DKPT_MARKER=\"%s\"", marker) > 0);
+    const char *flags[] = {"-DKPT_SEGV", mflag, NULL};
+    char *so = plugin_with("counted", flags), *cfg = config("counted", so, "counted", NULL, 0), *out, *o, *e;
+    cr_assert(asprintf(&out, "%s/b-counted", kpt_dir) > 0);
+    cr_assert_eq(gate(cfg, out, &o, &e), 3, "%s%s", o, e);
+    cJSON *r2 = kpt_receipt(out, 2), *doc = bundle_json(out);
+    cr_assert_str_eq(str(r2, "result"), "FAILED");
+    cr_assert_str_eq(str(check_of(r2, 1), "label"), "rule topp.counted@host");
+    cr_assert_eq(cJSON_GetObjectItemCaseSensitive(doc, "worker_processes")->valueint, 2);
+    cr_assert_eq(lines_of(marker), 2, "the plugin was loaded %d times for two workers (the supervisor loaded it?)",
+                 lines_of(marker));
+    cJSON_Delete(r2), cJSON_Delete(doc);
+    free(o), free(e), free(so), free(cfg), free(out), free(marker), free(mflag);
+}
+
+/* A plugin named with --plugin (not in the config) that crashes as it loads: the worker loads it, so the gate ends
+ * with exit 3 saying so (before the fix the supervisor loaded it first and died of the SIGSEGV itself, exit 139). */
+Test(hostile, a_plugin_given_with_the_plugin_option_is_loaded_in_the_worker) {
+    char *so = plugin("cliload", "-DKPT_CTOR_SEGV", NULL), *cfg = config("cliload", so, "cliload", NULL, 0), *out, *o, *e;
+    /* the config without its "plugins" entry: the library comes only from the command line */
+    char *text = kpt_read(cfg, NULL), *cut = strstr(text, "\"plugins\""), *end = cut ? strstr(cut, "}],") : NULL;
+    cr_assert(cut && end);
+    memmove(cut, end + 3, strlen(end + 3) + 1);
+    cr_assert_eq(kpt_write(cfg, text, strlen(text)), 0);
+    cr_assert(asprintf(&out, "%s/b-cliload", kpt_dir) > 0);
+    char *argv[] = {kpt_binary(), "gate", "--config", cfg, "--plugin", so, "--out", out, "--quiet", "--", "/bin/echo",
+                    "serving-started", NULL};
+    cr_assert_eq(kpt_run(argv, &o, &e), 3, "%s%s", o, e);
+    cr_assert_null(strstr(o, "serving-started"));
+    cr_assert(strstr(e, "SIGSEGV") && strstr(e, "before it made the bundle"), "%s", e);
+    free(o), free(e), free(text), free(so), free(cfg), free(out);
+}
+
+/* A plugin whose constructor never returns: the supervisor knows the config's timeout without loading the config
+ * (it reads timeout_s as JSON alone), so it kills the worker there: exit 4 saying so, the command not started. */
+Test(hostile, a_plugin_that_hangs_while_loading_is_killed_at_the_timeout) {
+    char *so = plugin("ctorhang", "-DKPT_CTOR_HANG", NULL), *cfg = config("ctorhang", so, "ctorhang", NULL, 1.0), *out, *o, *e;
+    cr_assert(asprintf(&out, "%s/b-ctorhang", kpt_dir) > 0);
+    double took;
+    cr_assert_eq(timed_gate(cfg, out, &o, &e, &took), 4, "%s%s", o, e);
+    cr_assert_lt(took, 30.0, "the supervisor took %.1f s to end a worker hung loading a plugin", took);
+    cr_assert_null(strstr(o, "serving-started"));
+    cr_assert(strstr(e, "past the gate's timeout") && strstr(e, "before it made the bundle"), "%s", e);
+    struct stat st;
+    cr_assert_neq(stat(out, &st), 0, "a bundle folder for a run that never started");
+    free(o), free(e), free(so), free(cfg), free(out);
+}
+
 /* The positive control: the same plugin, never hostile (no case of KPT_BATCH rows), passes in one worker. */
 Test(hostile, the_same_plugin_tame_passes_in_one_worker) {
     char *so = plugin("tame", NULL, "-DKPT_BATCH=99"), *cfg = config("tame", so, "tame", NULL, 0), *out, *o, *e;
@@ -161,11 +248,8 @@ Test(hostile, the_same_plugin_tame_passes_in_one_worker) {
 Test(hostile, an_impl_that_stops_its_process_is_killed_at_the_timeout) {
     char *so = plugin("stop", "-DKPT_STOP", NULL), *cfg = config("stop", so, "stop", NULL, 1.0), *out, *o, *e;
     cr_assert(asprintf(&out, "%s/b-stop", kpt_dir) > 0);
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    cr_assert_eq(gate(cfg, out, &o, &e), 4, "%s%s", o, e);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    const double took = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    double took;
+    cr_assert_eq(timed_gate(cfg, out, &o, &e, &took), 4, "%s%s", o, e);
     cr_assert_lt(took, 30.0, "the supervisor took %.1f s to end a stopped worker", took);
     cr_assert_null(strstr(o, "serving-started"));
     cJSON *r2 = kpt_receipt(out, 2), *r3 = kpt_receipt(out, 3), *r4 = kpt_receipt(out, 4);

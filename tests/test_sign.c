@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #endif
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -686,6 +687,58 @@ Test(sign, signing_the_same_bundle_twice_gives_the_same_bytes) {
     char *stmt4 = signed_statement(b2, &s2);
     cr_assert(s1 != s2 || memcmp(stmt1, stmt4, s1) != 0, "another run's bundle gave the same statement");
     free(first), free(second), free(third), free(stmt1), free(stmt2), free(stmt3), free(stmt4);
+}
+
+/* The leftovers of envelope writes in a bundle's top folder. */
+static int leftovers_in(const char *bundle) {
+    DIR *d = opendir(bundle);
+    cr_assert_not_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) n += kp_sign_is_leftover(e->d_name);
+    closedir(d);
+    return n;
+}
+
+/* `kparity sign` killed at each file operation of its envelope write (KPARITY_FAULT=kill@N: SIGKILL there, a write
+ * half done), on an unsigned bundle and on one signed before: the bundle still verifies (a leftover temporary file
+ * is passed over and named, never called an added file), verify --pubkey is either the old signature, the new one
+ * or "not signed" (exit 2), never a broken one, and the next sign removes the leftover and finishes. The control: a
+ * stray file named like a temporary file of another file is still an added file. */
+Test(sign, a_sign_killed_at_any_point_leaves_a_bundle_that_verifies_and_the_next_sign_finishes) {
+    char *key, *pub, *err;
+    make_keypair("signer", "ED25519", &key, &pub);
+    int kills = 0;
+    for (int before = 0; before < 2; before++)
+        for (int n = 1;; n++) {
+            char name[32];
+            snprintf(name, sizeof name, "k%d-%d", before, n);
+            char *b = gate_bundle(name, passing_config, 0);
+            if (before) cr_assert_eq(sign(b, key, &err), 0, "%s", err);
+            char fault[32];
+            snprintf(fault, sizeof fault, "kill@%d", n);
+            setenv("KPARITY_FAULT", fault, 1);
+            const int rc = sign(b, key, &err);
+            unsetenv("KPARITY_FAULT");
+            if (rc == 0) break; /* past its last file operation */
+            cr_assert_eq(rc, 128 + 9, "%s: sign exited %d, not killed: %s", fault, rc, err);
+            kills++;
+            char *argv[] = {kpt_binary(), "verify", b, NULL}, *out, *verr;
+            cr_assert_eq(kpt_run(argv, &out, &verr), 0, "%s: verify after the kill: %s", fault, verr);
+            if (leftovers_in(b)) cr_assert(strstr(out, "passed over .attestation.dsse.json.tmp-"), "%s: %s", fault, out);
+            free(out), free(verr);
+            const int vrc = verify_pub(b, pub, &err);
+            cr_assert(vrc == 0 || (vrc == 2 && !before), "%s (signed before: %d): verify --pubkey exit %d: %s", fault,
+                      before, vrc, err);
+            cr_assert_eq(sign(b, key, &err), 0, "%s: signing again: %s", fault, err);
+            cr_assert_eq(leftovers_in(b), 0, "%s: the next sign left the leftover", fault);
+            cr_assert_eq(verify_pub(b, pub, &err), 0, "%s: %s", fault, err);
+        }
+    cr_assert_geq(kills, 6, "only %d kill points: the fault hook did not reach sign's write", kills);
+
+    char *b = gate_bundle("stray", passing_config, 0), *stray = path_in(b, ".summary.md.tmp-abcdef");
+    cr_assert_eq(kpt_write(stray, "x", 1), 0);
+    cr_assert_eq(verify_plain(b, &err), 1, "%s", err);
+    cr_assert(strstr(err, ".summary.md.tmp-abcdef") && strstr(err, "an added file"), "%s", err);
 }
 
 Test(sign, sign_prints_its_usage_on_help) {
