@@ -363,7 +363,8 @@ int kp_cmd_judge(int argc, char **argv) {
     kp_error err = {0};
     const char *case_name = NULL, *config = NULL, *out = NULL;
     char *impl_args[64];
-    int nimpl = 0, quiet = 0;
+    const char *plugins[32];
+    int nimpl = 0, nplugin = 0, quiet = 0;
     for (int i = 0; i < argc; i++) {
         const int more = i + 1 < argc;
         if (!strcmp(argv[i], "--impl") && more && nimpl < 64) impl_args[nimpl++] = argv[++i];
@@ -371,8 +372,13 @@ int kp_cmd_judge(int argc, char **argv) {
         else if (!strcmp(argv[i], "--out") && more) out = argv[++i];
         else if (!strcmp(argv[i], "--quiet")) quiet = 1;
         else if (!strcmp(argv[i], "--plugin") && more) {
-            if (kp_plugin_load(argv[++i], &err)) return fail_usage(&err);
-        } else if (argv[i][0] != '-' && !case_name) case_name = argv[i];
+            if (nplugin == 32) {
+                kp_fail(&err, KP_EXIT_USAGE, "judge: --plugin: at most 32 plugins");
+                return fail_usage(&err);
+            }
+            plugins[nplugin++] = argv[++i];
+        }
+        else if (argv[i][0] != '-' && !case_name) case_name = argv[i];
         else {
             kp_fail(&err, KP_EXIT_USAGE, "judge: unknown or incomplete argument '%s' (kparity judge CASE --impl NAME=FILE.npy ... "
                     "--config FILE --out B)", argv[i]);
@@ -395,6 +401,16 @@ int kp_cmd_judge(int argc, char **argv) {
         kp_fail(&err, KP_EXIT_USAGE, "judge: the case name is too long");
         return fail_usage(&err);
     }
+    /* As gate and run do: the checks run in a worker process (this command line again), so a plugin's impl that
+     * crashes or hangs fails the case instead of ending judge; this process loads no plugin and reads no output. */
+    kp_run_options opt = {.out_dir = out, .quiet = quiet, .command = "judge", .isolate = 1};
+    if (kp_run_supervises(&opt)) {
+        const int code = kp_run_supervise(config, &opt, &err);
+        if ((code == KP_EXIT_USAGE || code == KP_EXIT_ENV || code == KP_EXIT_TIMEOUT) && err.msg[0]) return fail_usage(&err);
+        return code;
+    }
+    for (int i = 0; i < nplugin; i++)
+        if (kp_plugin_load(plugins[i], &err)) return fail_usage(&err);
     if (load_judged(fam, &c, nimpl, impl_args, &err)) return fail_usage(&err);
     char *generated = NULL;
     if (judge_config(config, canonical, fam, &generated, &err)) return fail_usage(&err);
@@ -407,9 +423,8 @@ int kp_cmd_judge(int argc, char **argv) {
         return fail_usage(&err);
     }
     snprintf(cfg.path, sizeof cfg.path, "kparity judge, checks from %s", config);
-    kp_run_options opt = {.out_dir = out, .quiet = quiet, .command = "judge"};
     const int code = kp_run_config(&cfg, &opt, &err);
     kp_config_free(&cfg);
-    if (code == KP_EXIT_USAGE || (code == KP_EXIT_ENV && err.msg[0])) return fail_usage(&err);
+    if (code == KP_EXIT_USAGE || ((code == KP_EXIT_ENV || code == KP_EXIT_TIMEOUT) && err.msg[0])) return fail_usage(&err);
     return code;
 }

@@ -230,6 +230,43 @@ Test(hostile, a_plugin_that_hangs_while_loading_is_killed_at_the_timeout) {
     free(o), free(e), free(so), free(cfg), free(out);
 }
 
+/* kparity judge runs its checks in a worker too: an outside output judged next to a plugin impl that segfaults
+ * (in the case's second check) leaves the case FAILED saying so, exit 3, and a bundle that verifies; the outside
+ * output's own check ran, its findings lost with the process. (Before, the crash ended judge itself.) */
+Test(hostile, judge_contains_a_plugin_that_crashes) {
+    char *so = plugin("jsegv", "-DKPT_SEGV", "-DKPT_BATCH=2"), *cfg, *body, *ex, *out, *impl, *o, *e;
+    const char *name = "topp(batch=2,profile=ordinary,seed=1,top_p=1,vocab=500)";
+    cr_assert(asprintf(&ex, "%s/ex", kpt_dir) > 0);
+    char *eargv[] = {kpt_binary(), "export", (char *)name, "--out", ex, "--impl", "topp.split_prob@host", NULL};
+    cr_assert_eq(kpt_run(eargv, &o, &e), 0, "export: %s", e);
+    free(o), free(e);
+    cr_assert(asprintf(&body, "{\"schema\":\"kparity.gate/v1\",\"name\":\"judge-hostile\",\"plugins\":[{\"path\":\"%s\"}],"
+                       "\"impls\":{\"candidate\":\"topp.jsegv@host\"},\"defaults\":{\"tie_policy\":\"minimal_index\",\"band\":1e-6},"
+                       "\"check_sets\":{\"judge\":[{\"check\":\"rule\",\"impl\":\"outside\"},{\"check\":\"rule\",\"impl\":\"candidate\"},"
+                       "{\"check\":\"exact\",\"impls\":[\"outside\",\"candidate\"]}]},\"cases\":[{\"case\":\"%s\",\"checks\":\"judge\"}]}",
+                       so, name) > 0);
+    cr_assert(asprintf(&cfg, "%s/judge-hostile.json", kpt_dir) > 0);
+    cr_assert_eq(kpt_write(cfg, body, strlen(body)), 0);
+    cr_assert(asprintf(&out, "%s/b-judge", kpt_dir) > 0);
+    cr_assert(asprintf(&impl, "outside=%s/topp.split_prob@host.npy", ex) > 0);
+    char *argv[] = {kpt_binary(), "judge", (char *)name, "--impl", impl, "--config", cfg, "--out", out, "--quiet", NULL};
+    cr_assert_eq(kpt_run(argv, &o, &e), 3, "%s%s", o, e);
+    cr_assert(strstr(e, "killed by signal 11 (SIGSEGV"), "%s", e);
+    cJSON *r1 = kpt_receipt(out, 1);
+    cr_assert_str_eq(str(r1, "result"), "FAILED");
+    cr_assert_eq(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(r1, "process"), "signal")->valueint, 11);
+    cr_assert(strstr(str(check_of(r1, 0), "summary"), "died with"), "%s", str(check_of(r1, 0), "summary"));
+    cr_assert_str_eq(str(check_of(r1, 1), "label"), "rule topp.jsegv@host");
+    cr_assert_str_eq(str(check_of(r1, 2), "result"), "NOT_RUN");
+    cJSON *doc = bundle_json(out);
+    cr_assert_str_eq(str(doc, "verdict"), "FAILED");
+    free(o), free(e);
+    char *vargv[] = {kpt_binary(), "verify", out, NULL};
+    cr_assert_eq(kpt_run(vargv, &o, &e), 0, "%s%s", o, e);
+    cJSON_Delete(r1), cJSON_Delete(doc);
+    free(o), free(e), free(so), free(cfg), free(body), free(ex), free(out), free(impl);
+}
+
 /* The positive control: the same plugin, never hostile (no case of KPT_BATCH rows), passes in one worker. */
 Test(hostile, the_same_plugin_tame_passes_in_one_worker) {
     char *so = plugin("tame", NULL, "-DKPT_BATCH=99"), *cfg = config("tame", so, "tame", NULL, 0), *out, *o, *e;
