@@ -1,6 +1,6 @@
 /* runner.c: the runner: per case, generate inputs, run each impl once on the full batch, run the
  * declared checks, write the receipt; then the bundle's reports and the exit code. From the CLI the
- * cases run in a worker process (kp_worker.h) that this one supervises, so a crash is recorded. */
+ * cases run in a worker process (kp_worker.h) that another supervises (supervise.c), so a crash is recorded. */
 #define _GNU_SOURCE
 #include "kp_runner.h"
 
@@ -16,32 +16,9 @@
 #include "../receipts/kp_json.h"
 #include "kp_checks.h"
 #include "kp_device.h"
+#include "kp_run_shared.h"
 #include "kp_worker.h"
 
-/* What the supervisor and its workers share (kp_worker_share): where the run is, and the verdict so far,
- * so a fresh worker carries on where a dead one stopped and the supervisor can say where it died. */
-#define RUN_SHARED_MAGIC 0x6b707275u /* "kpru" */
-typedef struct run_shared {
-    unsigned magic;
-    double t_start;            /* the run's start (kp_now: one monotonic clock for every process of it) */
-    int opened;                /* a worker made the bundle folder: later ones resume it */
-    int resume_at;             /* the config index the next worker starts at */
-    int case_index;            /* the case in progress, -1 between cases */
-    int check_index;           /* its check in progress, -1 while preparing or releasing it */
-    int worst, any_ran, device_lost, timed_out;
-    double stages[KP_STAGE_COUNT];
-    int workers;               /* worker processes started so far */
-    int finishing;             /* a worker is writing the bundle's last files */
-    volatile double timeout;   /* the gate's, published by a worker once it has read the config (0: none) */
-    char out_dir[4096];        /* the bundle folder the supervisor was given */
-    int returned;              /* the worker's run returned `code` with `err`; it is exiting */
-    int code;
-    kp_error err;
-    int position;              /* receipts in the bundle before the case in progress */
-    int selected;              /* the cases this run writes receipts for */
-    char skeleton[1 << 20];    /* the case in progress's receipt skeleton (skeleton_json), as JSON text: the
-                                  supervisor writes that case's receipt from it without loading the config */
-} run_shared;
 
 /* Seconds since process `pid` started (from /proc/PID/stat; a worker asks about its supervisor, which
  * the command started), so the gate's cost on a startup path includes loading, config parsing and
@@ -71,7 +48,7 @@ static double kp_process_seconds(pid_t pid) {
 
 static kp_result worse(kp_result a, kp_result b) { return a > b ? a : b; }
 
-static void progress(const kp_run_options *opt, int i, int n, const char *name, kp_result r, double case_s,
+void kp_run_progress(const kp_run_options *opt, int i, int n, const char *name, kp_result r, double case_s,
                      double elapsed) {
     if (opt->quiet) return;
     double left = i + 1 < n ? elapsed / (i + 1) * (n - i - 1) : 0.0;
@@ -222,10 +199,7 @@ static cJSON *copied(const cJSON *skel, const char *key) {
     return cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(skel, key), 1);
 }
 
-/* A receipt for a case that did not get to run its checks, or whose process died in check `at`: that check
- * gets `result` and `reason`, those before it `result` and `earlier` (they ran, but what they found is
- * gone), those after it NOT_RUN and `later`. at < 0: every check gets `result` and `reason`. */
-static cJSON *stub_receipt_at(const cJSON *skel, kp_result result, const char *reason, int at, const char *earlier,
+cJSON *kp_run_stub_receipt(const cJSON *skel, kp_result result, const char *reason, int at, const char *earlier,
                               const char *later) {
     cJSON *receipt = cJSON_CreateObject();
     cJSON_AddStringToObject(receipt, "schema", "kparity.receipt/v1");
@@ -252,7 +226,7 @@ static cJSON *stub_receipt_at(const cJSON *skel, kp_result result, const char *r
 }
 
 static cJSON *stub_receipt(run_state *st, const kp_case_spec *cs, kp_result result, const char *reason) {
-    cJSON *skel = skeleton_json(st, cs), *receipt = stub_receipt_at(skel, result, reason, -1, NULL, NULL);
+    cJSON *skel = skeleton_json(st, cs), *receipt = kp_run_stub_receipt(skel, result, reason, -1, NULL, NULL);
     cJSON_Delete(skel);
     return receipt;
 }
@@ -483,7 +457,7 @@ static int run_cases(const kp_config *cfg, const kp_run_options *opt, run_shared
         }
         pthread_mutex_unlock(&st.lock);
         if (rc) return run_abandon(&st, rows, err);
-        progress(opt, st.done++, st.selected, cs->name, case_result, kp_now() - t_case, kp_now() - st.t_start);
+        kp_run_progress(opt, st.done++, st.selected, cs->name, case_result, kp_now() - t_case, kp_now() - st.t_start);
     }
     pthread_mutex_lock(&st.lock);
     st.stop_watchdog = 1;
@@ -523,132 +497,6 @@ static int run_cases(const kp_config *cfg, const kp_run_options *opt, run_shared
     kp_bundle_free(st.bundle);
     pthread_mutex_destroy(&st.lock);
     return rc ? err->code : code;
-}
-
-/* A worker died in case sh->case_index: record it FAILED (the signal, or the timeout, and the check it was in)
- * unless its receipt was written before it died, and set the run up for the next worker. All it knows of the
- * case is the skeleton the worker published (nothing of the config is loaded here). */
-static int record_death(const kp_run_options *opt, run_shared *sh, const kp_worker_end *end, kp_error *err) {
-    cJSON *skel = cJSON_Parse(sh->skeleton);
-    const cJSON *heads = cJSON_GetObjectItemCaseSensitive(skel, "checks");
-    const char *name = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(skel, "case"), "name"));
-    if (!name || !cJSON_IsArray(heads)) {
-        cJSON_Delete(skel);
-        return kp_fail(err, KP_EXIT_ENV, "the run's worker process died in config case %d, and the record it kept of that "
-                       "case is unreadable; the bundle %s is unfinished", sh->case_index + 1, opt->out_dir);
-    }
-    kp_bundle *bundle;
-    if (kp_bundle_resume(&bundle, opt->out_dir, err)) {
-        cJSON_Delete(skel);
-        return err->code;
-    }
-    int rc = 0;
-    if (kp_bundle_count(bundle) == sh->position) {
-        const int k = sh->check_index < cJSON_GetArraySize(heads) ? sh->check_index : -1;
-        const char *what = k >= 0 ? cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(heads, k), "label")) : NULL;
-        char how[200], reason[900], earlier[600], later[600];
-        kp_worker_describe(end, how, sizeof how);
-        snprintf(reason, sizeof reason, "%s: the case's process %s %s%s%s; the cases after it run in a fresh process",
-                 end->deadline ? "timeout" : "crash", how, what ? "in check '" : "while preparing or releasing the case",
-                 what ? what : "", what ? "'" : "");
-        snprintf(earlier, sizeof earlier, "%s: this check ran, but what it found died with the case's process, which %s "
-                 "in check '%s'", end->deadline ? "timeout" : "crash", how, what ? what : "");
-        snprintf(later, sizeof later, "not reached: the case's process %s in check '%s'", how, what ? what : "");
-        cJSON *receipt = stub_receipt_at(skel, KP_FAILED, reason, k, earlier, later);
-        cJSON *death = cJSON_AddObjectToObject(receipt, "process");
-        cJSON_AddStringToObject(death, "ended", end->deadline ? "killed at the timeout" : end->signal ? "signal" : "exit");
-        if (end->signal && !end->deadline) kp_json_add_int(death, "signal", end->signal);
-        if (end->exited) kp_json_add_int(death, "status", end->status);
-        if (what) cJSON_AddStringToObject(death, "check", what);
-        fprintf(stderr, "kparity: %s: %s\n", name, reason);
-        rc = kp_bundle_add_receipt(bundle, receipt, err);
-        if (!rc) progress(opt, sh->position, sh->selected, name, KP_FAILED, 0.0, kp_now() - sh->t_start);
-    }
-    cJSON_Delete(skel);
-    kp_bundle_free(bundle);
-    sh->worst = worse((kp_result)sh->worst, KP_FAILED);
-    sh->timed_out |= end->deadline;
-    sh->resume_at = sh->case_index + 1;
-    sh->case_index = sh->check_index = -1;
-    return rc;
-}
-
-/* The supervisor: start a worker, wait for it, and when it dies in a case record that case FAILED and start
- * a fresh worker for the rest (each death takes one case, so this ends). Past the gate's timeout (and the
- * worker's own watchdog's grace) the worker is killed: a stopped or wedged process cannot hold the gate. */
-int kp_run_supervises(const kp_run_options *opt) {
-    const char *in_process = getenv("KPARITY_IN_PROCESS");
-    return opt->isolate && !kp_worker_is_one() && !(in_process && !strcmp(in_process, "1"));
-}
-
-/* The supervisor: start a worker, wait for it, and when it dies in a case record that case FAILED and start a
- * fresh worker for the rest (each death takes one case, so this ends). It loads nothing of the config, and so none
- * of its plugins: the worker starts at once, the supervisor's own start costs no device initialisation, and what a
- * plugin does as it loads happens only in a worker. Past the gate's timeout (--timeout, else the config's
- * timeout_s, read here without loading anything) and the worker's own watchdog's grace, the worker is killed: a
- * stopped or wedged process, or one hung loading a plugin, cannot hold the gate. */
-int kp_run_supervise(const char *config_path, const kp_run_options *opt, kp_error *err) {
-    run_shared *sh;
-    int fd;
-    if (kp_worker_share((void **)&sh, &fd, sizeof *sh, err)) return err->code;
-    sh->magic = RUN_SHARED_MAGIC;
-    sh->t_start = kp_now();
-    sh->case_index = sh->check_index = -1;
-    sh->worst = KP_PASSED;
-    sh->timeout = opt->timeout_s > 0 ? opt->timeout_s : kp_config_timeout_peek(config_path);
-    if (snprintf(sh->out_dir, sizeof sh->out_dir, "%s", opt->out_dir) >= (int)sizeof sh->out_dir) {
-        kp_worker_unshare(sh, fd, sizeof *sh);
-        return kp_fail(err, KP_EXIT_USAGE, "--out: the path is longer than %zu bytes", sizeof sh->out_dir - 1);
-    }
-    int code;
-    for (;;) {
-        pid_t pid;
-        sh->workers++;
-        if (kp_worker_start(fd, &pid, err)) {
-            code = err->code;
-            break;
-        }
-        kp_worker_end end;
-        const double started = kp_now();
-        for (;;) {
-            /* Past the worker's own watchdog (2 s after the timeout) and then some; a worker started after the
-             * timeout (to record the cases left as NOT_RUN) gets 10 s; one finishing the bundle, a minute more.
-             * Without a timeout, look again every quarter second (the worker may yet publish one). */
-            const double timeout = sh->timeout;
-            double deadline = sh->t_start + timeout + 2.0 + 3.0;
-            if (sh->workers > 1 && deadline < started + 10.0) deadline = started + 10.0;
-            if (__atomic_load_n(&sh->finishing, __ATOMIC_SEQ_CST)) deadline += 60.0;
-            kp_worker_wait(pid, timeout > 0 ? deadline : kp_now() + 0.25, &end);
-            if (!end.running) break;
-            if (timeout > 0 && kp_now() > deadline) {
-                kp_worker_kill(pid, &end);
-                break;
-            }
-        }
-        if (__atomic_load_n(&sh->returned, __ATOMIC_SEQ_CST) && !end.deadline) {
-            *err = sh->err;
-            code = sh->code;
-            break;
-        }
-        if (end.exited && !sh->opened && end.status != 127) { /* it stopped before the run: a config error it reported */
-            code = end.status;
-            break;
-        }
-        char how[200];
-        kp_worker_describe(&end, how, sizeof how);
-        if (!sh->opened || __atomic_load_n(&sh->case_index, __ATOMIC_SEQ_CST) < 0) {
-            code = kp_fail(err, end.deadline ? KP_EXIT_TIMEOUT : KP_EXIT_ENV, "the run's worker process %s %s%s%s", how,
-                           !sh->opened ? "before it made the bundle (while loading the config and its plugins?)"
-                                       : "outside any case (starting, between cases or finishing the bundle); the bundle ",
-                           sh->opened ? opt->out_dir : "", sh->opened ? " is unfinished (kparity verify says what is missing)" : "");
-            break;
-        }
-        kp_run_options resumed = *opt;
-        resumed.out_dir = sh->out_dir;
-        if ((code = record_death(&resumed, sh, &end, err))) break;
-    }
-    kp_worker_unshare(sh, fd, sizeof *sh);
-    return code;
 }
 
 int kp_run_config(const kp_config *cfg, const kp_run_options *opt, kp_error *err) {
