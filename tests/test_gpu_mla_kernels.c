@@ -546,7 +546,7 @@ Test(gpu_mla, out_of_range_indices_do_not_count_and_are_never_read) {
 }
 
 /* A tile scale whose bf16 times 2^112 would overflow (bf16(scale) >= 2^16) sends its block down the exact f32
- * dequantization path (mla_cuda.cuh); planted on counted tokens, both impls must still match the reference (a
+ * dequantization path (mla_attn.cuh); planted on counted tokens, both impls must still match the reference (a
  * fast path with an infinite multiplier would not), and a scale just below the threshold (2^15) must too. */
 Test(gpu_mla, large_tile_scales_take_the_exact_path) {
     gpu gp = gpu_open();
