@@ -209,8 +209,6 @@ __global__ void __launch_bounds__(MLA_PLAN_THREADS) mla_plan_kernel(mla_run r) {
 
 /* ---- the launcher ---- */
 
-static inline int64_t mla_ceil(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 /* The plan kernel's blocks, split counts and (split_count) first blocks, int32, when they sit in shared memory. */
 static inline int64_t mla_plan_smem_bytes(int64_t batch, int algo, int64_t max_splits) {
     return batch * (2 + (algo == MLA_SPLIT_COUNT ? max_splits : 0)) * (int64_t)sizeof(int32_t);

@@ -1,5 +1,5 @@
 /* mla_split_size.cu: mla.split_size@cuda, the candidate: every request cut every KP_MLA_SPLIT_BLOCKS
- * (8) blocks of 64 slots whatever the batch (kernels/mla_plan.h), the splits combined in split order, so
+ * (16) blocks of 64 slots whatever the batch (kernels/mla_plan.h), the splits combined in split order, so
  * a request's bits cannot depend on the batch. The kernels, numerics and workspace are mla_cuda.cuh's. */
 #include "mla_cuda.cuh"
 
