@@ -3,7 +3,7 @@
  * most KP_MOE_GEMV_ROWS rows. Slots from atomicAdd arrival over many CTAs (rows * topk >= 1024 or more
  * than 64 experts), else token order; each f32 sum cut into partials at marlin's stream-K points for
  * the row's block and added in order; bf16 epilogues; the bf16 or f32 sum over slots. The GEMMs run on
- * the candidate's tensor-core core (moe_cuda.cuh), with the cuts replayed in one CTA per tile rather
+ * the candidate's tensor-core core (moe_gemm.cuh, through moe_cuda.cuh), with the cuts replayed in one CTA per tile rather
  * than spread over stream-K CTAs, so the two compare like with like. */
 #include "moe_cuda.cuh"
 
