@@ -3,7 +3,7 @@
 # repo's own configs, case names, exported .npy files and a small gate's bundle, and run each for SECONDS.
 #
 #   scripts/fuzz.sh [SECONDS] [TARGET...]     SECONDS per target (default 60; 0: build and seed only);
-#                                             TARGET: config case_name npy judge_output bundle (default: all)
+#                                             TARGET: config case_name npy judge_output bundle merge (default: all)
 #   KPARITY_FUZZ_BUILD_DIR   build folder (build-fuzz); corpora grow in its corpus/<target>/ across runs
 #   KPARITY_FUZZ_JOBS        targets run at once (default: the core count; each target uses one core)
 #
@@ -18,6 +18,8 @@ if [ "${1:-}" = --run-one ]; then
   target=$2 seconds=$3 build=$4
   dict=$target
   [ "$target" = judge_output ] && dict=npy
+  quiet=""
+  [ "$target" = merge ] && dict=bundle quiet=-close_fd_mask=3 # merge's refusal on stderr, every input
   mkdir -p "$build/corpus/$target" "$build/findings" "$build/logs"
   log="$build/logs/$target.log"
   # inputs that once found something (each also a test): run first, every time
@@ -26,8 +28,9 @@ if [ "${1:-}" = --run-one ]; then
   rc=0
   # -timeout: one input taking 25 s is a finding (a parser must not hang); -rss_limit_mb: libFuzzer's default
   env KP_FUZZ_BUNDLE="$build/seed-bundle" KP_FUZZ_PUBKEY="$build/seed-key.pub.pem" \
+    KP_FUZZ_PART1="$build/seed-part1" KP_FUZZ_PART2="$build/seed-part2" \
     ASAN_OPTIONS=halt_on_error=1:detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    "$build/fuzz_$target" -max_total_time="$seconds" -timeout=25 -rss_limit_mb=2048 -print_final_stats=1 \
+    "$build/fuzz_$target" -max_total_time="$seconds" -timeout=25 -rss_limit_mb=2048 -print_final_stats=1 $quiet \
     -dict="$root/fuzz/$dict.dict" -artifact_prefix="$build/findings/$target-" \
     "$build/corpus/$target" "$build/seeds/$target" $regressions >"$log" 2>&1 || rc=$?
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
@@ -42,7 +45,7 @@ fi
 seconds=${1:-60}
 case $seconds in '' | *[!0-9]*) echo "fuzz.sh: SECONDS must be a whole number, not '$seconds'" >&2; exit 2;; esac
 [ $# -gt 0 ] && shift
-targets=${*:-config case_name npy judge_output bundle}
+targets=${*:-config case_name npy judge_output bundle merge}
 for t in $targets; do
   [ -f "fuzz/fuzz_$t.c" ] || { echo "fuzz.sh: no target '$t' (fuzz/fuzz_$t.c)" >&2; exit 2; }
 done
@@ -73,8 +76,8 @@ fi
 
 # --- seeds, made afresh each run (the corpora under corpus/ keep what the fuzzer found) ---
 seeds="$build/seeds"
-rm -rf "$seeds" "$build/seed-bundle" "$build/export"
-mkdir -p "$build/export" "$seeds/config" "$seeds/case_name" "$seeds/npy" "$seeds/judge_output" "$seeds/bundle"
+rm -rf "$seeds" "$build/seed-bundle" "$build/seed-part1" "$build/seed-part2" "$build/export"
+mkdir -p "$build/export" "$seeds/config" "$seeds/case_name" "$seeds/npy" "$seeds/judge_output" "$seeds/bundle" "$seeds/merge"
 cp ci/gates/*.json ci/matrix/*.json fuzz/seed-gate.json "$seeds/config/"
 i=0
 for name in $(sed -n 's/.*"case": *"\([^"]*\)".*/\1/p' ci/gates/*.json ci/matrix/*.json fuzz/seed-gate.json | sort -u); do
@@ -109,6 +112,14 @@ openssl genpkey -algorithm ed25519 -out "$build/seed-key.pem" 2>/dev/null
 openssl pkey -in "$build/seed-key.pem" -pubout -out "$build/seed-key.pub.pem"
 "$build/kparity" sign "$build/seed-bundle" --key "$build/seed-key.pem" >/dev/null
 KP_FUZZ_BUNDLE="$build/seed-bundle" KP_FUZZ_WRITE_SEEDS="$seeds/bundle" "$build/fuzz_bundle" >/dev/null 2>&1
+# merge's: the same gate run as two shards
+for i in 1 2; do
+  rc=0
+  "$build/kparity" run --config fuzz/seed-gate.json --shard $i/2 --out "$build/seed-part$i" --quiet >/dev/null || rc=$?
+  [ $rc -le 1 ] || { echo "fuzz.sh: shard $i/2 of the seed gate failed (exit $rc)" >&2; exit 3; }
+done
+KP_FUZZ_PART1="$build/seed-part1" KP_FUZZ_PART2="$build/seed-part2" KP_FUZZ_WRITE_SEEDS="$seeds/merge" "$build/fuzz_merge" \
+  >/dev/null 2>&1
 
 # --- run ---
 [ "$seconds" != 0 ] || { echo "fuzz.sh: built and seeded $build (SECONDS 0: nothing run)" >&2; exit 0; }
