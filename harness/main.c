@@ -200,7 +200,7 @@ static int cmd_verify(const char *dir, int replay, const char *pubkey) {
     if (!rc && key) rc = kp_sign_check(dir, key, &subjects, &err);
     if (!rc && replay) rc = kp_replay_bundle(dir, &err);
     char leftovers[512];
-    const int nleft = rc ? 0 : kp_sign_leftovers(dir, 0, leftovers, sizeof leftovers, &err);
+    const int nleft = rc ? 0 : kp_sign_leftovers(dir, leftovers, sizeof leftovers, &err);
     if (nleft < 0) rc = err.code;
     if (!rc) {
         printf("%s: intact", dir);

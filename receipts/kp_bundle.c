@@ -75,6 +75,20 @@ static int creation_failed(const char *dir, int e, kp_error *err) {
     return rc;
 }
 
+/* An empty handle on folder `dir` (trailing slashes dropped), its chain at the zero digest; NULL with err filled. */
+static kp_bundle *bundle_new(const char *dir, const char *doing, kp_error *err) {
+    kp_bundle *b = calloc(1, sizeof *b);
+    if (!b || !(b->dir = strdup(dir)) || !(b->rows = cJSON_CreateArray())) {
+        kp_bundle_free(b);
+        kp_fail(err, KP_EXIT_ENV, "out of memory %s bundle %s", doing, dir);
+        return NULL;
+    }
+    size_t n = strlen(b->dir);
+    while (n > 1 && b->dir[n - 1] == '/') b->dir[--n] = '\0';
+    memcpy(b->prev, KP_ZERO_DIGEST, KP_SHA256_HEX_LEN);
+    return b;
+}
+
 int kp_bundle_open(kp_bundle **out, const char *dir, kp_error *err) {
     *out = NULL;
     if (!dir || !*dir) return kp_fail(err, KP_EXIT_USAGE, "bundle folder: empty path");
@@ -98,14 +112,8 @@ int kp_bundle_open(kp_bundle **out, const char *dir, kp_error *err) {
         return creation_failed(dir, errno, err);
     }
 
-    kp_bundle *b = calloc(1, sizeof *b);
-    if (!b || !(b->dir = strdup(dir)) || !(b->rows = cJSON_CreateArray())) {
-        kp_bundle_free(b);
-        return kp_fail(err, KP_EXIT_ENV, "out of memory opening bundle %s", dir);
-    }
-    size_t n = strlen(b->dir);
-    while (n > 1 && b->dir[n - 1] == '/') b->dir[--n] = '\0';
-    memcpy(b->prev, KP_ZERO_DIGEST, KP_SHA256_HEX_LEN);
+    kp_bundle *b = bundle_new(dir, "opening", err);
+    if (!b) return err->code;
     /* Making the two subfolders is also the writability check: it is the first write into `dir`. */
     const char *subs[] = {"receipts", "artifacts"};
     for (int i = 0; i < 2; i++) {
@@ -349,7 +357,7 @@ const cJSON *kp_bundle_rows(const kp_bundle *b) { return b->rows; }
 
 /* Remove what writes that never finished left in one folder of the bundle (kp_write_file_atomic's
  * temporary files); nothing else is touched. */
-static int drop_temp_files(const char *folder, kp_error *err) {
+int kp_bundle_drop_temp_files(const char *folder, kp_error *err) {
     DIR *d = opendir(folder);
     if (!d) return kp_fail(err, KP_EXIT_ENV, "%s: cannot read the folder: %s", folder, strerror(errno));
     struct dirent *e;
@@ -367,14 +375,8 @@ static int drop_temp_files(const char *folder, kp_error *err) {
 
 int kp_bundle_resume(kp_bundle **out, const char *dir, kp_error *err) {
     *out = NULL;
-    kp_bundle *b = calloc(1, sizeof *b);
-    if (!b || !(b->dir = strdup(dir)) || !(b->rows = cJSON_CreateArray())) {
-        kp_bundle_free(b);
-        return kp_fail(err, KP_EXIT_ENV, "out of memory reopening bundle %s", dir);
-    }
-    size_t n = strlen(b->dir);
-    while (n > 1 && b->dir[n - 1] == '/') b->dir[--n] = '\0';
-    memcpy(b->prev, KP_ZERO_DIGEST, KP_SHA256_HEX_LEN);
+    kp_bundle *b = bundle_new(dir, "reopening", err);
+    if (!b) return err->code;
     int rc = 0;
     struct stat st;
     const char *finished[] = {"bundle.json", "manifest.sha256"}, *subs[] = {"", "receipts", "artifacts"};
@@ -386,7 +388,7 @@ int kp_bundle_resume(kp_bundle **out, const char *dir, kp_error *err) {
     }
     for (int i = 0; !rc && i < 3; i++) {
         char *p = *subs[i] ? join(dir, subs[i]) : strdup(dir);
-        rc = p ? drop_temp_files(p, err) : kp_fail(err, KP_EXIT_ENV, "out of memory");
+        rc = p ? kp_bundle_drop_temp_files(p, err) : kp_fail(err, KP_EXIT_ENV, "out of memory");
         free(p);
     }
     for (int64_t index = 1; !rc; index++) {

@@ -76,6 +76,9 @@ int kp_bundle_list_files(const char *dir, char ***paths, size_t *count, kp_error
 void kp_bundle_free_list(char **paths, size_t count);
 /* Whether a name (no folder) is a temporary file of kp_write_file_atomic: ".<name>.tmp-XXXXXX". */
 int kp_bundle_is_temp_name(const char *name);
+/* Remove the temporary files writes that never finished left in one folder (kp_bundle_is_temp_name); nothing else is
+ * touched. KP_EXIT_ENV naming the file when one cannot be removed. */
+int kp_bundle_drop_temp_files(const char *folder, kp_error *err);
 /* (Re)write DIR/manifest.sha256 over every other file: "<64 hex>  <path>\n", sorted by path. */
 int kp_bundle_write_manifest(const char *dir, kp_error *err);
 

@@ -12,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <openssl/err.h>
 #include <openssl/evp.h>
@@ -198,26 +197,19 @@ int kp_sign_is_leftover(const char *path) {
     return !strncmp(path, prefix, sizeof prefix - 1) && kp_bundle_is_temp_name(path);
 }
 
-int kp_sign_leftovers(const char *dir, int remove, char *names, size_t len, kp_error *err) {
+int kp_sign_leftovers(const char *dir, char *names, size_t len, kp_error *err) {
     if (len) names[0] = '\0';
     DIR *d = opendir(dir);
-    if (!d) return kp_fail(err, KP_EXIT_USAGE, "%s: cannot read the folder: %s", dir, strerror(errno)), -1;
+    if (!d) {
+        kp_fail(err, KP_EXIT_USAGE, "%s: cannot read the folder: %s", dir, strerror(errno));
+        return -1;
+    }
     int found = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
         if (!kp_sign_is_leftover(e->d_name)) continue;
         const size_t used = strlen(names);
         if (used < len) snprintf(names + used, len - used, "%s%s", found ? ", " : "", e->d_name);
         found++;
-        char *p = remove ? join(dir, e->d_name) : NULL;
-        if (remove && (!p || unlink(p) != 0)) {
-            kp_fail(err, KP_EXIT_ENV, "%s/%s: cannot remove what an unfinished sign left: %s", dir, e->d_name,
-                    p ? strerror(errno) : "out of memory");
-            free(p);
-            closedir(d);
-            return -1;
-        }
-        free(p);
     }
     closedir(d);
     return found;
@@ -333,11 +325,8 @@ int kp_sign_bundle(const char *dir, const kp_sign_key *key, size_t *subjects, kp
         rc = kp_fail(err, KP_EXIT_ENV, "out of memory writing %s/%s", dir, KP_SIGN_ENVELOPE);
         goto out;
     }
-    char gone[256];
-    if (kp_sign_leftovers(dir, 1, gone, sizeof gone, err) < 0) {
-        rc = err->code;
-        goto out;
-    }
+    /* the bundle verified, so the only temporary files at its top are what an unfinished sign left */
+    if ((rc = kp_bundle_drop_temp_files(dir, err))) goto out;
     if (!(rc = kp_write_file_atomic(path, text, strlen(text), err)) && subjects) *subjects = count;
 out:
     free(statement);

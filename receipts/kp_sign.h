@@ -50,12 +50,12 @@ int kp_sign_statement(const char *dir, char **text, size_t *len, kp_error *err);
 
 /* Whether a bundle path is the temporary file of an envelope write that never finished (a `sign` killed or out of
  * space mid-write: "." KP_SIGN_ENVELOPE ".tmp-XXXXXX" at the top). No part of the record: verify passes over it
- * and names it, signing leaves it out of the statement and removes it (kp_sign_leftovers). */
+ * and names it (kp_sign_leftovers); signing leaves it out of the statement and removes it. */
 int kp_sign_is_leftover(const char *path);
 
-/* The leftovers in dir's top folder, named in `names` (", " between, cut at `len`), removed when `remove` is set.
- * How many there were, or -1 with err filled (the folder cannot be read, one cannot be removed). */
-int kp_sign_leftovers(const char *dir, int remove, char *names, size_t len, kp_error *err);
+/* The leftovers in dir's top folder, named in `names` (", " between, cut at `len`): how many, or -1 with err filled
+ * when the folder cannot be read. */
+int kp_sign_leftovers(const char *dir, char *names, size_t len, kp_error *err);
 
 /* Write dir/KP_SIGN_ENVELOPE atomically (a crash leaves the old envelope or none, never half of
  * one, and at most a leftover the next sign removes); *subjects (if given) receives how many files it names. It signs what is on disk: verify

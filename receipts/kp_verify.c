@@ -142,6 +142,50 @@ static const char *str_at(const cJSON *obj, const char *key) {
 
 static int same(const char *a, const char *b) { return a && b && strcmp(a, b) == 0; }
 
+/* Receipt `file`, number `index`, read whole into *out, its own index and its chain link to `prev` checked. `alone`:
+ * the walk of an unfinished bundle, whose messages say more about how a run writes. */
+static int read_linked_receipt(const manifest *m, const char *file, int64_t index, const char *prev, int alone, cJSON **out,
+                               kp_error *err) {
+    *out = NULL;
+    char *path = NULL;
+    if (asprintf(&path, "%s/%s", m->dir, file) < 0) return kp_fail(err, KP_EXIT_ENV, "out of memory");
+    cJSON *r = NULL;
+    int rc = kp_bundle_read_json(path, &r, err);
+    free(path);
+    if (rc) return kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: not valid JSON%s", m->dir, file,
+                           alone ? " (a receipt is written whole or not at all, so this one was damaged after)" : "");
+    int64_t got = 0;
+    const char *chain_prev = str_at(cJSON_GetObjectItemCaseSensitive(r, "chain"), "prev");
+    if (kp_json_get_int(r, "index", &got) != 0 || got != index)
+        rc = kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: \"index\" is not %lld (receipts out of order)", m->dir, file,
+                     (long long)index);
+    else if (!same(chain_prev, prev) && alone)
+        rc = kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: chain.prev %s is not the digest of receipts/%04lld.json, %s "
+                     "(chain broken: one of the two was changed)", m->dir, file, chain_prev ? chain_prev : "(none)",
+                     (long long)index - 1, prev);
+    else if (!same(chain_prev, prev))
+        rc = kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: chain.prev %s is not the previous receipt's digest %s "
+                     "(chain broken)", m->dir, file, chain_prev ? chain_prev : "(none)", prev);
+    *out = r;
+    return rc;
+}
+
+/* The artifacts receipt `r` (`file`) names: each held by the bundle, with the digest the receipt records. */
+static int check_named_artifacts(const manifest *m, const char *file, const cJSON *r, int alone, kp_error *err) {
+    const cJSON *a;
+    cJSON_ArrayForEach(a, cJSON_GetObjectItemCaseSensitive(r, "artifacts")) {
+        const char *af = str_at(a, "file"), *sha = str_at(a, "sha256");
+        const manifest_entry *ae = af ? lookup(m, af) : NULL;
+        if (!ae)
+            return kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: names artifact '%s', which the bundle does not hold%s",
+                           m->dir, file, af ? af : "(no file)", alone ? " (a run writes a receipt's artifacts before it)" : "");
+        if (!same(sha, ae->hex))
+            return kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: %s records sha256 %s, the artifact has %s", m->dir, af,
+                           file, sha ? sha : "(none)", ae->hex);
+    }
+    return 0;
+}
+
 /* One receipt against bundle.json's entry, the chain, and the artifacts it names. */
 static int check_receipt(const manifest *m, const cJSON *entry, int64_t index, const char *prev, kp_error *err) {
     char file[64];
@@ -155,36 +199,13 @@ static int check_receipt(const manifest *m, const cJSON *entry, int64_t index, c
     if (!same(str_at(entry, "sha256"), me->hex))
         return kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: bundle.json records sha256 %s, the file has %s", m->dir, file,
                        str_at(entry, "sha256") ? str_at(entry, "sha256") : "(none)", me->hex);
-    char *path = NULL;
-    if (asprintf(&path, "%s/%s", m->dir, file) < 0) return kp_fail(err, KP_EXIT_ENV, "out of memory");
     cJSON *r = NULL;
-    int rc = kp_bundle_read_json(path, &r, err);
-    free(path);
-    if (rc) return kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: not valid JSON", m->dir, file);
-    int64_t got_index = 0;
-    const char *chain_prev = str_at(cJSON_GetObjectItemCaseSensitive(r, "chain"), "prev");
-    if (kp_json_get_int(r, "index", &got_index) != 0 || got_index != index)
-        rc = kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: \"index\" is not %lld (receipts out of order)", m->dir, file,
-                     (long long)index);
-    else if (!same(chain_prev, prev))
-        rc = kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: chain.prev %s is not the previous receipt's digest %s "
-                     "(chain broken)", m->dir, file, chain_prev ? chain_prev : "(none)", prev);
-    else if (!same(str_at(cJSON_GetObjectItemCaseSensitive(r, "case"), "name"), str_at(entry, "case")) ||
-             !same(str_at(r, "result"), str_at(entry, "result")))
+    int rc = read_linked_receipt(m, file, index, prev, 0, &r, err);
+    if (!rc && (!same(str_at(cJSON_GetObjectItemCaseSensitive(r, "case"), "name"), str_at(entry, "case")) ||
+                !same(str_at(r, "result"), str_at(entry, "result"))))
         rc = kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: case name or result differs from its bundle.json entry",
                      m->dir, file);
-    const cJSON *a;
-    cJSON_ArrayForEach(a, cJSON_GetObjectItemCaseSensitive(r, "artifacts")) {
-        if (rc) break;
-        const char *af = str_at(a, "file"), *sha = str_at(a, "sha256");
-        const manifest_entry *ae = af ? lookup(m, af) : NULL;
-        if (!ae)
-            rc = kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: names artifact '%s', which the bundle does not hold",
-                         m->dir, file, af ? af : "(no file)");
-        else if (!same(sha, ae->hex))
-            rc = kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: %s records sha256 %s, the artifact has %s", m->dir, af,
-                         file, sha ? sha : "(none)", ae->hex);
-    }
+    if (!rc) rc = check_named_artifacts(m, file, r, 0, err);
     cJSON_Delete(r);
     return rc;
 }
@@ -291,34 +312,9 @@ static int check_receipts_alone(const manifest *m, int64_t *count, cJSON **last,
         snprintf(file, sizeof file, "receipts/%04lld.json", (long long)index);
         const manifest_entry *me = lookup(m, file);
         if (!me) break;
-        char *path = NULL;
-        if (asprintf(&path, "%s/%s", m->dir, file) < 0) return kp_fail(err, KP_EXIT_ENV, "out of memory");
         cJSON *r = NULL;
-        int rc = kp_bundle_read_json(path, &r, err);
-        free(path);
-        if (rc) return kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: not valid JSON (a receipt is written whole or not "
-                               "at all, so this one was damaged after)", m->dir, file);
-        int64_t got = 0;
-        const char *chain_prev = str_at(cJSON_GetObjectItemCaseSensitive(r, "chain"), "prev");
-        if (kp_json_get_int(r, "index", &got) != 0 || got != index)
-            rc = kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: \"index\" is not %lld (receipts out of order)", m->dir, file,
-                         (long long)index);
-        else if (!same(chain_prev, prev))
-            rc = kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: chain.prev %s is not the digest of receipts/%04lld.json, %s "
-                         "(chain broken: one of the two was changed)", m->dir, file, chain_prev ? chain_prev : "(none)",
-                         (long long)index - 1, prev);
-        const cJSON *a;
-        cJSON_ArrayForEach(a, cJSON_GetObjectItemCaseSensitive(r, "artifacts")) {
-            if (rc) break;
-            const char *af = str_at(a, "file"), *sha = str_at(a, "sha256");
-            const manifest_entry *ae = af ? lookup(m, af) : NULL;
-            if (!ae)
-                rc = kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: names artifact '%s', which the bundle does not hold "
-                             "(a run writes a receipt's artifacts before it)", m->dir, file, af ? af : "(no file)");
-            else if (!same(sha, ae->hex))
-                rc = kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: %s records sha256 %s, the artifact has %s", m->dir, af,
-                             file, sha ? sha : "(none)", ae->hex);
-        }
+        int rc = read_linked_receipt(m, file, index, prev, 1, &r, err);
+        if (!rc) rc = check_named_artifacts(m, file, r, 1, err);
         if (rc) {
             cJSON_Delete(r);
             return rc;

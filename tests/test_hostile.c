@@ -163,16 +163,22 @@ Test(hostile, an_impl_that_exits_the_process_is_a_crash_not_a_pass) {
     contained("exit", "-DKPT_EXIT", "exited with status 0 before it had finished", 0, 0);
 }
 
+/* A gate whose worker died before any case: the command not started, stderr saying how (`how`) and that it was before
+ * the bundle, and no bundle folder. */
+static void ended_before_any_case(const char *o, const char *e, const char *out, const char *how) {
+    cr_assert_null(strstr(o, "serving-started"));
+    cr_assert(strstr(e, how) && strstr(e, "before it made the bundle"), "%s", e);
+    struct stat st;
+    cr_assert_neq(stat(out, &st), 0, "a bundle folder for a run that never started");
+}
+
 /* A plugin that crashes as it is loaded (in a constructor): the config's plugins are loaded in the worker, so the
  * gate still ends with exit 3 saying so, and the command is not started. No case ran: there is no bundle. */
 Test(hostile, a_plugin_that_crashes_while_loading_ends_the_gate_with_exit_3) {
     char *so = plugin("ctor", "-DKPT_CTOR_SEGV", NULL), *cfg = config("ctor", so, "ctor", NULL, 0), *out, *o, *e;
     cr_assert(asprintf(&out, "%s/b-ctor", kpt_dir) > 0);
     cr_assert_eq(gate(cfg, out, &o, &e), 3, "%s%s", o, e);
-    cr_assert_null(strstr(o, "serving-started"));
-    cr_assert(strstr(e, "SIGSEGV") && strstr(e, "before it made the bundle"), "%s", e);
-    struct stat st;
-    cr_assert_neq(stat(out, &st), 0, "a bundle folder for a run that never started");
+    ended_before_any_case(o, e, out, "SIGSEGV");
     free(o), free(e), free(so), free(cfg), free(out);
 }
 
@@ -223,10 +229,7 @@ Test(hostile, a_plugin_that_hangs_while_loading_is_killed_at_the_timeout) {
     double took;
     cr_assert_eq(timed_gate(cfg, out, &o, &e, &took), 4, "%s%s", o, e);
     cr_assert_lt(took, 30.0, "the supervisor took %.1f s to end a worker hung loading a plugin", took);
-    cr_assert_null(strstr(o, "serving-started"));
-    cr_assert(strstr(e, "past the gate's timeout") && strstr(e, "before it made the bundle"), "%s", e);
-    struct stat st;
-    cr_assert_neq(stat(out, &st), 0, "a bundle folder for a run that never started");
+    ended_before_any_case(o, e, out, "past the gate's timeout");
     free(o), free(e), free(so), free(cfg), free(out);
 }
 
