@@ -12,7 +12,8 @@ pkg-config --exists criterion 2>/dev/null || need="$need libcriterion-dev"
 pkg-config --exists libcjson 2>/dev/null || need="$need libcjson-dev"
 pkg-config --exists libcrypto 2>/dev/null || need="$need libssl-dev"
 # test_judge runs a NumPy top-p as the outside kernel it judges
-python3 -c 'import numpy' 2>/dev/null || need="$need python3-numpy"
+# (CMake picks the python3 on PATH when it has numpy, else Debian's /usr/bin/python3, which this installs it for)
+python3 -c 'import numpy' 2>/dev/null || /usr/bin/python3 -c 'import numpy' 2>/dev/null || need="$need python3-numpy"
 
 # cuRAND's host generator makes every case's inputs, so the CUDA toolkit is needed even without a GPU.
 cuda_root=${CUDAToolkit_ROOT:-/usr/local/cuda}

@@ -32,6 +32,10 @@ char *kpt_binary(void) { return (char *)env_or("KPARITY_BIN", KP_BINARY); }
 const char *kpt_source_dir(void) { return env_or("KPARITY_SOURCE_DIR", KP_SOURCE_DIR); }
 const char *kpt_cuda_plugin(void) { return env_or("KPT_CUDA_PLUGIN", KPT_CUDA_PLUGIN); }
 const char *kpt_scale_plugin(void) { return env_or("KPT_SCALE_PLUGIN", KPT_SCALE_PLUGIN); }
+#ifndef KPT_PYTHON
+#define KPT_PYTHON "python3"
+#endif
+char *kpt_python(void) { return (char *)env_or("KPARITY_PYTHON", KPT_PYTHON[0] ? KPT_PYTHON : "python3"); }
 
 uint64_t kpt_splitmix(uint64_t *s) {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ull);

@@ -14,6 +14,8 @@ const char *kpt_source_dir(void);
 const char *kpt_cuda_plugin(void);
 /* $KPT_SCALE_PLUGIN, else the build's plugin of the test family `scale` (tests/fixtures/scale/). */
 const char *kpt_scale_plugin(void);
+/* $KPARITY_PYTHON, else the python3 with NumPy that CMake found when it configured the tests (a path). */
+char *kpt_python(void);
 
 /* A splitmix64 stream (independent of cases/'s cuRAND draws) and a uniform double in [0, 1) from it. */
 uint64_t kpt_splitmix(uint64_t *state);

@@ -109,28 +109,82 @@ Test(judge, an_exported_output_judged_gets_the_inside_impls_findings) {
 static void numpy_topp(const char *export_dir, const char *out) {
     char *script, *src = in_dir(export_dir), *dst = in_dir(out), *o, *e;
     cr_assert(asprintf(&script, "%s/tests/fixtures/numpy_topp.py", kpt_source_dir()) > 0);
-    char *argv[] = {"/usr/bin/env", "python3", script, src, dst, NULL};
+    char *argv[] = {kpt_python(), script, src, dst, NULL};
     cr_assert_eq(kpt_run(argv, &o, &e), 0, "numpy_topp.py (python3 with numpy; scripts/setup.sh installs it): %s", e);
     free(script), free(src), free(dst), free(o), free(e);
 }
 
-/* A NumPy top-p on the seed's ordinary case: judged, its float32 cumulative sum drops a token the rule keeps on
- * one row, classified strict with the row named; repeat (the same file twice) and batch (row 0 alone, from the
- * batch-1 case's run) pass; a flipped element is caught at its row. */
+/* Load a whole .npy file (its header checked); the data starts at buf + info->data_offset. */
+static char *load_npy(const char *name, kp_npy_info *info, size_t *len) {
+    char *path = in_dir(name), *buf = kpt_read(path, len);
+    cr_assert_not_null(buf, "%s", path);
+    kp_error kerr = {0};
+    cr_assert_eq(kp_npy_decode((const unsigned char *)buf, *len, info, &kerr), 0, "%s: %s", path, kerr.msg);
+    free(path);
+    return buf;
+}
+
+/* A NumPy top-p on the seed's ordinary case, judged. Its float32 cumulative sum keeps one token too many on one row
+ * (on this case: row 2, 7,022 kept where the rule keeps 7,021); which row and token is found here from the files
+ * alone (its mask against the reference's keep mask that export writes), and the receipt must name exactly that:
+ * the row, both kept counts, the one strict index, every other row meeting the rule. Repeat (the same file twice)
+ * and batch (row 0 alone, from the batch-1 case's run) pass; a kept element of another row dropped is caught at its
+ * row and token; two different runs make repeat INCORRECT. */
 Test(judge, a_numpy_top_p_is_judged_and_a_flipped_element_is_caught) {
     export_case(ORDINARY, "ex", NULL);
     export_case("topp(batch=1,profile=ordinary,seed=58231,top_p=0.95,vocab=131072)", "ex1", NULL);
     numpy_topp("ex", "np.npy");
     numpy_topp("ex1", "np1.npy");
+    /* what differs from the rule, from the files: NumPy's kept set against the reference's */
+    kp_npy_info info, kinfo;
+    size_t len, klen;
+    char *buf = load_npy("np.npy", &info, &len), *kbuf = load_npy("ex/reference_keep.npy", &kinfo, &klen);
+    cr_assert_eq(kinfo.ndim, 2);
+    cr_assert_eq(kinfo.shape[0], info.shape[0]);
+    cr_assert_eq(kinfo.shape[1], info.shape[1]);
+    cr_assert_str_eq(kinfo.descr, "|u1");
+    const int64_t rows = info.shape[0], vocab = info.shape[1];
+    const float *x = (const float *)(buf + info.data_offset);
+    const uint8_t *keep = (const uint8_t *)(kbuf + kinfo.data_offset);
+    int64_t diff_row = -1, diff_token = -1, diffs = 0, np_kept[8] = {0}, ref_kept[8] = {0};
+    cr_assert_leq(rows, 8);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < vocab; j++) {
+            const int mine = !isinf(x[r * vocab + j]), rule = keep[r * vocab + j] != 0;
+            np_kept[r] += mine, ref_kept[r] += rule;
+            if (mine != rule) diffs++, diff_row = r, diff_token = j;
+        }
+    cr_assert_eq(diffs, 1, "NumPy's float32 filter differs from the rule in %lld tokens (this case has shown one)", (long long)diffs);
+    cr_assert_eq(np_kept[diff_row], ref_kept[diff_row] + 1, "it keeps the extra token (row %lld: %lld against %lld)",
+                 (long long)diff_row, (long long)np_kept[diff_row], (long long)ref_kept[diff_row]);
+
     char *a = arg("outside", "np.npy"), *b = arg("outside@1", "np1.npy");
     const char *impls[] = {a, a, b, NULL};
     cJSON *rec;
     char *err;
-    const int rc = judge(ORDINARY, "np", impls, &rec, &err);
-    cr_assert_leq(rc, 1, "%s", err);
+    cr_assert_eq(judge(ORDINARY, "np", impls, &rec, &err), 1, "%s", err);
     const cJSON *rule = at(rec, "checks.0"), *rep = at(rec, "checks.1"), *bat = at(rec, "checks.2");
     cr_assert_str_eq(at(rule, "check")->valuestring, "rule");
-    cr_assert(strstr(at(rule, "summary")->valuestring, "rows meet the rule"), "%s", at(rule, "summary")->valuestring);
+    cr_assert_str_eq(at(rule, "result")->valuestring, "INCORRECT");
+    cr_assert_eq(at(rule, "findings.rows_meeting_rule")->valuedouble, (double)(rows - 1));
+    cr_assert_eq(at(rule, "findings.strict")->valuedouble, 1);
+    cr_assert_eq(at(rule, "findings.tie")->valuedouble, 0);
+    cr_assert_eq(at(rule, "findings.band")->valuedouble, 0);
+    for (int64_t r = 0; r < rows; r++) {
+        char key[64];
+        snprintf(key, sizeof key, "findings.per_row.%lld", (long long)r);
+        const cJSON *pr = at(rule, key);
+        cr_assert_eq(at(pr, "row")->valuedouble, (double)r);
+        cr_assert_eq(at(pr, "reference.kept")->valuedouble, (double)ref_kept[r], "row %lld: the rule's kept count", (long long)r);
+        cr_assert_eq(at(pr, "impl.kept")->valuedouble, (double)np_kept[r], "row %lld: NumPy's kept count", (long long)r);
+        cr_assert_eq(cJSON_IsTrue(at(pr, "impl.meets_rule")), r != diff_row, "row %lld", (long long)r);
+    }
+    char key[64];
+    snprintf(key, sizeof key, "findings.per_row.%lld.impl", (long long)diff_row);
+    const cJSON *bad = at(rule, key);
+    cr_assert_eq(at(bad, "strict.count")->valuedouble, 1);
+    cr_assert_eq(at(bad, "strict.first.0")->valuedouble, (double)diff_token, "the strict index is the extra token");
+    cr_assert(cJSON_IsFalse(at(bad, "conformance.minimal")), "a token too many: not minimal");
     cr_assert_str_eq(at(rep, "result")->valuestring, "PASSED", "%s", at(rep, "summary")->valuestring);
     cr_assert_eq(at(rep, "params.runs")->valuedouble, 2, "repeat runs = the files given");
     cr_assert_str_eq(at(bat, "result")->valuestring, "PASSED", "%s", at(bat, "summary")->valuestring);
@@ -138,33 +192,32 @@ Test(judge, a_numpy_top_p_is_judged_and_a_flipped_element_is_caught) {
               at(bat, "summary")->valuestring);
     cr_assert_eq(at(bat, "findings.probes.0.rows_probed")->valuedouble, 1, "alone.row0 was compared");
     cJSON_Delete(rec), free(err);
-    /* flip one kept element of row 2 to -inf: the rule check names row 2 */
-    char *path = in_dir("np.npy"), *flipped = in_dir("flipped.npy");
-    size_t len;
-    char *buf = kpt_read(path, &len);
-    kp_npy_info info;
-    kp_error kerr = {0};
-    cr_assert_eq(kp_npy_decode((const unsigned char *)buf, len, &info, &kerr), 0, "%s", kerr.msg);
-    float *x = (float *)(buf + info.data_offset), *row = x + 2 * info.shape[1];
+
+    /* drop one kept element of a row NumPy got right: the rule check names that row and token as well */
+    const int64_t other = diff_row == 0 ? 1 : 0;
+    float *row = (float *)(buf + info.data_offset) + other * vocab;
     int64_t j = 0;
-    while (j < info.shape[1] && isinf(row[j])) j++;
-    cr_assert_lt(j, info.shape[1]);
+    while (j < vocab && isinf(row[j])) j++;
+    cr_assert_lt(j, vocab);
     row[j] = -INFINITY;
+    char *flipped = in_dir("flipped.npy");
     cr_assert_eq(kpt_write(flipped, buf, len), 0);
     char *c = arg("outside", "flipped.npy");
     const char *impls2[] = {c, c, NULL};
     cr_assert_eq(judge(ORDINARY, "flip", impls2, &rec, NULL), 1);
-    cr_assert_eq(at(rec, "checks.0.findings.per_row.2.row")->valuedouble, 2);
-    cr_assert(cJSON_IsFalse(at(rec, "checks.0.findings.per_row.2.impl.meets_rule")), "row 2 breaks the rule");
-    cr_assert_geq(at(rec, "checks.0.findings.per_row.2.impl.strict.count")->valuedouble, 1, "the dropped token is strict");
-    cr_assert_eq(at(rec, "checks.0.findings.per_row.2.impl.strict.first.0")->valuedouble, (double)j, "it names the token");
+    snprintf(key, sizeof key, "checks.0.findings.per_row.%lld", (long long)other);
+    const cJSON *pr = at(rec, key);
+    cr_assert(cJSON_IsFalse(at(pr, "impl.meets_rule")), "row %lld breaks the rule", (long long)other);
+    cr_assert_eq(at(pr, "impl.strict.count")->valuedouble, 1, "the dropped token is strict");
+    cr_assert_eq(at(pr, "impl.strict.first.0")->valuedouble, (double)j, "it names the token");
+    cr_assert_eq(at(rec, "checks.0.findings.strict")->valuedouble, 2, "NumPy's own extra token and the dropped one");
     cJSON_Delete(rec);
     /* two different runs: repeat sees two distinct outputs */
     const char *impls3[] = {a, c, NULL};
     cr_assert_eq(judge(ORDINARY, "rep", impls3, &rec, NULL), 1);
     cr_assert_eq(at(rec, "checks.1.findings.distinct_outputs")->valuedouble, 2);
     cJSON_Delete(rec);
-    free(a), free(b), free(c), free(path), free(flipped), free(buf);
+    free(a), free(b), free(c), free(flipped), free(buf), free(kbuf);
 }
 
 Test(judge, bad_files_are_refused_naming_the_file) {

@@ -16,6 +16,7 @@
 TestSuite(kernels_host_moe, .timeout = 120);
 
 #define GATE_ATOL 4e-2 /* ci/gates/nvfp4-moe.json: vLLM's Marlin MoE tolerance */
+#define GATE_NMSE 1e-3 /* and its NMSE bound, which catches what the absolute bound alone lets through */
 
 /* A case's rows and every expert's weights, the bytes the harness makes (harness/moe_family.c). */
 typedef struct moe_in {
@@ -155,6 +156,16 @@ static double worst_error(const float *out, const double *ref, int64_t n) {
     return most;
 }
 
+/* sum (out - ref)^2 / sum ref^2, the tolerance check's NMSE (scale: out multiplied by it first). */
+static double nmse_of(const float *out, double scale, const double *ref, int64_t n) {
+    double see = 0, srr = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double d = scale * (double)out[i] - ref[i];
+        see += d * d, srr += ref[i] * ref[i];
+    }
+    return srr > 0 ? see / srr : INFINITY;
+}
+
 /* Whether row a of x and row b of y hold the same out bits (and, when `slots`, the same slots). */
 static int same_row(const moe_in *in, const run_out *x, int64_t a, const run_out *y, int64_t b, int slots) {
     const int64_t H = in->mc.hidden, K = in->mc.topk;
@@ -182,8 +193,9 @@ static const kp_impl *const impls[] = {&kp_moe_invariant_host, &kp_moe_marlin_li
 #define NIMPLS (sizeof impls / sizeof *impls)
 
 /* (a) Every port, every model at the gate's shape (or smaller), each routing profile, both directions of
- * the global scale: within 4e-2 of the reference. The control: the candidate told the global scale goes
- * the other way lands far outside. */
+ * the global scale: within 4e-2 of the reference and NMSE <= 1e-3, the gates' bounds. The controls: the
+ * candidate told the global scale goes the other way lands far outside; the candidate's output times 0.9 (a 10%
+ * error the absolute bound alone passes at these shapes) is caught, by NMSE. */
 Test(kernels_host_moe, each_port_is_within_the_gate_tolerance_of_the_reference) {
     static const char *const cases[] = {
         "moe(hidden=256,inter=128,m=6,model=glm53,profile=uniform,seed=61)",
@@ -205,6 +217,13 @@ Test(kernels_host_moe, each_port_is_within_the_gate_tolerance_of_the_reference) 
             run_out o = run_first(impls[k], in, in->mc.m);
             const double err = worst_error(o.out, ref, n);
             cr_assert(err <= GATE_ATOL, "%s on %s: max |out - ref| = %g, over %g", impls[k]->name, cases[c], err, GATE_ATOL);
+            const double nmse = nmse_of(o.out, 1.0, ref, n);
+            cr_assert(nmse <= GATE_NMSE, "%s on %s: NMSE %g, over %g", impls[k]->name, cases[c], nmse, GATE_NMSE);
+            if (k == 0) { /* the 0.9x control */
+                const double scaled = nmse_of(o.out, 0.9, ref, n);
+                cr_assert(!(scaled <= GATE_NMSE), "%s: 0.9 x the candidate's output has NMSE %g, within %g", cases[c], scaled,
+                          GATE_NMSE);
+            }
             run_free(&o);
         }
         int64_t all[64];

@@ -202,9 +202,9 @@ Test(npy, write_is_atomic_and_loads_in_numpy_when_present) {
     kp_bundle_free_list(names, n);
 
     char *cmd = NULL, *out = NULL, *errout = NULL;
-    cr_assert(asprintf(&cmd, "python3 -c 'import numpy' 2>/dev/null || exit 77; python3 -c 'import numpy as np, sys; "
+    cr_assert(asprintf(&cmd, "\"$0\" -c 'import numpy' 2>/dev/null || exit 77; \"$0\" -c 'import numpy as np, sys; "
                              "a = np.load(sys.argv[1]); print(a.dtype, a.shape, repr(a.tolist()))' %s", path) > 0);
-    char *argv[] = {"/bin/sh", "-c", cmd, NULL};
+    char *argv[] = {"/bin/sh", "-c", cmd, kpt_python(), NULL};
     int rc = kpt_run(argv, &out, &errout);
     free(cmd), free(file), free(path);
     kpt_rmtree(dir);
