@@ -158,7 +158,10 @@ Test(family_seam, clean_impls_pass_exact_tolerance_repeat_and_batch_and_the_bund
     cr_assert_eq(straddling, 2);
     kp_error err = {0};
     cr_assert_eq(kp_bundle_verify(bundle, &err), 0, "%s", err.msg);
-    cr_assert_eq(kp_replay_bundle(bundle, &err), 0, "%s", err.msg);
+    kp_replay_report replayed;
+    cr_assert_eq(kp_replay_bundle(bundle, &replayed, &err), 0, "%s", err.msg);
+    cr_assert(replayed.replayed == 1 && replayed.with_reference == 1 && replayed.not_replayed == 0);
+    kp_replay_report_free(&replayed);
     cJSON_Delete(rec);
 }
 

@@ -224,6 +224,12 @@ Test(harness, a_timeout_exits_4_with_a_verifiable_bundle) {
     cr_assert_str_eq(str(rec, "result"), "NOT_RUN");
     char *vargv[] = {kpt_binary(), "verify", out, NULL};
     cr_assert_eq(kpt_run(vargv, NULL, NULL), 0);
+    /* the NOT_RUN case never got inputs: --replay lists it as not replayed (not an error, never silent) */
+    char *rargv[] = {kpt_binary(), "verify", out, "--replay", NULL};
+    cr_assert_eq(kpt_run(rargv, &o, &e), 0, "%s%s", o, e);
+    kpt_scratch(o), kpt_scratch(e);
+    cr_assert(strstr(o, "not replayed, ") && strstr(o, "\nreceipts/0002.json (topp(batch=4,profile=ordinary,seed=2,top_p=0.9,"
+                                                         "vocab=20000)): NOT_RUN\n"), "%s", o);
     cJSON_Delete(rec);
 }
 
