@@ -210,6 +210,40 @@ Test(family_seam, element_rule_both_fails_only_an_element_past_both_bounds) {
     }
 }
 
+/* NMSE, cosine difference and bf16 ulp each decide a tolerance check alone. scale.perturb's one element off by one
+ * part in 1e3 is inside atol 1, as every element is (a first run measures its metrics, with no bound but atol); then
+ * one bound at a time: set under the metric it fails the tensor (INCORRECT, with no element over atol and no NaN or
+ * inf misplaced, so that bound alone decided), set at or over it (the control) it passes. */
+Test(family_seam, nmse_cosine_and_ulp_each_fail_a_tolerance_check_alone) {
+    const char *checks = "[{\"check\":\"tolerance\",\"impl\":\"scale.perturb@host\"}]";
+    cJSON *rec = gate_case("measured", "\"atol\":1,\"rtol\":0", checks, 0, NULL);
+    cr_assert_eq(num(rec, "checks.0.findings.tensors.0.over_tolerance.count"), 0, "atol 1 must pass every element");
+    const double metric[3] = {num(rec, "checks.0.findings.tensors.0.metrics.nmse"),
+                              num(rec, "checks.0.findings.tensors.0.metrics.cosine_diff"),
+                              num(rec, "checks.0.findings.tensors.0.metrics.max_bf16_ulp")};
+    cJSON_Delete(rec);
+    const char *bound[3] = {"nmse", "cosine", "ulp"}, *says[3] = {"NMSE over its bound", "cosine diff over its bound",
+                                                                  "ulp over its bound"};
+    for (int b = 0; b < 3; b++) {
+        cr_assert_gt(metric[b], 0, "%s: the perturbed element must show in it", bound[b]);
+        for (int tight = 1; tight >= 0; tight--) {
+            /* ulp is an integer: one under the largest seen, or it exactly; the others half or twice the metric */
+            const double v = b == 2 ? metric[b] - tight : tight ? metric[b] / 2 : metric[b] * 2;
+            char defaults[200], name[32];
+            snprintf(defaults, sizeof defaults, "\"atol\":1,\"rtol\":0,\"tensors\":{\"y\":{\"%s\":%.17g}}", bound[b], v);
+            snprintf(name, sizeof name, "%s_%s", bound[b], tight ? "tight" : "loose");
+            rec = gate_case(name, defaults, checks, tight, NULL);
+            cr_assert_str_eq(str(rec, "checks.0.findings.tensors.0.result"), tight ? "INCORRECT" : "PASSED", "%s", name);
+            cr_assert_str_eq(str(rec, "checks.0.findings.tensors.1.result"), "PASSED", "%s: y_bf16 has no such bound", name);
+            cr_assert_eq(num(rec, "checks.0.findings.tensors.0.over_tolerance.count"), 0, "%s", name);
+            cr_assert_eq(num(rec, "checks.0.findings.tensors.0.nonfinite_mismatch.count"), 0, "%s", name);
+            const char *summary = str(rec, "checks.0.summary");
+            cr_assert((strstr(summary, says[b]) != NULL) == tight, "%s: %s", name, summary);
+            cJSON_Delete(rec);
+        }
+    }
+}
+
 /* round_reference: y_bf16 held to 0 error passes only against the reference rounded to bf16 (FlashMLA compares a
  * bf16 output with a bf16 reference); against the float64 reference the same bits fail. */
 Test(family_seam, round_reference_holds_the_output_to_the_reference_in_its_dtype) {
