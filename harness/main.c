@@ -198,18 +198,28 @@ static int cmd_verify(const char *dir, int replay, const char *pubkey) {
     if (pubkey && kp_sign_key_load(pubkey, 0, &key, &err)) return fail(&err);
     int rc = kp_bundle_verify(dir, &err);
     if (!rc && key) rc = kp_sign_check(dir, key, &subjects, &err);
-    if (!rc && replay) rc = kp_replay_bundle(dir, &err);
+    kp_replay_report replayed = {0};
+    if (!rc && replay) rc = kp_replay_bundle(dir, &replayed, &err);
     char leftovers[512];
     const int nleft = rc ? 0 : kp_sign_leftovers(dir, leftovers, sizeof leftovers, &err);
     if (nleft < 0) rc = err.code;
     if (!rc) {
         printf("%s: intact", dir);
         if (key) printf("; signed by %s (keyid %s), covering all %zu files", pubkey, kp_sign_keyid(key), subjects);
-        printf("%s", replay ? "; every case's inputs and reference regenerated to the same digests" : "");
+        if (replay && replayed.replayed)
+            printf("; inputs regenerated to the same digests in every receipt that records them (%d), the reference "
+                   "in every one that records it (%d)", replayed.replayed, replayed.with_reference);
+        else if (replay)
+            printf("; no receipt records inputs to regenerate");
         if (nleft) printf("; passed over %s, what a sign that never finished left (no part of the record; the next sign "
                           "removes it)", leftovers);
         printf("\n");
+        if (replayed.not_replayed) /* listed, never passed over in silence */
+            printf("not replayed, %d receipt%s with no inputs (a case that FAILED or was NOT_RUN before its inputs were "
+                   "made):\n%s", replayed.not_replayed, replayed.not_replayed == 1 ? "" : "s",
+                   replayed.not_replayed_list ? replayed.not_replayed_list : "");
     }
+    kp_replay_report_free(&replayed);
     kp_sign_key_free(key);
     return rc ? fail(&err) : 0;
 }

@@ -1,5 +1,6 @@
 /* test_cli.c: the command line on bad input (exit 2, naming the field or path, never a crash),
- * verify on tampered bundles (exit 1, naming the file), list and export. */
+ * verify on tampered bundles (exit 1, naming the file), verify --replay on forged receipts (exit 1, naming
+ * the case and the digest that does not regenerate), list and export. */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -9,6 +10,8 @@
 
 #include <cjson/cJSON.h>
 
+#include "../receipts/kp_bundle.h"
+#include "../receipts/kp_json.h"
 #include "kp_test_util.h"
 
 TestSuite(cli, .init = kpt_dir_setup, .fini = kpt_dir_teardown, .timeout = 300);
@@ -201,7 +204,110 @@ Test(cli, verify_replay_regenerates_inputs_and_reference) {
     char *b = make_bundle("r");
     char *argv[] = {kpt_binary(), "verify", b, "--replay", NULL}, *out, *err;
     cr_assert_eq(run_cli(argv, &out, &err), 0, "%s", err);
-    cr_assert(strstr(out, "regenerated"), "%s", out);
+    cr_assert(strstr(out, "regenerated to the same digests in every receipt that records them (3), the reference in "
+                          "every one that records it (3)"), "%s", out);
+    cr_assert_null(strstr(out, "not replayed"), "%s", out);
+}
+
+/* kp_json_print's text of `doc` plus a newline, as the bundle writes a receipt or bundle.json. */
+static void write_json(const char *path, const cJSON *doc) {
+    char *printed = kp_json_print(doc), *text;
+    cr_assert(printed && asprintf(&text, "%s\n", printed) > 0);
+    cr_assert_eq(kpt_write(path, text, strlen(text)), 0);
+    cJSON_free(printed), free(text);
+}
+
+/* A forger's edit of receipt `index` (1-based), made consistent with kparity's own code: every receipt rewritten
+ * with the chain.prev its predecessor's new bytes give, bundle.json's receipt digests and chain head to match, and
+ * manifest.sha256 rewritten. Plain verify passes the result (asserted), so only a replay can tell. Returns the
+ * edited receipt's case name (scratch). */
+static const char *forge_receipt(const char *b, int index, void (*edit)(cJSON *receipt)) {
+    char *bpath, *name = NULL;
+    cr_assert(asprintf(&bpath, "%s/bundle.json", b) > 0);
+    cJSON *bundle, *entry;
+    kp_error e = {0};
+    cr_assert_eq(kp_bundle_read_json(bpath, &bundle, &e), 0, "%s", e.msg);
+    char prev[KP_SHA256_HEX_LEN] = KP_ZERO_DIGEST;
+    int i = 0;
+    cJSON_ArrayForEach(entry, cJSON_GetObjectItemCaseSensitive(bundle, "receipts")) {
+        char *rpath;
+        cr_assert(asprintf(&rpath, "%s/%s", b, cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(entry, "file"))) > 0);
+        cJSON *r;
+        cr_assert_eq(kp_bundle_read_json(rpath, &r, &e), 0, "%s", e.msg);
+        if (++i == index) {
+            edit(r);
+            const cJSON *c = cJSON_GetObjectItemCaseSensitive(r, "case");
+            name = kpt_scratch(strdup(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(c, "name"))));
+        }
+        cJSON_ReplaceItemInObjectCaseSensitive(cJSON_GetObjectItemCaseSensitive(r, "chain"), "prev", cJSON_CreateString(prev));
+        write_json(rpath, r);
+        cr_assert_eq(kp_sha256_file_hex(rpath, prev, &e), 0, "%s", e.msg);
+        cJSON_ReplaceItemInObjectCaseSensitive(entry, "sha256", cJSON_CreateString(prev));
+        cJSON_Delete(r);
+        free(rpath);
+    }
+    cr_assert(name, "the bundle has no receipt %d", index);
+    cJSON_ReplaceItemInObjectCaseSensitive(bundle, "chain_head", cJSON_CreateString(prev));
+    write_json(bpath, bundle);
+    cr_assert_eq(kp_bundle_write_manifest(b, &e), 0, "%s", e.msg);
+    cr_assert_eq(kp_bundle_verify(b, &e), 0, "the forgery is not consistent, so a replay failing proves nothing: %s", e.msg);
+    cJSON_Delete(bundle);
+    free(bpath);
+    return name;
+}
+
+/* One hex digit of a digest changed (a digest of other bytes, as far as anyone reading it can tell). */
+static void change_digest(cJSON *obj) {
+    cJSON *sha = cJSON_GetObjectItemCaseSensitive(obj, "sha256");
+    cr_assert(cJSON_IsString(sha) && strlen(sha->valuestring) == 64, "no digest to change");
+    char forged[KP_SHA256_HEX_LEN];
+    memcpy(forged, sha->valuestring, sizeof forged);
+    forged[7] = forged[7] == '0' ? '1' : '0';
+    cJSON_ReplaceItemInObjectCaseSensitive(obj, "sha256", cJSON_CreateString(forged));
+}
+static void forge_logits(cJSON *r) {
+    change_digest(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(r, "inputs"), "logits"));
+}
+static void forge_reference(cJSON *r) { change_digest(cJSON_GetObjectItemCaseSensitive(r, "reference")); }
+static void drop_inputs(cJSON *r) {
+    cr_assert(cJSON_GetObjectItemCaseSensitive(r, "inputs"));
+    cJSON_DeleteItemFromObjectCaseSensitive(r, "inputs");
+}
+
+/* verify --replay's exit code; what it printed is scratch. */
+static int replay(const char *b, char **out, char **err) {
+    char *argv[] = {kpt_binary(), "verify", (char *)b, "--replay", NULL};
+    return run_cli(argv, out, err);
+}
+
+/* An input digest that does not regenerate: exit 1 naming the receipt's file, its case and the tensor. */
+Test(cli, replay_fails_an_input_digest_that_does_not_regenerate) {
+    char *b = make_bundle("fi"), *out, *err;
+    const char *name = forge_receipt(b, 2, forge_logits);
+    cr_assert_eq(replay(b, &out, &err), 1, "a forged input digest replayed: %s%s", out, err);
+    char want[600];
+    snprintf(want, sizeof want, "receipts/0002.json (%s): input 'logits' regenerates to ", name);
+    cr_assert(strstr(err, want) && strstr(err, ", the receipt records "), "%s", err);
+}
+
+/* A reference digest that does not regenerate (the inputs do): exit 1 naming the receipt's file and its case. */
+Test(cli, replay_fails_a_reference_digest_that_does_not_regenerate) {
+    char *b = make_bundle("fr"), *out, *err;
+    const char *name = forge_receipt(b, 3, forge_reference);
+    cr_assert_eq(replay(b, &out, &err), 1, "a forged reference digest replayed: %s%s", out, err);
+    char want[600];
+    snprintf(want, sizeof want, "receipts/0003.json (%s): the reference regenerates to ", name);
+    cr_assert(strstr(err, want) && strstr(err, ", the receipt records "), "%s", err);
+}
+
+/* A receipt whose checks ran but that records no inputs cannot be replayed: an error naming it, not a skip. */
+Test(cli, replay_fails_a_receipt_of_checks_that_ran_without_inputs) {
+    char *b = make_bundle("ni"), *out, *err;
+    const char *name = forge_receipt(b, 1, drop_inputs);
+    cr_assert_eq(replay(b, &out, &err), 1, "a receipt without inputs was passed over: %s%s", out, err);
+    char want[600];
+    snprintf(want, sizeof want, "receipts/0001.json (%s): the receipt records no inputs, yet its result is ", name);
+    cr_assert(strstr(err, want), "%s", err);
 }
 
 Test(cli, export_writes_npy_files_numpy_can_open) {

@@ -158,7 +158,10 @@ Test(family_seam, clean_impls_pass_exact_tolerance_repeat_and_batch_and_the_bund
     cr_assert_eq(straddling, 2);
     kp_error err = {0};
     cr_assert_eq(kp_bundle_verify(bundle, &err), 0, "%s", err.msg);
-    cr_assert_eq(kp_replay_bundle(bundle, &err), 0, "%s", err.msg);
+    kp_replay_report replayed;
+    cr_assert_eq(kp_replay_bundle(bundle, &replayed, &err), 0, "%s", err.msg);
+    cr_assert(replayed.replayed == 1 && replayed.with_reference == 1 && replayed.not_replayed == 0);
+    kp_replay_report_free(&replayed);
     cJSON_Delete(rec);
 }
 
@@ -204,6 +207,40 @@ Test(family_seam, element_rule_both_fails_only_an_element_past_both_bounds) {
         cr_assert_str_eq(str(rec, "checks.0.params.tolerance.y.element_rule"), both ? "both" : "sum");
         if (both) cr_assert_eq(num(rec, "checks.0.findings.tensors.0.over_tolerance.first.0"), 1 * 300 + 2);
         cJSON_Delete(rec);
+    }
+}
+
+/* NMSE, cosine difference and bf16 ulp each decide a tolerance check alone. scale.perturb's one element off by one
+ * part in 1e3 is inside atol 1, as every element is (a first run measures its metrics, with no bound but atol); then
+ * one bound at a time: set under the metric it fails the tensor (INCORRECT, with no element over atol and no NaN or
+ * inf misplaced, so that bound alone decided), set at or over it (the control) it passes. */
+Test(family_seam, nmse_cosine_and_ulp_each_fail_a_tolerance_check_alone) {
+    const char *checks = "[{\"check\":\"tolerance\",\"impl\":\"scale.perturb@host\"}]";
+    cJSON *rec = gate_case("measured", "\"atol\":1,\"rtol\":0", checks, 0, NULL);
+    cr_assert_eq(num(rec, "checks.0.findings.tensors.0.over_tolerance.count"), 0, "atol 1 must pass every element");
+    const double metric[3] = {num(rec, "checks.0.findings.tensors.0.metrics.nmse"),
+                              num(rec, "checks.0.findings.tensors.0.metrics.cosine_diff"),
+                              num(rec, "checks.0.findings.tensors.0.metrics.max_bf16_ulp")};
+    cJSON_Delete(rec);
+    const char *bound[3] = {"nmse", "cosine", "ulp"}, *says[3] = {"NMSE over its bound", "cosine diff over its bound",
+                                                                  "ulp over its bound"};
+    for (int b = 0; b < 3; b++) {
+        cr_assert_gt(metric[b], 0, "%s: the perturbed element must show in it", bound[b]);
+        for (int tight = 1; tight >= 0; tight--) {
+            /* ulp is an integer: one under the largest seen, or it exactly; the others half or twice the metric */
+            const double v = b == 2 ? metric[b] - tight : tight ? metric[b] / 2 : metric[b] * 2;
+            char defaults[200], name[32];
+            snprintf(defaults, sizeof defaults, "\"atol\":1,\"rtol\":0,\"tensors\":{\"y\":{\"%s\":%.17g}}", bound[b], v);
+            snprintf(name, sizeof name, "%s_%s", bound[b], tight ? "tight" : "loose");
+            rec = gate_case(name, defaults, checks, tight, NULL);
+            cr_assert_str_eq(str(rec, "checks.0.findings.tensors.0.result"), tight ? "INCORRECT" : "PASSED", "%s", name);
+            cr_assert_str_eq(str(rec, "checks.0.findings.tensors.1.result"), "PASSED", "%s: y_bf16 has no such bound", name);
+            cr_assert_eq(num(rec, "checks.0.findings.tensors.0.over_tolerance.count"), 0, "%s", name);
+            cr_assert_eq(num(rec, "checks.0.findings.tensors.0.nonfinite_mismatch.count"), 0, "%s", name);
+            const char *summary = str(rec, "checks.0.summary");
+            cr_assert((strstr(summary, says[b]) != NULL) == tight, "%s: %s", name, summary);
+            cJSON_Delete(rec);
+        }
     }
 }
 

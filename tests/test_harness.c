@@ -195,6 +195,35 @@ Test(harness, expect_reports_loudly_when_a_known_defect_does_not_reproduce) {
     cJSON_Delete(rec);
 }
 
+/* The defect matcher's negative control: flip drops one kept token per row, so its rule check is INCORRECT, but
+ * every row keeps finite tokens: expecting all_neginf of it is a defect that did not reproduce (INCORRECT, loudly,
+ * naming the defect), though expecting INCORRECT alone of it holds. The positive control: the incumbent on a forced
+ * case masks every row, all_neginf on 2/2. */
+Test(harness, expect_of_a_defect_the_incorrect_result_does_not_show_did_not_reproduce) {
+    char *so = plugin("-DKPT_FLIP_ONE", "topp.flip@host");
+    const char *cases =
+        "{\"case\":\"topp(batch=12,profile=flat,seed=3,stride=2053,top_p=0.9,vocab=2048)\",\"checks\":["
+        "{\"check\":\"expect\",\"impl\":\"candidate\",\"of\":\"rule\",\"result\":\"INCORRECT\",\"defect\":\"all_neginf\"},"
+        "{\"check\":\"expect\",\"impl\":\"candidate\",\"of\":\"rule\",\"result\":\"INCORRECT\"}]},"
+        "{\"case\":\"topp(batch=2,force_token=5,force_value=1e9,profile=forced,seed=1,top_p=0.95,vocab=1000)\",\"checks\":"
+        "[{\"check\":\"expect\",\"impl\":\"incumbent\",\"of\":\"rule\",\"result\":\"INCORRECT\",\"defect\":\"all_neginf\"}]}";
+    char *cfg = config_for(so, "topp.flip@host", NULL, cases);
+    char *out = bundle_path("defect"), *o, *e;
+    cr_assert_eq(gate(cfg, out, &o, &e), 1, "%s%s", o, e);
+    cr_assert(strstr(e, "KNOWN DEFECT DID NOT REPRODUCE: rule topp.flip@host was INCORRECT; defect all_neginf"), "%s", e);
+    cJSON *rec = kpt_receipt(out, 1), *rec2 = kpt_receipt(out, 2);
+    const cJSON *named = check_of(rec, 0), *plain = check_of(rec, 1), *control = check_of(rec2, 0);
+    cr_assert_str_eq(str(cJSON_GetObjectItemCaseSensitive(named, "inner"), "result"), "INCORRECT", "flip breaks the rule");
+    cr_assert_str_eq(str(named, "result"), "INCORRECT", "%s", str(named, "summary"));
+    cr_assert(strstr(str(named, "summary"), "DID NOT REPRODUCE"), "%s", str(named, "summary"));
+    cr_assert_eq(num(cJSON_GetObjectItemCaseSensitive(named, "findings"), "rows_with_defect"), 0);
+    cr_assert_str_eq(str(plain, "result"), "PASSED", "%s", str(plain, "summary"));
+    cr_assert_str_eq(str(control, "result"), "PASSED", "%s", str(control, "summary"));
+    cr_assert(strstr(str(control, "summary"), "known defect reproduced: all_neginf on 2/2 rows"), "%s", str(control, "summary"));
+    cr_assert_eq(num(cJSON_GetObjectItemCaseSensitive(control, "findings"), "rows_with_defect"), 2);
+    cJSON_Delete(rec), cJSON_Delete(rec2);
+}
+
 Test(harness, gate_execs_the_command_only_when_it_passes) {
     char *good = plugin(NULL, "topp.sorted@host"), *bad = plugin("-DKPT_FLIP_ONE", "topp.flip@host");
     const char *checks = "[{\"check\":\"rule\",\"impl\":\"candidate\"}]";
@@ -224,6 +253,12 @@ Test(harness, a_timeout_exits_4_with_a_verifiable_bundle) {
     cr_assert_str_eq(str(rec, "result"), "NOT_RUN");
     char *vargv[] = {kpt_binary(), "verify", out, NULL};
     cr_assert_eq(kpt_run(vargv, NULL, NULL), 0);
+    /* the NOT_RUN case never got inputs: --replay lists it as not replayed (not an error, never silent) */
+    char *rargv[] = {kpt_binary(), "verify", out, "--replay", NULL};
+    cr_assert_eq(kpt_run(rargv, &o, &e), 0, "%s%s", o, e);
+    kpt_scratch(o), kpt_scratch(e);
+    cr_assert(strstr(o, "not replayed, ") && strstr(o, "\nreceipts/0002.json (topp(batch=4,profile=ordinary,seed=2,top_p=0.9,"
+                                                         "vocab=20000)): NOT_RUN\n"), "%s", o);
     cJSON_Delete(rec);
 }
 
