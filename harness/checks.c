@@ -11,6 +11,7 @@
 
 #include "../receipts/kp_json.h"
 #include "kp_device.h"
+#include "kp_exec.h"
 #include "kp_rates.h"
 
 static const char *const check_names[KP_CHECK_KIND_COUNT] = {"exact", "rule", "tolerance", "repeat", "batch", "expect"};
@@ -92,6 +93,7 @@ static kp_case_out *full_output(kp_case_ctx *ctx, const kp_impl *impl, const cha
     if (!rows) snprintf(err.msg, sizeof err.msg, "out of host memory");
     free(rows);
     cJSON_AddStringToObject(entry, "status", kp_result_name(o->status));
+    kp_exec_describe(impl, entry); /* an outside program: its command, files, versions */
     if (o->status == KP_PASSED) {
         size_t nspans;
         kp_span *spans = kp_output_spans(o->out, &nspans);

@@ -11,6 +11,7 @@
 #include "kp_device.h"
 #include "kp_harness.h"
 #include "kp_config.h"
+#include "kp_exec.h"
 #include "kp_launch.h"
 
 static const cJSON *member(const cJSON *obj, const char *key) { return cJSON_GetObjectItemCaseSensitive(obj, key); }
@@ -242,7 +243,8 @@ int kp_config_load(const char *path, kp_config *cfg, kp_error *err) {
         }
     }
     const cJSON *impls = member(doc, "impls");
-    if (!cJSON_IsObject(impls)) return kp_fail(err, KP_EXIT_USAGE, "impls: expected an object of role: impl name");
+    if (!cJSON_IsObject(impls))
+        return kp_fail(err, KP_EXIT_USAGE, "impls: expected an object of role: impl name (or an outside program: {\"exec\": [...], \"impl\": NAME})");
     cfg->roles = kp_calloc((size_t)cJSON_GetArraySize(impls), sizeof *cfg->roles, "roles", err);
     if (!cfg->roles) return err->code;
     for (const cJSON *r = impls->child; r; r = r->next) {
@@ -250,10 +252,19 @@ int kp_config_load(const char *path, kp_config *cfg, kp_error *err) {
         snprintf(at, sizeof at, "impls.%.100s", r->string);
         kp_role *role = &cfg->roles[cfg->nroles];
         if (strlen(r->string) >= sizeof role->role) return kp_fail(err, KP_EXIT_USAGE, "%s: the role's name is too long", at);
-        if (kp_want_string(r, at, &s, err)) return err->code;
         snprintf(role->role, sizeof role->role, "%s", r->string);
-        snprintf(role->declared, sizeof role->declared, "%s", s);
-        if (kp_resolve_impl(s, at, &role->impl, err)) return err->code;
+        if (cJSON_IsObject(r)) { /* an outside program (harness/exec.c) */
+            kp_exec_decl decl;
+            if (kp_exec_parse(r, r->string, at, &decl, err)) return err->code;
+            const int rc = kp_exec_register(&decl, at, &role->impl, err);
+            kp_exec_decl_free(&decl);
+            if (rc) return rc;
+            snprintf(role->declared, sizeof role->declared, "%s", role->impl->name);
+        } else {
+            if (kp_want_string(r, at, &s, err)) return err->code;
+            snprintf(role->declared, sizeof role->declared, "%s", s);
+            if (kp_resolve_impl(s, at, &role->impl, err)) return err->code;
+        }
         /* "<family>.<role>": one family's role, so one config can hold impls of several families */
         const char *dot = strchr(r->string, '.');
         if (dot) {

@@ -1,5 +1,5 @@
-/* kp_judge.h: `kparity judge`'s reader of outputs made outside kparity (harness/judge.c), exposed on its own so
- * fuzz/fuzz_judge_output.c can drive it from memory. */
+/* kp_judge.h: the check of an output made outside kparity (harness/outside_output.c): `kparity judge`'s files and
+ * exec programs' arrays, exposed on its own so fuzz/fuzz_judge_output.c can drive it from memory. */
 #ifndef KP_JUDGE_H
 #define KP_JUDGE_H
 

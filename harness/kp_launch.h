@@ -42,12 +42,19 @@ void kp_launch_reserve(int nimpls);
 kp_result kp_run_rows(kp_prepared *p, const kp_impl *impl, const int64_t *rows, int64_t nrows, kp_output **out,
                       cJSON *info, kp_error *err);
 void kp_output_free(kp_output *o);
-/* The run in progress on this thread, for an impl that stands for outputs made elsewhere (harness/judge.c):
- * the case rows it runs, the family's output tensors for them and their (host) buffers, nrows slices each.
- * NULL outside an impl's run(). */
+/* The run in progress on this thread, for an impl that stands for outputs made elsewhere (harness/judge.c) or by
+ * an outside program (harness/exec.c): the case and which preparation of it, the rows it runs, the family's input
+ * tensors (as the case describes them: a batched one's shape[0] is the case's batch) and their host buffers for this
+ * run (a batched input's holds the run's nrows slices, gathered; a shared one's is the whole tensor), and the output
+ * tensors for the run (shape[0] = nrows) with their host buffers. NULL outside an impl's run(). */
 typedef struct kp_launch_view {
+    const kp_case *c;
+    uint64_t generation;
     const int64_t *rows;
     int64_t nrows;
+    const kp_tensor *ins;
+    int nin;
+    const void *const *in;
     const kp_tensor *outs;
     int nout;
     void *const *out;

@@ -134,6 +134,7 @@ static slot *slot_for(kp_prepared *p, const kp_impl *impl, const kp_tensor *outs
 /* One launch on chosen rows, in the impl's cached slot. */
 typedef struct launch {
     const kp_impl *impl;
+    const kp_prepared *p; /* for kp_launch_current */
     int64_t nrows;
     const int64_t *rows; /* the case rows of the run, for kp_launch_current */
     slot *slot;
@@ -157,7 +158,7 @@ static kp_result launch_setup(kp_prepared *p, const kp_impl *impl, const int64_t
     const kp_family *fam = p->fam;
     const kp_case_view *v = &p->v;
     memset(L, 0, sizeof *L);
-    L->impl = impl, L->nrows = nrows, L->rows = rows;
+    L->impl = impl, L->p = p, L->nrows = nrows, L->rows = rows;
     const kp_memory mem = impl->memory;
     if (mem == KP_MEMORY_CUDA && kp_device_init(err)) return KP_NOT_RUN;
     KP_ASSERT(nrows >= 1 && nrows <= v->rows_total);
@@ -212,7 +213,9 @@ const kp_launch_view *kp_launch_current(void) { return g_current.nrows > 0 ? &g_
 /* Launch once; for CUDA impls the launch is asynchronous (kp_sync waits). */
 static kp_result launch_run(launch *L, kp_error *err) {
     char message[512] = "";
-    g_current = (kp_launch_view){.rows = L->rows, .nrows = L->nrows, .outs = L->outs, .nout = L->nout, .out = L->bufs.out};
+    g_current = (kp_launch_view){.c = &L->p->c, .generation = L->p->generation, .rows = L->rows, .nrows = L->nrows,
+                                 .ins = L->p->v.inputs, .nin = L->p->v.ninputs, .in = L->bufs.in, .outs = L->outs,
+                                 .nout = L->nout, .out = L->bufs.out};
     int rc = L->impl->run(L->args, message, sizeof message);
     g_current = (kp_launch_view){0};
     if (rc == KP_RUN_NOT_SUPPORTED) {

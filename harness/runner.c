@@ -2,6 +2,7 @@
  * declared checks, write the receipt; then the bundle's reports and the exit code. From the CLI the
  * cases run in a worker process (kp_worker.h) that another supervises (supervise.c), so a crash is recorded. */
 #define _GNU_SOURCE
+#include "kp_exec.h"
 #include "kp_runner.h"
 
 #include <math.h>
@@ -459,6 +460,7 @@ static int run_cases(const kp_config *cfg, const kp_run_options *opt, run_shared
         if (rc) return run_abandon(&st, rows, err);
         kp_run_progress(opt, st.done++, st.selected, cs->name, case_result, kp_now() - t_case, kp_now() - st.t_start);
     }
+    kp_exec_stop_all(); /* outside programs end with the run */
     pthread_mutex_lock(&st.lock);
     st.stop_watchdog = 1;
     pthread_mutex_unlock(&st.lock);

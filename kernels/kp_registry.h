@@ -48,6 +48,9 @@ int kp_plugin_load_pinned(const char *path, const char *pin, kp_error *err);
 /* Register an impl that stands for outputs made outside kparity (`kparity judge`): origin names the files and
  * sha256_hex is its identity (recorded where a plugin's digest would be). Its name must be new. */
 int kp_impl_register_judged(const kp_impl *impl, const char *origin, const char *sha256_hex, kp_error *err);
+/* The same for an impl whose runs kparity hands to something outside it (an exec program): judged 0, and its runs
+ * are runs like any impl's. */
+int kp_impl_register_outside(const kp_impl *impl, const char *origin, const char *sha256_hex, int judged, kp_error *err);
 /* Whether impl was registered by kp_impl_register_judged: its runs serve given outputs and refuse row sets it was
  * given none for, which a batch check records as not given rather than as a failed run. */
 int kp_impl_is_judged(const kp_impl *impl);

@@ -40,7 +40,7 @@ typedef struct plugin_entry {
     const kp_impl *impl;
     const char *path;                /* shared by every entry of one plugin */
     const char *sha256_hex;          /* likewise */
-    int judged;                      /* registered by kp_impl_register_judged */
+    int judged;                      /* registered by kp_impl_register_judged (outputs read from files) */
 } plugin_entry;
 
 /* Loading is meant for startup, before any run: the registry is not locked. */
@@ -221,6 +221,10 @@ int kp_plugin_load_pinned(const char *path, const char *pin, kp_error *err) {
 }
 
 int kp_impl_register_judged(const kp_impl *impl, const char *origin, const char *sha256_hex, kp_error *err) {
+    return kp_impl_register_outside(impl, origin, sha256_hex, 1, err);
+}
+
+int kp_impl_register_outside(const kp_impl *impl, const char *origin, const char *sha256_hex, int judged, kp_error *err) {
     if (kp_impl_find(impl->name)) return kp_fail(err, KP_EXIT_USAGE, "%s: the name is already registered", impl->name);
     char *o = strdup(origin), *sha = strdup(sha256_hex);
     plugin_entry *grown = o && sha ? realloc(plugin_entries, (size_t)(plugin_count + 1) * sizeof *grown) : NULL;
@@ -229,7 +233,7 @@ int kp_impl_register_judged(const kp_impl *impl, const char *origin, const char 
         return kp_fail(err, KP_EXIT_ENV, "out of host memory registering %s", impl->name);
     }
     plugin_entries = grown;
-    plugin_entries[plugin_count++] = (plugin_entry){impl, o, sha, 1};
+    plugin_entries[plugin_count++] = (plugin_entry){impl, o, sha, judged};
     return 0;
 }
 

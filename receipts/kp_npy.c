@@ -49,20 +49,14 @@ static void shape_text(int ndim, const int64_t *shape, char *out, size_t cap) {
     if (n < cap) snprintf(out + n, cap - n, "%s)", ndim == 1 ? "," : "");
 }
 
-int kp_npy_encode(const char *descr, int ndim, const int64_t *shape, const void *data, size_t data_bytes,
-                  unsigned char **buf, size_t *len, kp_error *err) {
-    *buf = NULL;
-    *len = 0;
-    size_t itemsize = descr_itemsize(descr), expected;
+int kp_npy_header(const char *descr, int ndim, const int64_t *shape, unsigned char header[KP_NPY_HEADER_MAX],
+                  size_t *header_bytes, size_t *data_bytes, kp_error *err) {
+    *header_bytes = 0;
+    size_t itemsize = descr_itemsize(descr);
     if (!itemsize)
         return kp_fail(err, KP_EXIT_USAGE, "npy: descr '%s' is not one kparity writes (<f2 <f4 <f8 <i2 <i4 <i8 "
                        "<u2 <u4 <u8 |u1 |i1 |b1)", descr ? descr : "(null)");
-    if (shape_bytes(ndim, shape, itemsize, &expected, err)) return err->code;
-    if (expected != data_bytes)
-        return kp_fail(err, KP_EXIT_USAGE, "npy: %zu data bytes given, but shape and descr '%s' need %zu",
-                       data_bytes, descr, expected);
-    if (data_bytes && !data) return kp_fail(err, KP_EXIT_USAGE, "npy: no data pointer for %zu bytes", data_bytes);
-
+    if (shape_bytes(ndim, shape, itemsize, data_bytes, err)) return err->code;
     char shape_str[KP_NPY_MAX_DIMS * 24 + 8], dict[sizeof shape_str + 96];
     shape_text(ndim, shape, shape_str, sizeof shape_str);
     int dict_len = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }", descr, shape_str);
@@ -70,21 +64,36 @@ int kp_npy_encode(const char *descr, int ndim, const int64_t *shape, const void 
      * writes it, so the data starts aligned. */
     size_t unpadded = 10 + (size_t)dict_len + 1;
     size_t header_len = (size_t)dict_len + (64 - unpadded % 64) % 64 + 1;
-    size_t total;
-    if (header_len > 0xFFFF || data_bytes > SIZE_MAX - 10 - header_len)
+    if (10 + header_len > KP_NPY_HEADER_MAX || *data_bytes > SIZE_MAX - 10 - header_len)
         return kp_fail(err, KP_EXIT_USAGE, "npy: array too large");
-    total = 10 + header_len + data_bytes;
+    memcpy(header, npy_magic, 6);
+    header[6] = 1;
+    header[7] = 0;
+    header[8] = (unsigned char)(header_len & 0xFF);
+    header[9] = (unsigned char)(header_len >> 8);
+    memcpy(header + 10, dict, (size_t)dict_len);
+    memset(header + 10 + dict_len, ' ', header_len - (size_t)dict_len - 1);
+    header[10 + header_len - 1] = '\n';
+    *header_bytes = 10 + header_len;
+    return 0;
+}
+
+int kp_npy_encode(const char *descr, int ndim, const int64_t *shape, const void *data, size_t data_bytes,
+                  unsigned char **buf, size_t *len, kp_error *err) {
+    *buf = NULL;
+    *len = 0;
+    unsigned char header[KP_NPY_HEADER_MAX];
+    size_t header_bytes, expected;
+    if (kp_npy_header(descr, ndim, shape, header, &header_bytes, &expected, err)) return err->code;
+    if (expected != data_bytes)
+        return kp_fail(err, KP_EXIT_USAGE, "npy: %zu data bytes given, but shape and descr '%s' need %zu",
+                       data_bytes, descr, expected);
+    if (data_bytes && !data) return kp_fail(err, KP_EXIT_USAGE, "npy: no data pointer for %zu bytes", data_bytes);
+    const size_t total = header_bytes + data_bytes;
     unsigned char *out = kp_alloc(total, "npy file", err);
     if (!out) return err->code;
-    memcpy(out, npy_magic, 6);
-    out[6] = 1;
-    out[7] = 0;
-    out[8] = (unsigned char)(header_len & 0xFF);
-    out[9] = (unsigned char)(header_len >> 8);
-    memcpy(out + 10, dict, (size_t)dict_len);
-    memset(out + 10 + dict_len, ' ', header_len - (size_t)dict_len - 1);
-    out[10 + header_len - 1] = '\n';
-    if (data_bytes) memcpy(out + 10 + header_len, data, data_bytes);
+    memcpy(out, header, header_bytes);
+    if (data_bytes) memcpy(out + header_bytes, data, data_bytes);
     *buf = out;
     *len = total;
     return 0;

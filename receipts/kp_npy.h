@@ -12,6 +12,11 @@
 /* Encode into a malloc'd buffer (header + little-endian data); *len receives its size. */
 int kp_npy_encode(const char *descr, int ndim, const int64_t *shape, const void *data, size_t data_bytes,
                   unsigned char **buf, size_t *len, kp_error *err);
+/* Just the header of such a file (magic, version, dict, padding to 64 bytes): *header_bytes of it into header,
+ * *data_bytes the data that follows (for writing an array in place, as the exec protocol does). */
+#define KP_NPY_HEADER_MAX 512
+int kp_npy_header(const char *descr, int ndim, const int64_t *shape, unsigned char header[KP_NPY_HEADER_MAX],
+                  size_t *header_bytes, size_t *data_bytes, kp_error *err);
 /* Write a .npy file atomically (temporary file, fsync, rename). */
 int kp_npy_write(const char *path, const char *descr, int ndim, const int64_t *shape, const void *data,
                  size_t data_bytes, kp_error *err);

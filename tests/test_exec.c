@@ -1,0 +1,200 @@
+/* test_exec.c: outside programs as impls (harness/exec.c, python/kparity_exec.py; issue 27). A NumPy top-k served
+ * through the real protocol (tests/fixtures/exec_topk.py) passes the rule, repeat and batch with every probe sent to
+ * it; each planted defect is caught and named: an answer that depends on its batch-mates (batch), one that varies run
+ * to run (repeat), a wrong dtype, a wrong shape, a crash, a hang, a reply that is not the protocol, a program that
+ * dies before its handshake. A crash costs its case, the next case runs in a fresh program, and the bundle verifies
+ * with --replay. A pinned file off its digest is refused before the program runs. */
+#define _GNU_SOURCE
+#include <cjson/cJSON.h>
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../cases/kp_sha256.h"
+#include "kp_test_util.h"
+
+TestSuite(exec, .init = kpt_dir_setup, .fini = kpt_dir_teardown, .timeout = 300);
+
+#define CASE2 "topk(k=2048,profile=randn,rows=8,seed=2,width=65536)"
+#define CASE3 "topk(k=512,profile=randn,rows=5,seed=3,width=4000)"
+
+static char *script(void) {
+    char *p;
+    cr_assert(asprintf(&p, "%s/tests/fixtures/exec_topk.py", kpt_source_dir()) > 0);
+    return kpt_scratch(p);
+}
+
+/* A config with the twin as role np (planting `defect`), its rule, repeat and batch on `cases` (a JSON list body);
+ * extra: more fields of the impl's object. */
+static char *config(const char *defect, const char *cases, const char *extra) {
+    char *body, *path;
+    cr_assert(asprintf(&body,
+                       "{\"schema\":\"kparity.gate/v1\",\"name\":\"exec\",\"impls\":{\"topk.np\":{\"exec\":[\"%s\",\"%s\",\"%s\"],"
+                       "\"impl\":\"numpy.topk\",\"timeout_s\":3%s}},\"defaults\":{\"runs\":3,\"ties\":\"lowest_index\",\"order\":\"index\"},"
+                       "\"check_sets\":{\"s\":[{\"check\":\"rule\",\"impl\":\"np\"},{\"check\":\"repeat\",\"impl\":\"np\"},"
+                       "{\"check\":\"batch\",\"impl\":\"np\"}]},\"cases\":[%s]}",
+                       kpt_python(), script(), defect, extra ? extra : "", cases) > 0);
+    cr_assert(asprintf(&path, "%s/%s.json", kpt_dir, defect) > 0);
+    cr_assert_eq(kpt_write(path, body, strlen(body)), 0);
+    free(body);
+    return kpt_scratch(path);
+}
+
+static const char *one_case(void) { return "{\"case\":\"" CASE2 "\",\"checks\":\"s\"}"; }
+
+/* kparity gate on cfg into DIR/name; the exit code, stderr kept in *errout when asked. */
+static int gate(const char *cfg, const char *name, char **bundle, char **errout) {
+    char *dir, *o, *e;
+    cr_assert(asprintf(&dir, "%s/%s", kpt_dir, name) > 0);
+    char *argv[] = {kpt_binary(), "gate", "--config", (char *)cfg, "--out", dir, "--quiet", NULL};
+    const int rc = kpt_run(argv, &o, &e);
+    free(o);
+    if (errout) *errout = kpt_scratch(e);
+    else free(e);
+    *bundle = kpt_scratch(dir);
+    return rc;
+}
+
+static const cJSON *at(const cJSON *obj, const char *path) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", path);
+    const cJSON *cur = obj;
+    for (char *save = NULL, *tok = strtok_r(buf, ".", &save); tok && cur; tok = strtok_r(NULL, ".", &save))
+        cur = (*tok >= '0' && *tok <= '9') ? cJSON_GetArrayItem(cur, atoi(tok)) : cJSON_GetObjectItemCaseSensitive(cur, tok);
+    cr_assert(cur, "no %s in the receipt", path);
+    return cur;
+}
+
+static const char *result_of(const cJSON *rec, int check) {
+    char p[32];
+    snprintf(p, sizeof p, "checks.%d.result", check);
+    return at(rec, p)->valuestring;
+}
+
+static const char *summary_of(const cJSON *rec, int check) {
+    char p[32];
+    snprintf(p, sizeof p, "checks.%d.summary", check);
+    return at(rec, p)->valuestring;
+}
+
+static void verifies_with_replay(const char *bundle) {
+    char *o, *e;
+    char *argv[] = {kpt_binary(), "verify", (char *)bundle, "--replay", NULL};
+    cr_assert_eq(kpt_run(argv, &o, &e), 0, "verify --replay: %s%s", o, e);
+    free(o), free(e);
+}
+
+Test(exec, a_clean_numpy_twin_passes_every_check_with_every_probe_sent) {
+    char *bundle;
+    cr_assert_eq(gate(config("clean", one_case(), NULL), "clean", &bundle, NULL), 0);
+    cJSON *rec = kpt_receipt(bundle, 1);
+    cr_assert_str_eq(at(rec, "checks.0.impl")->valuestring, "topk.numpy_topk@exec");
+    for (int c = 0; c < 3; c++) cr_assert_str_eq(result_of(rec, c), "PASSED", "%s", summary_of(rec, c));
+    cr_assert_null(strstr(summary_of(rec, 2), "not given"), "every probe went to the program: %s", summary_of(rec, 2));
+    cr_assert_geq(cJSON_GetArraySize(at(rec, "checks.2.findings.probes")), 10, "the batch probes, each a request");
+    /* the receipt names the program, its files with their digests and the versions it reported */
+    const cJSON *x = at(rec, "impls.0.exec");
+    cr_assert_str_eq(at(x, "impl")->valuestring, "numpy.topk");
+    cr_assert_str_eq(at(x, "protocol")->valuestring, "kparity.exec/1");
+    cr_assert(cJSON_IsString(at(x, "versions.numpy")));
+    char want[KP_SHA256_HEX_LEN];
+    kp_error err = {0};
+    cr_assert_eq(kp_sha256_file_hex(script(), want, &err), 0);
+    int found = 0;
+    for (const cJSON *f = at(x, "files")->child; f; f = f->next)
+        found |= !strcmp(at(f, "path")->valuestring, script()) && !strcmp(at(f, "sha256")->valuestring, want);
+    cr_assert(found, "the script and its SHA-256 are in the receipt");
+    cJSON_Delete(rec);
+    verifies_with_replay(bundle);
+}
+
+/* An answer that depends on the batch: batch INCORRECT, repeat clean; one that varies: repeat INCORRECT. */
+Test(exec, planted_numerical_defects_are_caught_by_their_checks) {
+    char *bundle;
+    cr_assert_eq(gate(config("batchmates", one_case(), NULL), "batchmates", &bundle, NULL), 1);
+    cJSON *rec = kpt_receipt(bundle, 1);
+    cr_assert_str_eq(result_of(rec, 0), "PASSED");
+    cr_assert_str_eq(result_of(rec, 1), "PASSED");
+    cr_assert_str_eq(result_of(rec, 2), "INCORRECT", "%s", summary_of(rec, 2));
+    cJSON_Delete(rec);
+    cr_assert_eq(gate(config("varies", one_case(), NULL), "varies", &bundle, NULL), 1);
+    rec = kpt_receipt(bundle, 1);
+    cr_assert_str_eq(result_of(rec, 1), "INCORRECT", "%s", summary_of(rec, 1));
+    cr_assert(strstr(summary_of(rec, 1), "1/8 rows vary"), "%s", summary_of(rec, 1));
+    cJSON_Delete(rec);
+}
+
+/* Each broken program fails its case (exit 3) with what went wrong, and the bundle verifies. */
+Test(exec, broken_programs_fail_their_case_with_the_reason) {
+    static const struct {
+        const char *defect, *needle;
+    } broken[] = {
+        {"dtype", "output 'indices': <i8"},
+        {"shape", "shape [8, 2047]"},
+        {"crash", "killed by signal 11"},
+        {"hang", "no reply within 3 s"},
+        {"junk", "a reply that is not the protocol: 'this is not the protocol'"},
+        {"die", "no handshake"},
+    };
+    for (size_t i = 0; i < sizeof broken / sizeof *broken; i++) {
+        char *bundle;
+        cr_assert_eq(gate(config(broken[i].defect, one_case(), NULL), broken[i].defect, &bundle, NULL), 3, "%s", broken[i].defect);
+        cJSON *rec = kpt_receipt(bundle, 1);
+        for (int c = 0; c < 3; c++) {
+            cr_assert_str_eq(result_of(rec, c), "FAILED", "%s: %s", broken[i].defect, summary_of(rec, c));
+            cr_assert(strstr(summary_of(rec, c), broken[i].needle), "%s: %s", broken[i].defect, summary_of(rec, c));
+        }
+        cJSON_Delete(rec);
+        verifies_with_replay(bundle);
+    }
+}
+
+/* A crash costs its case: the next case runs in a fresh program and passes. */
+Test(exec, a_crash_costs_one_case_and_the_next_runs_in_a_fresh_program) {
+    char *bundle;
+    const char *cases = "{\"case\":\"" CASE2 "\",\"checks\":\"s\"},{\"case\":\"" CASE3 "\",\"checks\":\"s\"}";
+    cr_assert_eq(gate(config("crash2", cases, NULL), "crash2", &bundle, NULL), 3);
+    cJSON *first = kpt_receipt(bundle, 1), *second = kpt_receipt(bundle, 2);
+    cr_assert_str_eq(at(first, "result")->valuestring, "FAILED");
+    for (int c = 0; c < 3; c++) cr_assert_str_eq(result_of(second, c), "PASSED", "%s", summary_of(second, c));
+    cr_assert_gt(at(second, "impls.0.exec.starts")->valuedouble, at(first, "impls.0.exec.starts")->valuedouble,
+                 "the second case's program is a new one");
+    cJSON_Delete(first), cJSON_Delete(second);
+    verifies_with_replay(bundle);
+}
+
+/* A pinned file off its digest is refused (exit 2, naming it) before the program runs; the right pin passes. */
+Test(exec, a_pinned_file_off_its_digest_is_refused_before_it_runs) {
+    char *extra, *bundle, *e;
+    cr_assert(asprintf(&extra, ",\"sha256\":{\"%s\":\"%064d\"}", script(), 0) > 0);
+    cr_assert_eq(gate(config("clean", one_case(), extra), "pinned", &bundle, &e), 2);
+    cr_assert(strstr(e, "is pinned") || strstr(e, "not the pinned"), "%s", e);
+    cr_assert(strstr(e, "exec_topk.py"), "%s", e);
+    free(extra);
+    char want[KP_SHA256_HEX_LEN];
+    kp_error err = {0};
+    cr_assert_eq(kp_sha256_file_hex(script(), want, &err), 0);
+    cr_assert(asprintf(&extra, ",\"sha256\":{\"%s\":\"%s\"}", script(), want) > 0);
+    cr_assert_eq(gate(config("clean", one_case(), extra), "pinned-right", &bundle, &e), 0, "%s", e);
+    free(extra);
+}
+
+/* A program that serves the impl for another family is refused at its handshake. */
+Test(exec, a_handshake_for_another_family_is_refused) {
+    char *path, *bundle;
+    cr_assert(asprintf(&path, "%s/family.json", kpt_dir) > 0);
+    char *body;
+    cr_assert(asprintf(&body,
+                       "{\"schema\":\"kparity.gate/v1\",\"name\":\"exec\",\"impls\":{\"moe.np\":{\"exec\":[\"%s\",\"%s\",\"clean\"],"
+                       "\"impl\":\"numpy.topk\",\"timeout_s\":10}},\"defaults\":{\"atol\":0.04,\"rtol\":0},"
+                       "\"cases\":[{\"case\":\"moe(hidden=64,inter=32,m=2,model=qwen3,profile=uniform,seed=1)\","
+                       "\"checks\":[{\"check\":\"tolerance\",\"impl\":\"np\"}]}]}",
+                       kpt_python(), script()) > 0);
+    cr_assert_eq(kpt_write(path, body, strlen(body)), 0);
+    cr_assert_eq(gate(path, "family", &bundle, NULL), 3);
+    cJSON *rec = kpt_receipt(bundle, 1);
+    cr_assert(strstr(summary_of(rec, 0), "serves 'numpy.topk' for family topk, not moe"), "%s", summary_of(rec, 0));
+    cJSON_Delete(rec);
+    free(path), free(body);
+}
