@@ -68,6 +68,59 @@ Test(topp_judge, catches_planted_defects) {
     free(x), free(y), free(bad);
 }
 
+/* The kernel tests' judge is the gates' own (kp_topp_rows.h's gate_rows_failing: kp_topp_judge, band 1e-6,
+ * minimal_index). On the seed's ordinary shape (4 x 154,856, top_p 0.95) split_prob's host port meets it on every row,
+ * and a split_prob that keeps one extra boundary token (the first token it drops in rule order, un-masked) fails it
+ * on every row it is planted in, unless that token's mass-before lies within the band of top_p (then the gate allows
+ * it too: rows 1 and 3 here, whose boundary tokens carry 1.8e-6 each). 1294f26's judge (mass and minimality within
+ * 1e-5) passed the plant on all four rows. The same plant, through the same code, is the GPU test's positive control. */
+Test(topp_judge, gates_judge_catches_one_extra_boundary_token, .timeout = 120) {
+    enum { V = 154856, B = 4 };
+    float *x = alloc_floats(B * V), *y = alloc_floats(B * V), *bad = alloc_floats(B * V), p[B];
+    for (int64_t r = 0; r < B; r++) {
+        fill_ordinary(x + r * V, V, 58231 + (uint64_t)r);
+        p[r] = 0.95f;
+    }
+    run_topp(impl_named("topp.split_prob@host"), x, y, p, B, V, V, 0);
+    gate_ref g;
+    gate_ref_make(&g, x, p, B, V, V);
+    char why[768];
+    int64_t first;
+    cr_assert_eq(gate_rows_failing(&g, y, 0, -1, y, &first, why, sizeof why), 0, "control: row %lld: %s", (long long)first,
+                 why);
+    int64_t caught = 0;
+    for (int64_t r = 0; r < B; r++) {
+        memcpy(bad, y, sizeof(float) * B * V);
+        const int64_t at = plant_extra_boundary_token(x + r * V, bad + r * V, V);
+        cr_assert_geq(at, 0);
+        /* a token whose mass-before lies within the band of top_p is one the gate's declared band leaves open: keeping
+         * it is no violation at band 1e-6, for the gate or for this judge */
+        const double before = g.ref.mass_before[r * V + at];
+        const int open = fabs(before - (double)p[r]) <= GATE_BAND;
+        fprintf(stderr, "row %lld: planted token %lld (p %.3g, mass before %.9f)%s\n", (long long)r, (long long)at,
+                g.ref.prob[r * V + at], before, open ? ": within the band, allowed" : "");
+        /* against the rule alone, and against the host port's output as the GPU tests compare */
+        cr_assert_eq(gate_rows_failing(&g, bad, 0, -1, NULL, &first, why, sizeof why), !open, "row %lld: one extra token "
+                     "(%lld, p %.3g, mass before %.9f) %s the gates' judge", (long long)r, (long long)at,
+                     g.ref.prob[r * V + at], before, open ? "failed" : "passed");
+        cr_assert_eq(gate_rows_failing(&g, bad, 0, -1, y, &first, why, sizeof why), !open);
+        if (!open) cr_assert_eq(first, r);
+        caught += !open;
+        /* the incumbent's allowance (extra tokens past the boundary) is the only thing that lets it through */
+        cr_assert_eq(gate_rows_failing(&g, bad, 1, -1, NULL, &first, why, sizeof why), 0, "%s", why);
+    }
+    cr_assert_geq(caught, 1, "the control must catch the plant on a row where the band does not leave it open");
+    /* the top token dropped (kept by the rule, far from the band): caught even under the incumbent's allowances */
+    memcpy(bad, y, sizeof(float) * B * V);
+    int64_t top = 0;
+    for (int64_t i = 1; i < V; i++)
+        if (x[i] > x[top]) top = i;
+    bad[top] = -INFINITY;
+    cr_assert_eq(gate_rows_failing(&g, bad, 1, -1, NULL, &first, why, sizeof why), 1, "a dropped boundary token passed");
+    gate_ref_free(&g);
+    free(x), free(y), free(bad);
+}
+
 /* ---- the seed's forced-logit case ---- */
 
 /* Runs impl on every forced batch (forced_shapes x forced_values x forced_batches, make_forced_batch)
