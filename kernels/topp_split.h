@@ -240,6 +240,46 @@ KP_TOPP_HD_ONCE void kp_topp_advance(kp_topp_search *s, const uint64_t hist[KP_T
                        j + 1 < KP_TOPP_FANOUT_PROB ? kp_topp_pivot(s, j + 1) : s->hi);
 }
 
+/* split_prob@cuda's pivot schedule (3. above), kept here so that its kernels (kernels/cuda/topp_prob.cuh:
+ * pivot_shift, decide_round, round_counter) and the host test that holds the schedule to the host ladder
+ * (tests/test_kernels_host_topp.c, through tests/fixtures/topp_gpu_schedule.h) run the same code:
+ * pivot_f = lo + f * 2^sh, sh the smallest with F * 2^sh >= W = hi - lo. */
+KP_TOPP_HD int kp_topp_gpu_shift(uint32_t lo, uint32_t hi) {
+    /* 2^sh >= ceil(W / F) = ((W - 1) >> 11) + 1: sh = the bit length of (W - 1) >> 11 */
+#ifdef __CUDA_ARCH__
+    return 32 - __clz((int)((hi - lo - 1) >> 11));
+#else
+    uint32_t c = (hi - lo - 1) >> 11;
+    int sh = 0;
+    while (c) sh++, c >>= 1;
+    return sh;
+#endif
+}
+
+/* Test-only: 1 leaves the pivots at or past hi in a round's decision (the defect an H200 run found), so the schedule
+ * test's positive control plants into this code rather than into a model of it. Production builds never set it. */
+#ifndef KP_TOPP_PLANT_PIVOTS_PAST_HI
+#define KP_TOPP_PLANT_PIVOTS_PAST_HI 0
+#endif
+
+/* The largest pivot index a round may pick: pivots at or past hi are left out (they count nothing, and with P = 0,
+ * top_p under 2^-62, they would all pass). */
+KP_TOPP_HD int kp_topp_gpu_last_pivot(uint32_t lo, uint32_t hi, int sh) {
+    const uint32_t below_hi = (hi - lo - 1) >> sh;
+    if (KP_TOPP_PLANT_PIVOTS_PAST_HI || below_hi >= KP_TOPP_FANOUT_PROB_GPU - 1) return KP_TOPP_FANOUT_PROB_GPU - 1;
+    return (int)below_hi;
+}
+
+/* The bucket #{f : pivot_f < prob_bits} = ((D - 1) >> sh) + 1 of prob bits pb, D = pb - lo, 1 <= D <= W. */
+KP_TOPP_HD int kp_topp_gpu_bucket(uint32_t pb, uint32_t lo, int sh) { return (int)((pb - lo - 1) >> sh) + 1; }
+
+/* A round's new bracket for its pick j (>= 0): pivot j and pivot j + 1 (or hi). */
+KP_TOPP_HD void kp_topp_gpu_bracket(uint32_t lo, uint32_t hi, int sh, int j, uint32_t *new_lo, uint32_t *new_hi) {
+    *new_lo = lo + ((uint32_t)j << sh);
+    *new_hi = hi;
+    if (j + 1 < KP_TOPP_FANOUT_PROB_GPU && lo + ((uint32_t)(j + 1) << sh) < hi) *new_hi = lo + ((uint32_t)(j + 1) << sh);
+}
+
 /* After the last round: a search still LIVE keeps prob > lo (a superset reaching P). */
 KP_TOPP_HD void kp_topp_finish(kp_topp_search *s) {
     if (s->mode == KP_TOPP_LIVE) s->mode = KP_TOPP_ABOVE;

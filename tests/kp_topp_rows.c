@@ -5,6 +5,7 @@
 
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -131,9 +132,110 @@ const char *rule_violation(const float *x, const float *y, int64_t vocab, float 
     if (v.altered) return "an output is neither -inf nor the input's bits";
     if (v.finite && v.kept == 0) return "every token dropped although the row has finite logits";
     if (top_p >= 1.0f && v.kept != v.finite) return "top_p >= 1 dropped a finite token";
-    if (v.mass < (double)top_p - MASS_BAND && v.kept != v.finite) return "kept mass below top_p";
+    if (v.mass < (double)top_p - GATE_BAND && v.kept != v.finite) return "kept mass below top_p";
     if (v.min_kept < v.max_dropped && !(prob_ties && v.prob_tie_inversion))
         return "not monotone: a dropped logit exceeds a kept one";
-    if (minimal && v.mass - v.min_kept_prob >= (double)top_p + MASS_BAND) return "not minimal";
+    if (minimal && v.mass - v.min_kept_prob >= (double)top_p + GATE_BAND) return "not minimal";
     return NULL;
+}
+
+void gate_ref_make(gate_ref *g, const float *x, const float *p, int64_t batch, int64_t vocab, int64_t stride) {
+    memset(g, 0, sizeof *g);
+    kp_error err = {0};
+    cr_assert_eq(kp_topp_reference(x, batch, vocab, stride, p, GATE_BAND, &g->ref, &err), 0, "reference: %s", err.msg);
+    g->x = x, g->p = p, g->batch = batch, g->vocab = vocab, g->stride = stride;
+}
+
+void gate_ref_free(gate_ref *g) { kp_topp_ref_free(&g->ref); }
+
+/* Whether token i of row r is one the rule leaves open: band-ambiguous or in the boundary tie group. */
+static int rule_leaves_open(const gate_ref *g, int64_t r, int64_t i) {
+    const int64_t at = r * g->vocab + i;
+    return g->ref.in_group[at] || fabs(g->ref.mass_before[at] - (double)g->p[r]) <= GATE_BAND;
+}
+
+/* The first reason row r of y fails, or NULL. */
+static const char *row_failure(const gate_ref *g, const kp_topp_judgement *j, int64_t r, const float *y, int incumbent,
+                               const float *y_host, char *why, size_t why_len) {
+    const kp_topp_row_judgement *rj = &j->rows[r];
+    const float *xr = g->x + r * g->stride, *yr = y + r * g->stride;
+    const kp_topp_ref_row *rr = &g->ref.rows[r];
+    if (!incumbent && !rj->rule_ok) {
+        snprintf(why, why_len, "breaks the gate's rule (band %g, %s): %lld strict, %lld tie, %lld band differences; "
+                 "mass %s, minimal %s, monotone %s, no NaN %s, nonempty %s; kept %lld (mass %.9f), the rule keeps %lld "
+                 "(mass %.9f)", GATE_BAND, kp_tie_policy_name(GATE_TIES), (long long)rj->strict_count,
+                 (long long)rj->tie_count, (long long)rj->band_count, rj->mass_ok ? "ok" : "LOW",
+                 rj->minimal_ok ? "ok" : "NO", rj->monotone_ok ? "ok" : "NO", rj->no_nan_ok ? "ok" : "NO",
+                 rj->nonempty_ok ? "ok" : "NO", (long long)rj->kept_count, rj->kept_mass, (long long)rr->kept_count,
+                 rr->kept_mass);
+        return why;
+    }
+    if (incumbent) {
+        row_verdict v = judge_row(xr, yr, g->vocab);
+        const char *flag = rj->altered_count ? "an output is neither -inf nor the input's bits"
+                           : !rj->no_nan_ok  ? "NaN in the output"
+                           : !rj->nonempty_ok ? "every token dropped although the row has finite logits"
+                           : !rj->mass_ok     ? "kept mass below top_p - band"
+                           : !rj->monotone_ok && !v.prob_tie_inversion ? "not monotone: a dropped logit exceeds a kept one "
+                                                                          "of another f32 prob"
+                                              : NULL;
+        if (flag) {
+            snprintf(why, why_len, "%s (kept %lld, mass %.9f; the rule keeps %lld)", flag, (long long)rj->kept_count,
+                     rj->kept_mass, (long long)rr->kept_count);
+            return why;
+        }
+        /* strict differences: extra tokens kept are the ladder's known defect; a token the rule keeps may be dropped
+         * only for a kept one of the same f32 x - max */
+        const float m32 = (float)rr->max_logit;
+        for (int64_t k = j->strict_off[r]; k < j->strict_off[r + 1]; k++) {
+            const int64_t i = j->strict_idx[k];
+            const int kept = bits_of(yr[i]) == bits_of(xr[i]);
+            if (kept || (v.prob_tie_inversion && xr[i] - m32 == v.min_kept - m32)) continue;
+            snprintf(why, why_len, "drops token %lld (logit %.9g), which the rule keeps, outside any tie or band",
+                     (long long)i, (double)xr[i]);
+            return why;
+        }
+    }
+    if (y_host && !incumbent) {
+        const float *hr = y_host + r * g->stride;
+        for (int64_t i = 0; i < g->vocab; i++)
+            if (bits_of(yr[i]) != bits_of(hr[i]) && !rule_leaves_open(g, r, i)) {
+                snprintf(why, why_len, "token %lld (logit %.9g, mass before %.9f, top_p %.9g) is %s here and %s in the "
+                         "host port, and the rule does not leave it open (not within band %g, not in the tie group)",
+                         (long long)i, (double)xr[i], g->ref.mass_before[r * g->vocab + i], (double)g->p[r],
+                         bits_of(yr[i]) == bits_of(xr[i]) ? "kept" : "dropped",
+                         bits_of(hr[i]) == bits_of(xr[i]) ? "kept" : "dropped", GATE_BAND);
+                return why;
+            }
+    }
+    return NULL;
+}
+
+int64_t gate_rows_failing(const gate_ref *g, const float *y, int incumbent, int64_t skip_row, const float *y_host,
+                          int64_t *first_row, char *why, size_t why_len) {
+    kp_topp_judgement j;
+    kp_error err = {0};
+    cr_assert_eq(kp_topp_judge(&g->ref, g->x, y, g->stride, GATE_TIES, GATE_BAND, &j, &err), 0, "judge: %s", err.msg);
+    int64_t failing = 0;
+    *first_row = -1;
+    why[0] = '\0';
+    char row_why[512];
+    for (int64_t r = 0; r < g->batch; r++) {
+        if (r == skip_row) continue;
+        if (!row_failure(g, &j, r, y, incumbent, y_host, row_why, sizeof row_why)) continue;
+        if (!failing++) {
+            *first_row = r;
+            snprintf(why, why_len, "%s", row_why);
+        }
+    }
+    kp_topp_judgement_free(&j);
+    return failing;
+}
+
+int64_t plant_extra_boundary_token(const float *x, float *y, int64_t vocab) {
+    int64_t first = -1;
+    for (int64_t i = 0; i < vocab; i++)
+        if (isfinite(x[i]) && bits_of(y[i]) != bits_of(x[i]) && (first < 0 || x[i] > x[first])) first = i;
+    if (first >= 0) y[first] = x[first];
+    return first;
 }

@@ -216,12 +216,29 @@ typedef struct verdict {
     char why[256]; /* the first failure, "" if none */
 } verdict;
 
-#define LSE_TOL(ref) (1e-6 + 8.01 / 65536 * fabs(ref))
+/* The gates' rule (ci/gates/sparse-mla*.json as harness/tolerance.c applies it): the reference rounded once to the
+ * output's dtype, an element failing only past both bounds; lse and max_logits abs 1e-6, rel 8.01/65536. */
+#define GATE_LSE_ATOL 1e-6
+#define GATE_LSE_RTOL 0.0001222229
+/* |x - f32(ref)| over its allowance max(abs, rel |f32(ref)|): pass <= 1 */
+static double lse_excess(float x, double ref) {
+    const double y = (float)ref;
+    return fabs((double)x - y) / fmax(GATE_LSE_ATOL, GATE_LSE_RTOL * fabs(y));
+}
+/* r rounded to bf16 in one rounding (nearest even; out's values are normal or zero) */
+static double round_bf16(double r) {
+    if (!isfinite(r) || r == 0) return r;
+    int e;
+    const double m = frexp(r, &e);
+    return ldexp(nearbyint(ldexp(m, 8)), e - 8);
+}
 
-/* got (heads of out, lse, max) against ref: empty rows (reference lse +inf) must be out 0, lse +inf, max -inf; every
- * other head's lse and max_logits within LSE_TOL (FlashMLA's decode lse tolerance; max_logits' error is the same
- * dot's); out's cosine difference within 5e-6; no out element past both abs 1e-3 and rel 2.01/128 (FlashMLA's rule);
- * no NaN or inf; not all zero. */
+/* got (heads of out, lse, max) against ref, by the gates' rule: empty rows (reference lse +inf) must be out 0, lse
+ * +inf, max -inf; every other head's lse and max_logits within abs 1e-6 or rel 8.01/65536 of the reference rounded to
+ * f32 (FlashMLA's decode lse tolerance; max_logits' error is the same dot's); out, against the reference rounded to
+ * bf16: cosine difference within 5e-6, no element past both abs 1e-3 and rel 2.01/128 (FlashMLA's rule); no NaN or
+ * inf; not all zero. (1294f26 allowed abs + rel for lse and max_logits, looser than the gates' max of the two, and
+ * compared out with the unrounded reference, which differs from the gates' by up to half a bf16 ulp either way.) */
 static verdict judge(const run_out *o, const double *ro, const double *rl, const double *rm) {
     verdict v;
     memset(&v, 0, sizeof v);
@@ -238,13 +255,13 @@ static verdict judge(const run_out *o, const double *ro, const double *rl, const
                              o->out[h * KP_MLA_D_V + d]);
             continue;
         }
-        const double el = fabs(o->lse[h] - rl[h]) / LSE_TOL(rl[h]), em = fabs(o->max[h] - rm[h]) / LSE_TOL(rm[h]);
+        const double el = lse_excess(o->lse[h], rl[h]), em = lse_excess(o->max[h], rm[h]);
         if (!v.why[0] && (!(el <= 1.0) || !(em <= 1.0)))
             snprintf(v.why, sizeof v.why, "head %lld: lse %.9g against %.9g, max_logits %.9g against %.9g", (long long)h,
                      o->lse[h], rl[h], o->max[h], rm[h]);
         v.worst_lse = fmax(v.worst_lse, el), v.worst_max = fmax(v.worst_max, em);
         for (int d = 0; d < KP_MLA_D_V; d++) {
-            const double x = bf16f(o->out[h * KP_MLA_D_V + d]), r = ro[h * KP_MLA_D_V + d], diff = fabs(x - r);
+            const double x = bf16f(o->out[h * KP_MLA_D_V + d]), r = round_bf16(ro[h * KP_MLA_D_V + d]), diff = fabs(x - r);
             if (!isfinite(x) && !v.why[0])
                 snprintf(v.why, sizeof v.why, "head %lld out[%d] is %g", (long long)h, d, x);
             sxx += x * x, srr += r * r, sxr += x * r, v.elements++, v.nonzero += x != 0;
@@ -343,6 +360,13 @@ Test(gpu_mla, judge_catches_planted_errors) {
     cr_assert_neq(judge(&o, ro, rl, rm).why[0], 0, "a planted lse error passed");
     lse[0] = 1.5f, mx[0] = 0.7f + 2e-4f;
     cr_assert_neq(judge(&o, ro, rl, rm).why[0], 0, "a planted max_logits error passed");
+    /* errors inside 1294f26's abs + rel but past the gates' max(abs, rel): 1.3e-6 at 0.005 (allowed 1e-6, was 1.6e-6) */
+    mx[0] = 0.7f, rl[0] = 0.005, lse[0] = (float)(0.005 + 1.3e-6);
+    cr_assert_neq(judge(&o, ro, rl, rm).why[0], 0, "an lse error past the gates' bound passed");
+    rl[0] = 1.5, lse[0] = 1.5f, rm[0] = 0.005, mx[0] = (float)(0.005 - 1.3e-6);
+    cr_assert_neq(judge(&o, ro, rl, rm).why[0], 0, "a max_logits error past the gates' bound passed");
+    rm[0] = 0.7, mx[0] = 0.7f;
+    cr_assert_eq(judge(&o, ro, rl, rm).why[0], 0, "restored answer judged wrong");
     mx[0] = 0.7f, out[KP_MLA_D_V + 3] = 0x8000; /* -0 in an empty row */
     cr_assert_neq(judge(&o, ro, rl, rm).why[0], 0, "an empty row's nonzero bits passed");
     out[KP_MLA_D_V + 3] = 0, lse[1] = 0.0f;

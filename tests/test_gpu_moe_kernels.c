@@ -24,6 +24,7 @@
 
 #define ATOL 4e-2     /* Marlin NVFP4 MoE's tolerance (families.md §A) */
 #define REL_OF_MAX 0.05 /* and at most 5% of the largest reference value: the outputs are small */
+#define NMSE_MAX 1e-3   /* the gates' NMSE bound (ci/gates/nvfp4-moe*.json "nmse": sum (x - r)^2 / sum r^2) */
 
 static const char *const impl_names[] = {"moe.invariant@cuda", "moe.marlin_like@cuda", "moe.marlin_gemv32@cuda"};
 #define IMPLS 3
@@ -242,9 +243,10 @@ static void reference(const moe_in *in, const batch *b, double *out) {
 }
 
 /* Why got is not within tolerance of want, NULL if it is: no NaN or inf, |got - want| <= ATOL and
- * <= REL_OF_MAX * max |want| everywhere, and not all zero. */
+ * <= REL_OF_MAX * max |want| everywhere, NMSE <= NMSE_MAX (the gates hold every impl to it; 1294f26's judge did not),
+ * and not all zero. */
 static const char *judge(const double *want, const float *got, int64_t count, char *why, size_t why_len) {
-    double top = 0, worst = 0;
+    double top = 0, worst = 0, see = 0, srr = 0;
     int64_t at = 0, nonzero = 0;
     for (int64_t i = 0; i < count; i++) {
         if (!isfinite(got[i])) {
@@ -255,8 +257,15 @@ static const char *judge(const double *want, const float *got, int64_t count, ch
         nonzero += got[i] != 0.0f;
         const double d = fabs((double)got[i] - want[i]);
         if (d > worst) worst = d, at = i;
+        see += d * d, srr += want[i] * want[i];
     }
     if (nonzero == 0) return "every output is zero";
+    const double nmse = srr > 0 ? see / srr : (see > 0 ? INFINITY : 0.0);
+    if (!(nmse <= NMSE_MAX)) {
+        snprintf(why, why_len, "NMSE %.3g over the gates' %g (worst element %lld: |diff| %.3g)", nmse, NMSE_MAX,
+                 (long long)at, worst);
+        return why;
+    }
     if (worst > ATOL || worst > REL_OF_MAX * top) {
         snprintf(why, why_len, "element %lld: %.6g against %.6g (|diff| %.3g; atol %g, %g of max |ref| %.4g)", (long long)at,
                  (double)got[at], want[at], worst, ATOL, REL_OF_MAX, top);
@@ -323,6 +332,9 @@ Test(gpu_moe, judge_catches_a_planted_error) {
     cr_assert_not_null(judge(want, got, 4, why, sizeof why), "a NaN passed");
     float zeros[4] = {0};
     cr_assert_not_null(judge(want, zeros, 4, why, sizeof why), "all zeros passed");
+    /* every element 0.0014 off: inside ATOL and 5% of max |ref| (0.0015), NMSE 5.5e-3 past the gates' 1e-3 */
+    for (int i = 0; i < 4; i++) got[i] = (float)(want[i] + 0.0014);
+    cr_assert_not_null(judge(want, got, 4, why, sizeof why), "an NMSE past the gates' bound passed");
 }
 
 /* Shapes: tails of K and N (hidden 208 = 13 x 16: codes 8-byte aligned only, scales by bytes; inter

@@ -4,6 +4,7 @@
  * between alone and in a batch of 64 (and its splits say why), split_size's never do. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,9 +84,21 @@ static float bf16f(uint16_t h) {
     return f;
 }
 
+/* The gates' element rule for lse and max_logits (ci/gates/sparse-mla*.json: atol 1e-6, rtol 8.01/65536, "both": an
+ * element fails only past both bounds, against the reference rounded to f32, as harness/tolerance.c applies it);
+ * non-finite values must be the same value. */
+#define GATE_LSE_ATOL 1e-6
+#define GATE_LSE_RTOL 0.0001222229
+static bool within_gate(float x, double ref) {
+    const double y = (float)ref, d = fabs((double)x - y), rel = GATE_LSE_RTOL * fabs(y);
+    if (!isfinite(x) || !isfinite(y)) return x == y;
+    return d <= (rel > GATE_LSE_ATOL ? rel : GATE_LSE_ATOL);
+}
+
 /* Both impls against the reference, on a pow2-scaled fp8 cache and a bf16 one (where rounding the scales to bf16 is
- * exact): lse within FlashMLA's decode tolerance (abs 1e-6 + rel 8.01/65536) on every head, out's cosine difference
- * within its 5e-6, and no out element past both abs 1e-3 and rel 2.01/128 (FlashMLA's rule: an element fails when it
+ * exact): lse and max_logits within the gates' bounds (abs 1e-6, rel 8.01/65536, failing past both, against the
+ * reference rounded to f32; 1294f26 computed max_logits' reference and never compared it) on every head, out's cosine
+ * difference within its 5e-6, and no out element past both abs 1e-3 and rel 2.01/128 (FlashMLA's rule: an element fails when it
  * exceeds both). The cases keep every value's sd at or below 1 as FlashMLA's tests do (mla/v2): on mla/v1's x2 tile
  * the bf16 P put 0.1-0.4% of near-zero elements past both bounds. */
 Test(kernels_host_mla, both_within_flashmla_tolerances_of_the_reference) {
@@ -104,6 +117,7 @@ Test(kernels_host_mla, both_within_flashmla_tolerances_of_the_reference) {
         kp_error err = {0};
         cr_assert_eq(kp_mla_reference(&in, &out, &err), 0, "%s", err.msg);
         int64_t empty = 0;
+        int controlled = 0;
         for (size_t i = 0; i < 2; i++) {
             run_out o = run(impls[i], &g, 0, g.mc.batch);
             double sxx = 0, srr = 0, sxr = 0, worst = 0;
@@ -112,11 +126,23 @@ Test(kernels_host_mla, both_within_flashmla_tolerances_of_the_reference) {
                 if (isinf(rl[h])) { /* an empty row: out 0, lse +inf */
                     empty += i == 0;
                     cr_assert(isinf(o.lse[h]) && o.lse[h] > 0, "%s head %lld: lse %g", impls[i]->name, (long long)h, o.lse[h]);
+                    cr_assert(within_gate(o.max[h], rm[h]), "%s head %lld: empty row's max_logits %g, reference %g",
+                              impls[i]->name, (long long)h, o.max[h], rm[h]);
                     for (int v = 0; v < KP_MLA_D_V; v++) cr_assert_eq(bf16f(o.out[h * KP_MLA_D_V + v]), 0.0f);
                     continue;
                 }
-                cr_assert(fabs(o.lse[h] - rl[h]) <= 1e-6 + 8.01 / 65536 * fabs(rl[h]), "%s %s head %lld: lse %.9g, reference %.9g",
-                          impls[i]->name, names[c], (long long)h, o.lse[h], rl[h]);
+                cr_assert(within_gate(o.lse[h], rl[h]), "%s %s head %lld: lse %.9g, reference %.9g", impls[i]->name,
+                          names[c], (long long)h, o.lse[h], rl[h]);
+                cr_assert(within_gate(o.max[h], rm[h]), "%s %s head %lld: max_logits %.9g, reference %.9g",
+                          impls[i]->name, names[c], (long long)h, o.max[h], rm[h]);
+                if (!controlled) { /* positive control: the same check on a max_logits moved just past its bound */
+                    const double bound = fmax(GATE_LSE_ATOL, GATE_LSE_RTOL * fabs((float)rm[h]));
+                    cr_assert(!within_gate((float)((float)rm[h] + 1.5 * bound), rm[h]) &&
+                                  !within_gate((float)((float)rm[h] - 1.5 * bound), rm[h]),
+                              "a max_logits 1.5 bounds off passed");
+                    cr_assert(within_gate((float)rm[h], rm[h]), "the rounded reference itself failed");
+                    controlled = 1;
+                }
                 for (int v = 0; v < KP_MLA_D_V; v++) {
                     const double x = bf16f(o.out[h * KP_MLA_D_V + v]), r = ro[h * KP_MLA_D_V + v], d = fabs(x - r);
                     sxx += x * x, srr += r * r, sxr += x * r, n_el++;

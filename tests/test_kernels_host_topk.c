@@ -4,6 +4,7 @@
  * radix_buffer must show each defect it models, and only where it models it. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,6 +148,12 @@ Test(kernels_host_topk, radix_buffer_takes_ties_in_a_new_arrival_order_each_call
     free(x), free(s), free(e);
 }
 
+/* Whether a row's k outputs agree bit for bit, indices and values both (the values are an output of their own: a
+ * kernel could gather the right index and write a wrong value). */
+static bool same_row_bits(const int32_t *idx_a, const float *val_a, const int32_t *idx_b, const float *val_b, int32_t k) {
+    return !memcmp(idx_a, idx_b, sizeof *idx_a * (size_t)k) && !memcmp(val_a, val_b, sizeof *val_a * (size_t)k);
+}
+
 Test(kernels_host_topk, a_row_gives_the_same_bits_in_any_batch_for_radix_exact) {
     float *x;
     int32_t *s, *e;
@@ -157,7 +164,15 @@ Test(kernels_host_topk, a_row_gives_the_same_bits_in_any_batch_for_radix_exact) 
     run_case(exact, &tc, tc.rows, x, s, e, &all, &vall);
     for (int64_t r = 0; r < tc.rows; r += 13) {
         run_case(exact, &tc, 1, x + r * tc.stride, s + r, e + r, &one, &vone);
-        cr_assert(!memcmp(one, all + r * tc.k, sizeof *one * (size_t)tc.k), "row %lld alone", (long long)r);
+        cr_assert(same_row_bits(one, vone, all + r * tc.k, vall + r * tc.k, tc.k), "row %lld alone", (long long)r);
+        /* positive controls: one value's last bit, or one index, changed in the row alone must be seen */
+        vone[tc.k / 2] = nextafterf(vone[tc.k / 2], INFINITY);
+        cr_assert(!same_row_bits(one, vone, all + r * tc.k, vall + r * tc.k, tc.k), "row %lld: a planted value passed",
+                  (long long)r);
+        vone[tc.k / 2] = vall[r * tc.k + tc.k / 2];
+        one[1] ^= 1;
+        cr_assert(!same_row_bits(one, vone, all + r * tc.k, vall + r * tc.k, tc.k), "row %lld: a planted index passed",
+                  (long long)r);
         free(one), free(vone);
     }
     free(all), free(vall), free(x), free(s), free(e);

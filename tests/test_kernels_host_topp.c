@@ -13,6 +13,7 @@
 #include "../kernels/topp_split.h"
 #include "kp_test_util.h"
 #include "kp_topp_rows.h"
+#include "fixtures/topp_gpu_schedule.h"
 
 static int run_topp(const kp_impl *impl, const float *logits, float *out, const float *top_p, int64_t batch,
                     int64_t vocab, int64_t stride, int32_t sm_count) {
@@ -65,6 +66,59 @@ Test(topp_judge, catches_planted_defects) {
     memcpy(bad, y, V * sizeof *bad); /* alter a kept value */
     bad[top] = nextafterf(bad[top], 0.0f);
     cr_assert_not_null(rule_violation(x, bad, V, p, 0, 1, NULL));
+    free(x), free(y), free(bad);
+}
+
+/* The kernel tests' judge is the gates' own (kp_topp_rows.h's gate_rows_failing: kp_topp_judge, band 1e-6,
+ * minimal_index). On the seed's ordinary shape (4 x 154,856, top_p 0.95) split_prob's host port meets it on every row,
+ * and a split_prob that keeps one extra boundary token (the first token it drops in rule order, un-masked) fails it
+ * on every row it is planted in, unless that token's mass-before lies within the band of top_p (then the gate allows
+ * it too: rows 1 and 3 here, whose boundary tokens carry 1.8e-6 each). 1294f26's judge (mass and minimality within
+ * 1e-5) passed the plant on all four rows. The same plant, through the same code, is the GPU test's positive control. */
+Test(topp_judge, gates_judge_catches_one_extra_boundary_token, .timeout = 120) {
+    enum { V = 154856, B = 4 };
+    float *x = alloc_floats(B * V), *y = alloc_floats(B * V), *bad = alloc_floats(B * V), p[B];
+    for (int64_t r = 0; r < B; r++) {
+        fill_ordinary(x + r * V, V, 58231 + (uint64_t)r);
+        p[r] = 0.95f;
+    }
+    run_topp(impl_named("topp.split_prob@host"), x, y, p, B, V, V, 0);
+    gate_ref g;
+    gate_ref_make(&g, x, p, B, V, V);
+    char why[768];
+    int64_t first;
+    cr_assert_eq(gate_rows_failing(&g, y, 0, -1, y, &first, why, sizeof why), 0, "control: row %lld: %s", (long long)first,
+                 why);
+    int64_t caught = 0;
+    for (int64_t r = 0; r < B; r++) {
+        memcpy(bad, y, sizeof(float) * B * V);
+        const int64_t at = plant_extra_boundary_token(x + r * V, bad + r * V, V);
+        cr_assert_geq(at, 0);
+        /* a token whose mass-before lies within the band of top_p is one the gate's declared band leaves open: keeping
+         * it is no violation at band 1e-6, for the gate or for this judge */
+        const double before = g.ref.mass_before[r * V + at];
+        const int open = fabs(before - (double)p[r]) <= GATE_BAND;
+        fprintf(stderr, "row %lld: planted token %lld (p %.3g, mass before %.9f)%s\n", (long long)r, (long long)at,
+                g.ref.prob[r * V + at], before, open ? ": within the band, allowed" : "");
+        /* against the rule alone, and against the host port's output as the GPU tests compare */
+        cr_assert_eq(gate_rows_failing(&g, bad, 0, -1, NULL, &first, why, sizeof why), !open, "row %lld: one extra token "
+                     "(%lld, p %.3g, mass before %.9f) %s the gates' judge", (long long)r, (long long)at,
+                     g.ref.prob[r * V + at], before, open ? "failed" : "passed");
+        cr_assert_eq(gate_rows_failing(&g, bad, 0, -1, y, &first, why, sizeof why), !open);
+        if (!open) cr_assert_eq(first, r);
+        caught += !open;
+        /* the incumbent's allowance (extra tokens past the boundary) is the only thing that lets it through */
+        cr_assert_eq(gate_rows_failing(&g, bad, 1, -1, NULL, &first, why, sizeof why), 0, "%s", why);
+    }
+    cr_assert_geq(caught, 1, "the control must catch the plant on a row where the band does not leave it open");
+    /* the top token dropped (kept by the rule, far from the band): caught even under the incumbent's allowances */
+    memcpy(bad, y, sizeof(float) * B * V);
+    int64_t top = 0;
+    for (int64_t i = 1; i < V; i++)
+        if (x[i] > x[top]) top = i;
+    bad[top] = -INFINITY;
+    cr_assert_eq(gate_rows_failing(&g, bad, 1, -1, NULL, &first, why, sizeof why), 1, "a dropped boundary token passed");
+    gate_ref_free(&g);
     free(x), free(y), free(bad);
 }
 
@@ -428,49 +482,14 @@ Test(topp_host, repeat_calls_and_thread_counts_agree, .timeout = 120) {
     free(x), free(first), free(y);
 }
 
-/* ---- the CUDA kernels' pivot schedule, modelled on the host ----
- * split_prob@cuda (kernels/cuda/topp_prob.cuh) takes 2048 pivots a round spaced by 2^sh (pivot_shift,
- * round_counter::add, decide_round) and 3 rounds; the host port takes 64 evenly spread pivots and
- * 5 rounds. The level is the one f32 prob q with mass(> q) < P <= mass(>= q), so from the same start
- * both must end in the same state. The model below mirrors the kernels' integer steps; the test
- * holds it to the host ladder on many multisets of probs, and plants the defect the H200 run found
- * (pivots past hi left in the decision) to show it would be caught. */
-static int gpu_model_shift(uint32_t lo, uint32_t hi) {
-    uint32_t c = (hi - lo - 1) >> 11; /* 2^sh >= ceil(W / 2048) */
-    int sh = 0;
-    while (c) sh++, c >>= 1;
-    return sh;
-}
-
-static void gpu_model_search(kp_topp_search *s, const float *prob, int64_t n, int leave_out_past_hi) {
-    enum { F = KP_TOPP_FANOUT_PROB_GPU };
-    static uint64_t hist[F + 1];
-    for (int round = 0; round < KP_TOPP_ROUNDS_PROB_GPU && s->mode == KP_TOPP_LIVE; round++) {
-        const int sh = gpu_model_shift(s->lo, s->hi);
-        memset(hist, 0, sizeof hist);
-        for (int64_t i = 0; i < n; i++) {
-            uint32_t pb = kp_topp_bits(prob[i]);
-            if (pb <= s->lo || pb > s->hi) continue;
-            hist[((pb - s->lo - 1) >> sh) + 1] += kp_topp_fix(prob[i]);
-        }
-        int last = F - 1;
-        if (leave_out_past_hi && (int)((s->hi - s->lo - 1) >> sh) < last) last = (int)((s->hi - s->lo - 1) >> sh);
-        uint64_t run = s->hi_mass, mass_j = 0, mass_next = 0;
-        int j = -1;
-        for (int f = F - 1; f >= 0; f--) {
-            uint64_t before = run;
-            run += hist[f + 1];
-            if (f <= last && run >= s->target) {
-                j = f, mass_j = run, mass_next = before;
-                break;
-            }
-        }
-        uint32_t new_lo = j >= 0 ? s->lo + ((uint32_t)j << sh) : 0, new_hi = s->hi;
-        if (j >= 0 && j + 1 < F && s->lo + ((uint32_t)(j + 1) << sh) < new_hi) new_hi = s->lo + ((uint32_t)(j + 1) << sh);
-        kp_topp_advance_to(s, j, mass_j, mass_next, new_lo, new_hi);
-    }
-    kp_topp_finish(s);
-}
+/* ---- the CUDA kernels' pivot schedule, run on the host ----
+ * split_prob@cuda (kernels/cuda/topp_prob.cuh) takes 2048 pivots a round spaced by 2^sh and 3 rounds; the host port
+ * takes 64 evenly spread pivots and 5 rounds. The level is the one f32 prob q with mass(> q) < P <= mass(>= q), so
+ * from the same start both must end in the same state. The GPU schedule runs here through kernels/topp_split.h's
+ * kp_topp_gpu_* steps, the code the kernels run (tests/fixtures/topp_gpu_schedule.h); the positive control is the
+ * same code built with the test-only plant KP_TOPP_PLANT_PIVOTS_PAST_HI (the defect the H200 run found: pivots past
+ * hi left in the decision; tests/fixtures/topp_schedule_planted.c), which must change a row. */
+void kpt_planted_gpu_schedule_search(kp_topp_search *s, const float *prob, int64_t n);
 
 static void host_ladder_search(kp_topp_search *s, const float *prob, int64_t n) {
     for (int round = 0; round < KP_TOPP_ROUNDS_PROB && s->mode == KP_TOPP_LIVE; round++) {
@@ -528,8 +547,8 @@ Test(topp_search, gpu_pivot_schedule_ends_where_the_host_ladder_does, .timeout =
                 const int64_t n = row_probs(x, V, ps[k], prob, &host);
                 gpu = planted = host;
                 host_ladder_search(&host, prob, n);
-                gpu_model_search(&gpu, prob, n, 1);
-                gpu_model_search(&planted, prob, n, 0);
+                kpt_gpu_schedule_search(&gpu, prob, n);
+                kpt_planted_gpu_schedule_search(&planted, prob, n);
                 cr_assert(same_state(&gpu, &host),
                           "vocab %lld profile %d top_p %g: GPU schedule mode %d level %08x numdup %lld numkeep %lld, "
                           "host ladder mode %d level %08x numdup %lld numkeep %lld", (long long)V, profile,

@@ -167,8 +167,7 @@ __device__ __forceinline__ void bucket_add(unsigned *lo_word, unsigned *hi_word,
 /* The GPU's pivots (topp_split.h, 3.): pivot_f = lo + f * 2^sh, sh the smallest with F * 2^sh >= hi - lo. */
 __device__ __forceinline__ int pivot_shift(uint32_t lo, uint32_t hi) {
     static_assert(PROB_F == 1 << 11, "the shift assumes F = 2^11");
-    /* 2^sh >= ceil(W / F) = ((W - 1) >> 11) + 1: sh = the bit length of (W - 1) >> 11 */
-    return 32 - __clz((int)((hi - lo - 1) >> 11));
+    return kp_topp_gpu_shift(lo, hi);
 }
 
 /* A round's outcome from the row's bucket masses (load(k), k = 1 .. F), by a block of THREADS, in
@@ -205,7 +204,7 @@ __device__ __forceinline__ void decide_round(Load load, kp_topp_search *s, bool 
     const unsigned long long target = s->target;
     /* pivots at or past hi (f > last) are left out: they count nothing, and with P = 0 (top_p under
      * 2^-62) they would all pass */
-    const int sh = pivot_shift(s->lo, s->hi), last = min((int)((s->hi - s->lo - 1) >> sh), PROB_F - 1);
+    const int sh = pivot_shift(s->lo, s->hi), last = kp_topp_gpu_last_pivot(s->lo, s->hi, sh);
     int ok = 0;
     unsigned long long run = s->hi_mass + above; /* mass(B t + B) (the last thread: mass(F) = mass(hi)) */
 #pragma unroll
@@ -225,9 +224,8 @@ __device__ __forceinline__ void decide_round(Load load, kp_topp_search *s, bool 
     __syncthreads();
     if (t == 0) {
         const int j = count_ok - 1;
-        const uint32_t new_lo = j >= 0 ? s->lo + ((uint32_t)j << sh) : 0;
-        uint32_t new_hi = s->hi;
-        if (j >= 0 && j + 1 < PROB_F && s->lo + ((uint32_t)(j + 1) << sh) < new_hi) new_hi = s->lo + ((uint32_t)(j + 1) << sh);
+        uint32_t new_lo = 0, new_hi = s->hi;
+        if (j >= 0) kp_topp_gpu_bracket(s->lo, s->hi, sh, j, &new_lo, &new_hi);
         kp_topp_advance_to(s, j, j >= 0 ? mass_j : 0, j >= 0 ? mass_next : 0, new_lo, new_hi);
         if (final_round) kp_topp_finish(s);
     }
@@ -279,7 +277,7 @@ struct round_counter {
     __device__ __forceinline__ bool add_prob(float prob) {
         const uint32_t pb = kp_topp_bits(prob);
         if (pb <= lo || pb > hi) return false;
-        const int k = (int)((pb - lo - 1) >> shift) + 1;
+        const int k = kp_topp_gpu_bucket(pb, lo, shift);
         if (k != pend_k) {
             if (pend_k) bucket_add(&lo_words[pend_k], &hi_words[pend_k], pend);
             pend_k = k;
