@@ -24,3 +24,9 @@ int kp_case_normalize(kp_case *c, kp_error *err) {
     kp_case_family_names(known, sizeof known);
     return kp_fail(err, KP_EXIT_USAGE, "case family '%s' is unknown (known: %s)", c->family, known);
 }
+
+int kp_case_fill_defaults(kp_case *c, kp_error *err) {
+    const kp_case_family *f = kp_case_family_find(c->family);
+    if (!f) return kp_fail(err, KP_EXIT_USAGE, "case family '%s' is unknown", c->family);
+    return f->fill_defaults ? f->fill_defaults(c, err) : 0;
+}

@@ -48,6 +48,9 @@ typedef struct kp_case_family {
     const char *fields_help;       /* one line for `kparity list`: the fields and profiles */
     /* Check a case against the family's rules, apply defaults and rewrite every value canonically. */
     int (*normalize)(kp_case *c, kp_error *err);
+    /* (optional) Every field of a normalized case set, the defaults its name omits filled in canonical form: what an
+     * outside program is told of the case (harness/exec.c). */
+    int (*fill_defaults)(kp_case *c, kp_error *err);
 } kp_case_family;
 
 /* The case-family table (cases/case_families.c): the family of a name (or NULL), every family's name for
@@ -64,5 +67,7 @@ static inline int kp_case_family_register(const kp_case_family *f, kp_error *err
  * canonical form, so two spellings of one case get one name. Unknown family or key, a missing
  * or mistyped field: exit class 2 naming the field. */
 int kp_case_normalize(kp_case *c, kp_error *err);
+/* A normalized case with every field set, defaults filled (the family's fill_defaults; as it is without one). */
+int kp_case_fill_defaults(kp_case *c, kp_error *err);
 
 #endif

@@ -130,6 +130,24 @@ static int normalize(kp_case *c, kp_error *err) {
     return 0;
 }
 
+/* Every field, defaults included. */
+static int fill_defaults(kp_case *c, kp_error *err) {
+    kp_mla_case mc;
+    int rc = kp_mla_case_read(c, &mc, err);
+    char text[64];
+    if (!rc) rc = set_int(c, "s_q", mc.s_q, -1, err);
+    if (!rc) rc = set_int(c, "h_q", mc.h_q, -1, err);
+    if (!rc) rc = set_int(c, "topk", mc.topk, -1, err);
+    if (!rc) rc = set_int(c, "s_kv", mc.s_kv, -1, err);
+    if (!rc) rc = set_int(c, "page", mc.page, -1, err);
+    if (!rc) rc = kp_case_set(c, "cache", cache_names[mc.cache], err);
+    if (!rc && mc.cache == KP_MLA_FP8_DS_MLA) rc = kp_case_set(c, "scale", scale_names[mc.scale], err);
+    if (!rc) rc = kp_case_set(c, "topk_length", switch_names[mc.topk_length], err);
+    if (!rc) rc = kp_case_set(c, "sink", sink_names[mc.sink], err);
+    if (!rc) kp_format_number(mc.sm_scale, text, sizeof text), rc = kp_case_set(c, "sm_scale", text, err);
+    return rc;
+}
+
 const kp_case_family kp_mla_case_family = {
     .name = "mla",
     .generator_version = KP_MLA_GENERATOR_VERSION,
@@ -137,6 +155,7 @@ const kp_case_family kp_mla_case_family = {
                    "holes invalid dup short mixed; cache: fp8_ds_mla bf16; scale: raw pow2; topk_length: off on; sink: "
                    "off on inf",
     .normalize = normalize,
+    .fill_defaults = fill_defaults,
 };
 
 void kp_mla_case_sizes(const kp_mla_case *mc, int64_t n, kp_mla_sizes *out) {

@@ -89,12 +89,24 @@ static int normalize(kp_case *c, kp_error *err) {
     return rc;
 }
 
+/* Every field, defaults included (hidden and inter from the model's preset). */
+static int fill_defaults(kp_case *c, kp_error *err) {
+    kp_moe_case mc;
+    int rc = kp_moe_case_read(c, &mc, err);
+    char text[32];
+    if (!rc) snprintf(text, sizeof text, "%lld", (long long)mc.hidden), rc = kp_case_set(c, "hidden", text, err);
+    if (!rc) snprintf(text, sizeof text, "%lld", (long long)mc.inter), rc = kp_case_set(c, "inter", text, err);
+    if (!rc) rc = kp_case_set(c, "scale_dir", mc.scale_dir == KP_NVFP4_MULTIPLY ? "multiply" : "divide", err);
+    return rc;
+}
+
 const kp_case_family kp_moe_case_family = {
     .name = "moe",
     .generator_version = KP_MOE_GENERATOR_VERSION,
     .fields_help = "model m seed profile [hidden inter scale_dir]; models: glm53 qwen3 nemotron glm47; profiles: uniform "
                    "hot straddle single; scale_dir: divide multiply",
     .normalize = normalize,
+    .fill_defaults = fill_defaults,
 };
 
 int64_t kp_moe_w13_rows(const kp_moe_case *mc) { return mc->gated ? 2 * mc->inter : mc->inter; }

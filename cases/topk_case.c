@@ -98,12 +98,28 @@ static int normalize(kp_case *c, kp_error *err) {
     return 0;
 }
 
+/* Every field, defaults included. */
+static int fill_defaults(kp_case *c, kp_error *err) {
+    kp_topk_case tc;
+    int rc = kp_topk_case_read(c, &tc, err);
+    if (!rc) rc = set_int(c, "stride", tc.stride, err);
+    if (!rc) rc = kp_case_set(c, "window", window_names[tc.window], err);
+    if (!rc) rc = kp_case_set(c, "base", tc.index_base ? "window" : "row", err);
+    if (!rc) rc = kp_case_set(c, "fill", tc.fill == -1 ? "-1" : "int32_max", err);
+    if (!rc && tc.window == KP_TOPK_DECODE) {
+        rc = set_int(c, "next_n", tc.next_n, err);
+        if (!rc) rc = set_int(c, "ctx", tc.ctx, err);
+    }
+    return rc;
+}
+
 const kp_case_family kp_topk_case_family = {
     .name = "topk",
     .generator_version = KP_TOPK_GENERATOR_VERSION,
     .fields_help = "rows width k seed profile [stride window next_n ctx base fill]; profiles: randn narrow relu "
                    "bf16 same bits nan; window: full prefill decode; base: row window; fill: -1 int32_max",
     .normalize = normalize,
+    .fill_defaults = fill_defaults,
 };
 
 /* ---- generation ---------------------------------------------------------------------------- */

@@ -161,12 +161,25 @@ static int normalize(kp_case *c, kp_error *err) {
     return 0;
 }
 
+/* Every field, defaults included (a profile's own fields only for that profile). */
+static int fill_defaults(kp_case *c, kp_error *err) {
+    kp_topp_case tc;
+    int rc = kp_topp_case_read(c, &tc, err);
+    if (!rc) rc = set_int(c, "stride", tc.stride, err);
+    if (!rc && tc.profile == KP_TOPP_TIES) rc = set_int(c, "tie_count", tc.tie_count, err);
+    if (!rc && tc.profile == KP_TOPP_NEGINF) rc = set_num(c, "neginf_frac", tc.neginf_frac, err);
+    if (!rc && tc.profile == KP_TOPP_NAN) rc = set_int(c, "nan_count", tc.nan_count, err);
+    if (!rc && tc.profile == KP_TOPP_FLAT) rc = set_num(c, "spread", tc.spread, err);
+    return rc;
+}
+
 const kp_case_family kp_topp_case_family = {
     .name = "topp",
     .generator_version = KP_TOPP_GENERATOR_VERSION,
     .fields_help = "batch vocab seed top_p profile [stride]; profiles: ordinary forced ties flat neginf nan; "
                    "top_p: number in (0,1] or mixed",
     .normalize = normalize,
+    .fill_defaults = fill_defaults,
 };
 
 float kp_topp_case_row_top_p(const kp_topp_case *tc, int64_t row) {

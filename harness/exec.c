@@ -537,14 +537,17 @@ static size_t put_array(exec_impl *x, const kp_tensor *t, const void *data, int6
     return hb + db;
 }
 
-/* The case's fields for the program: every field the case gives. */
+/* The case for the program: its canonical name and every field, defaults filled (as strings, in canonical form). */
 static cJSON *case_json(const kp_case *c) {
     cJSON *o = cJSON_CreateObject();
     char name[KP_CASE_NAME_MAX];
     if (kp_case_format(c, name, sizeof name) > 0) cJSON_AddStringToObject(o, "name", name);
     cJSON_AddStringToObject(o, "family", c->family);
+    kp_case all = *c;
+    kp_error ignored = {0};
+    if (kp_case_fill_defaults(&all, &ignored)) all = *c; /* a prepared case was read once already: not expected */
     cJSON *f = cJSON_AddObjectToObject(o, "fields");
-    for (int i = 0; i < c->nparams; i++) cJSON_AddStringToObject(f, c->params[i].key, c->params[i].value);
+    for (int i = 0; i < all.nparams; i++) cJSON_AddStringToObject(f, all.params[i].key, all.params[i].value);
     return o;
 }
 

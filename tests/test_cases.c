@@ -221,3 +221,40 @@ Test(cases, cached_rows_match_fresh_ones) {
     for (int i = 0; i < 2 * 5000; i++) cr_assert(x[i] == y[i] || i % 5000 == 7, "element %d", i);
     free(x), free(y);
 }
+
+/* Every field filled (what an outside program is told of a case): the defaults a name omits are there, and the
+ * filled case normalizes back to the same name, so filling changes nothing but the spelling. */
+static void filled(const char *name, const char *const *want) {
+    kp_case c;
+    kp_error err = {0};
+    cr_assert_eq(kp_case_parse(name, &c, &err), 0, "%s", err.msg);
+    cr_assert_eq(kp_case_normalize(&c, &err), 0, "%s", err.msg);
+    kp_case all = c;
+    cr_assert_eq(kp_case_fill_defaults(&all, &err), 0, "%s: %s", name, err.msg);
+    for (int i = 0; want[i]; i += 2) {
+        const char *v = kp_case_get(&all, want[i]);
+        cr_assert(v, "%s: field %s not filled", name, want[i]);
+        cr_assert_str_eq(v, want[i + 1], "%s: field %s", name, want[i]);
+    }
+    cr_assert_eq(kp_case_normalize(&all, &err), 0, "%s", err.msg);
+    char a[KP_CASE_NAME_MAX], b[KP_CASE_NAME_MAX];
+    cr_assert_gt(kp_case_format(&c, a, sizeof a), 0);
+    cr_assert_gt(kp_case_format(&all, b, sizeof b), 0);
+    cr_assert_str_eq(a, b, "filled then normalized is the same case");
+}
+
+Test(cases, every_field_is_filled_with_its_default) {
+    filled("mla(batch=2,profile=uniform,seed=1)",
+           (const char *const[]){"s_q", "1", "h_q", "128", "topk", "2048", "s_kv", "4096", "page", "64", "cache", "fp8_ds_mla",
+                                 "scale", "raw", "topk_length", "off", "sink", "off", "sm_scale", "0.135234", NULL});
+    filled("mla(batch=2,cache=bf16,profile=uniform,seed=1)", (const char *const[]){"cache", "bf16", NULL});
+    filled("moe(m=4,model=qwen3,profile=uniform,seed=1)",
+           (const char *const[]){"hidden", "2048", "inter", "768", "scale_dir", "divide", NULL});
+    filled("moe(hidden=256,m=4,model=nemotron,profile=uniform,seed=1)", (const char *const[]){"hidden", "256", "inter", "1856", NULL});
+    filled("topk(k=512,profile=randn,rows=2,seed=1,width=1000)",
+           (const char *const[]){"stride", "1000", "window", "full", "base", "row", "fill", "-1", NULL});
+    filled("topk(ctx=1500,k=2048,next_n=4,profile=nan,rows=8,seed=4,width=20000,window=decode)",
+           (const char *const[]){"next_n", "4", "ctx", "1500", "window", "decode", NULL});
+    filled("topp(batch=2,profile=ties,seed=1,top_p=0.5,vocab=32000)", (const char *const[]){"stride", "32000", "tie_count", "1000", NULL});
+    filled("topp(batch=2,profile=flat,seed=1,top_p=0.5,vocab=1000)", (const char *const[]){"spread", "1e-6", NULL});
+}

@@ -85,9 +85,15 @@ static void verifies_with_replay(const char *bundle) {
     free(o), free(e);
 }
 
+/* A case whose conventions are all in its defaults-filled fields: windows that start past 0, indices counted from the
+ * window, INT32_MAX fill for short windows. */
+#define CASE_WINDOW "topk(base=window,fill=int32_max,k=512,profile=bits,rows=8,seed=3,width=20000,window=prefill)"
+
 Test(exec, a_clean_numpy_twin_passes_every_check_with_every_probe_sent) {
     char *bundle;
-    cr_assert_eq(gate(config("clean", one_case(), NULL), "clean", &bundle, NULL), 0);
+    cr_assert_eq(gate(config("clean", "{\"case\":\"" CASE2 "\",\"checks\":\"s\"},{\"case\":\"" CASE_WINDOW "\",\"checks\":\"s\"}", NULL),
+                      "clean", &bundle, NULL),
+                 0);
     cJSON *rec = kpt_receipt(bundle, 1);
     cr_assert_str_eq(at(rec, "checks.0.impl")->valuestring, "topk.numpy_topk@exec");
     for (int c = 0; c < 3; c++) cr_assert_str_eq(result_of(rec, c), "PASSED", "%s", summary_of(rec, c));
@@ -105,6 +111,9 @@ Test(exec, a_clean_numpy_twin_passes_every_check_with_every_probe_sent) {
     for (const cJSON *f = at(x, "files")->child; f; f = f->next)
         found |= !strcmp(at(f, "path")->valuestring, script()) && !strcmp(at(f, "sha256")->valuestring, want);
     cr_assert(found, "the script and its SHA-256 are in the receipt");
+    cJSON_Delete(rec);
+    rec = kpt_receipt(bundle, 2); /* the window conventions came to the program as fields */
+    for (int c = 0; c < 3; c++) cr_assert_str_eq(result_of(rec, c), "PASSED", "%s: %s", CASE_WINDOW, summary_of(rec, c));
     cJSON_Delete(rec);
     verifies_with_replay(bundle);
 }
