@@ -51,8 +51,6 @@ typedef struct exec_impl {
     size_t line_len;
     cJSON *versions; /* from the handshake */
     long requests, starts;
-    int timing;
-    double last_device_us;
 } exec_impl;
 
 static exec_impl g_exec[MAX_EXEC];
@@ -237,25 +235,28 @@ int kp_exec_register(const kp_exec_decl *decl, const char *where, const kp_impl 
     return 0;
 }
 
-int kp_exec_register_arg(const char *arg, const char *family, char *role, size_t role_len, const kp_impl **out,
-                         kp_error *err) {
-    const char *eq = strchr(arg, '=');
-    if (!eq || eq == arg || !eq[1] || (size_t)(eq - arg) >= role_len)
-        return kp_fail(err, KP_EXIT_USAGE, "--exec '%s': expected ROLE=COMMAND [ARGS...]", arg);
-    snprintf(role, role_len, "%.*s", (int)(eq - arg), arg);
-    kp_exec_decl decl = {0};
-    snprintf(decl.family, sizeof decl.family, "%s", family);
-    snprintf(decl.program_impl, sizeof decl.program_impl, "%s", role);
+int kp_exec_arg(const char *arg, const char *family, kp_exec_decl *decl, kp_error *err) {
+    memset(decl, 0, sizeof *decl);
+    const char *eq = strchr(arg, '='), *colon = strchr(arg, ':');
+    if (colon && eq && colon > eq) colon = NULL;
+    const char *name = colon ? colon + 1 : arg;
+    if (!eq || eq == name || !eq[1] || (size_t)(eq - name) >= sizeof decl->program_impl)
+        return kp_fail(err, KP_EXIT_USAGE, "--exec '%s': expected [FAMILY:]IMPL=COMMAND [ARGS...]", arg);
+    if (colon) snprintf(decl->family, sizeof decl->family, "%.*s", (int)(colon - arg < 15 ? colon - arg : 15), arg);
+    else if (family) snprintf(decl->family, sizeof decl->family, "%s", family);
+    else return kp_fail(err, KP_EXIT_USAGE, "--exec '%s': name the family the program serves (FAMILY:IMPL=COMMAND)", arg);
+    if (!kp_family_find(decl->family)) return kp_fail(err, KP_EXIT_USAGE, "--exec '%s': '%s' is no family", arg, decl->family);
+    snprintf(decl->program_impl, sizeof decl->program_impl, "%.*s", (int)(eq - name), name);
     char *copy = strdup(eq + 1), *save = NULL;
     int n = 0;
-    decl.argv = calloc(strlen(eq + 1) / 2 + 2, sizeof *decl.argv);
-    for (char *t = copy && decl.argv ? strtok_r(copy, " ", &save) : NULL; t; t = strtok_r(NULL, " ", &save)) decl.argv[n++] = strdup(t);
+    decl->argv = calloc(strlen(eq + 1) / 2 + 2, sizeof *decl->argv);
+    for (char *t = copy && decl->argv ? strtok_r(copy, " ", &save) : NULL; t; t = strtok_r(NULL, " ", &save)) decl->argv[n++] = strdup(t);
     free(copy);
-    char where[80];
-    snprintf(where, sizeof where, "--exec %s", role);
-    int rc = n ? kp_exec_register(&decl, where, out, err) : kp_fail(err, KP_EXIT_USAGE, "--exec '%s': no command", arg);
-    kp_exec_decl_free(&decl);
-    return rc;
+    if (!n) {
+        kp_exec_decl_free(decl);
+        return kp_fail(err, KP_EXIT_USAGE, "--exec '%s': no command", arg);
+    }
+    return 0;
 }
 
 static exec_impl *find(const kp_impl *impl) {
@@ -265,16 +266,6 @@ static exec_impl *find(const kp_impl *impl) {
 }
 
 int kp_impl_is_exec(const kp_impl *impl) { return find(impl) != NULL; }
-
-double kp_exec_last_device_us(const kp_impl *impl) {
-    const exec_impl *x = find(impl);
-    return x ? x->last_device_us : -1;
-}
-
-void kp_exec_set_timing(const kp_impl *impl, int on) {
-    exec_impl *x = find(impl);
-    if (x) x->timing = on;
-}
 
 void kp_exec_describe(const kp_impl *impl, cJSON *entry) {
     const exec_impl *x = find(impl);
@@ -576,7 +567,7 @@ static int serve(const void *args, char *message, size_t len, int slot) {
     cJSON *rows = cJSON_AddArrayToObject(req, "rows");
     for (int64_t i = 0; i < v->nrows; i++) cJSON_AddItemToArray(rows, cJSON_CreateNumber((double)v->rows[i]));
     kp_json_add_int(req, "nrows", v->nrows);
-    cJSON_AddBoolToObject(req, "time", x->timing);
+    cJSON_AddBoolToObject(req, "time", kp_launch_timing_wanted());
     cJSON *ins = cJSON_AddArrayToObject(req, "inputs"), *outs = cJSON_AddArrayToObject(req, "outputs");
     const int reuse = x->shared_generation == v->generation && x->map;
     size_t at = 0;
@@ -658,7 +649,7 @@ static int serve(const void *args, char *message, size_t len, int slot) {
         return program_failed(x, message, len, "a reply to request %g, not %ld", cJSON_IsNumber(id) ? id->valuedouble : -1.0, x->requests);
     }
     const cJSON *dev = cJSON_GetObjectItemCaseSensitive(reply, "device_us");
-    x->last_device_us = cJSON_IsNumber(dev) ? dev->valuedouble : -1;
+    if (cJSON_IsNumber(dev) && dev->valuedouble >= 0) kp_launch_report_time(dev->valuedouble);
     if (!strcmp(status->valuestring, "not_supported")) {
         snprintf(message, len, "%s: %s", x->program_impl, cJSON_IsString(msg) ? msg->valuestring : "(no message)");
         cJSON_Delete(reply);

@@ -48,10 +48,9 @@ typedef struct kp_exec_decl {
  * refused (exit 2 naming it) before anything runs. The program itself starts at the first launch, in the process that
  * launches. `where` names the config field in errors. */
 int kp_exec_register(const kp_exec_decl *decl, const char *where, const kp_impl **out, kp_error *err);
-/* The same from the command line: "ROLE=COMMAND ARGS..." split at spaces, the program serving ROLE's name, e.g.
- * --exec torch=python3 examples/peers/torch_topk.py, for the family given. */
-int kp_exec_register_arg(const char *arg, const char *family, char *role, size_t role_len, const kp_impl **out,
-                         kp_error *err);
+/* The command line's form, "[FAMILY:]IMPL=COMMAND ARGS..." (split at spaces; family defaults to `family` when not
+ * NULL), e.g. --exec topk:torch.topk="python3 examples/peers/torch_topk.py": into decl (kp_exec_decl_free). */
+int kp_exec_arg(const char *arg, const char *family, kp_exec_decl *decl, kp_error *err);
 /* Parse impls.ROLE's object form into decl (argv malloc'd: kp_exec_decl_free). */
 int kp_exec_parse(const cJSON *obj, const char *role, const char *where, kp_exec_decl *decl, kp_error *err);
 void kp_exec_decl_free(kp_exec_decl *decl);
@@ -60,10 +59,6 @@ void kp_exec_decl_free(kp_exec_decl *decl);
  * the versions it reported, requests and restarts so far) into an impl entry; nothing for other impls. */
 int kp_impl_is_exec(const kp_impl *impl);
 void kp_exec_describe(const kp_impl *impl, cJSON *entry);
-/* The program's own timing of the last request (device_us), or -1 when it gave none. */
-double kp_exec_last_device_us(const kp_impl *impl);
-/* Ask the next requests of impl to be timed by the program (bench). */
-void kp_exec_set_timing(const kp_impl *impl, int on);
 /* End every running program (at the end of a run; each is started again on its next launch). */
 void kp_exec_stop_all(void);
 

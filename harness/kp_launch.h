@@ -60,6 +60,10 @@ typedef struct kp_launch_view {
     void *const *out;
 } kp_launch_view;
 const kp_launch_view *kp_launch_current(void);
+/* An impl that times itself (an outside program: CUDA events around its own call) says so from its run(); the bench
+ * loop asks for it (kp_launch_timing_wanted) and reports those figures beside its own wall clock. */
+int kp_launch_timing_wanted(void);
+void kp_launch_report_time(double us);
 /* Time impl on the whole case: inputs uploaded once, 3 warm-ups, `reps` timed runs (CUDA events with L2
  * flushed before each on a GPU, wall clock on the host); timing gets median/min/p10/p90/max us and, where
  * the family says, bytes and GB/s, FLOPs and TFLOP/s. The last run's output is checked like any other. */

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "kp_bench.h"
+#include "kp_exec.h"
 #include "kp_checks.h"
 #include "kp_device.h"
 #include "kp_harness.h"
@@ -37,7 +38,8 @@ static const struct {
              "                                             (an in-toto statement of every file's SHA-256 and the verdict,\n"
              "                                             Ed25519 in a DSSE envelope; openssl genpkey -algorithm ed25519)"},
     {"export", "kparity export CASE --out DIR [--impl NAME]...  inputs, reference and outputs as .npy"},
-    {"bench", "kparity bench [--impl NAME]... [--case CASE]... [--reps N]   time impls (CUDA events on a GPU)"},
+    {"bench", "kparity bench [--impl NAME]... [--exec FAMILY:IMPL=CMD]... [--case CASE]... [--reps N]\n"
+              "                                             time impls (CUDA events on a GPU) and outside programs"},
     {"merge", "kparity merge B1 B2 ... --out B                shards of one config into one bundle (one verdict, re-chained)"},
     {"judge", "kparity judge CASE --impl NAME=FILE.npy[,...] [--impl NAME@N=...] --config FILE --out B\n"
               "                                             judge outputs made elsewhere by the config's checks for CASE"},
@@ -327,8 +329,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "judge") && !(argc == 3 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"))))
         return kp_cmd_judge(argc - 2, argv + 2); /* NAME=FILE arguments */
     const char *config = NULL, *out = NULL, *filter = NULL, *positional = NULL, *key = NULL, *pubkey = NULL;
-    const char *impls[32], *cases[32], *plugins[32];
-    int nimpl = 0, ncase = 0, nplugin = 0, quiet = 0, json = 0, replay = 0, reps = 0, help = 0;
+    const char *impls[32], *cases[32], *plugins[32], *execs[16];
+    int nimpl = 0, ncase = 0, nplugin = 0, nexec = 0, quiet = 0, json = 0, replay = 0, reps = 0, help = 0;
     const char *shard = NULL;
     double timeout = 0;
     char **command = NULL;
@@ -346,6 +348,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--pubkey") && more) pubkey = argv[++i];
         else if (!strcmp(a, "--impl") && more && nimpl < 32) impls[nimpl++] = argv[++i];
         else if (!strcmp(a, "--case") && more && ncase < 32) cases[ncase++] = argv[++i];
+        else if (!strcmp(a, "--exec") && more && nexec < 16) execs[nexec++] = argv[++i];
         else if (!strcmp(a, "--reps") && more) reps = atoi(argv[++i]);
         else if (!strcmp(a, "--shard") && more) shard = argv[++i];
         else if (!strcmp(a, "--timeout") && more) {
@@ -394,9 +397,18 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(cmd, "export")) return cmd_export(positional, out, impls, nimpl);
     if (!strcmp(cmd, "bench")) {
+        for (int i = 0; i < nexec; i++) { /* outside programs, benched beside the impls */
+            kp_exec_decl decl;
+            const kp_impl *impl = NULL;
+            int rc = kp_exec_arg(execs[i], NULL, &decl, &err);
+            if (!rc) rc = kp_exec_register(&decl, "--exec", &impl, &err), kp_exec_decl_free(&decl);
+            if (rc) return fail(&err);
+            if (nimpl && nimpl < 32) impls[nimpl++] = impl->name;
+        }
         int rc = kp_bench(impls, nimpl, cases, ncase, reps, &err);
         return rc ? fail(&err) : 0;
     }
+    if (nexec) return usage("--exec is for bench (and judge); a gate or run names outside programs in its config's impls");
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "help") || !strcmp(cmd, "-h")) {
         print_usage(stdout, NULL);
         return 0;
