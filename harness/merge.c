@@ -3,7 +3,7 @@
  * SHA-256) and the same kparity version, as shard I of the same N, each shard once and all N present; anything
  * else is refused with exit 2 naming the part and the reason. Receipts go in config order (each carries its
  * case.config_index) and are re-chained; artifacts are copied (content addressed, checked on the way); one
- * verdict follows the runner's rules from the parts' verdicts; bundle.json records the parts. */
+ * verdict is the runner's over the merged receipts (merged_verdict); bundle.json records the parts. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -99,28 +99,17 @@ static int copy_artifacts(const part *p, const char *out, kp_error *err) {
     return rc;
 }
 
-/* The verdict of the whole from the parts', by the runner's precedence: a timeout, then a failure, then an
- * incorrect result; PASSED only when every part passed; NOT_RUN only when no part ran anything. */
-static const char *merged_verdict(const part *parts, int n, int *code) {
-    static const struct {
-        const char *verdict;
-        int code;
-    } order[] = {{"TIMEOUT", KP_EXIT_TIMEOUT}, {"FAILED", KP_EXIT_ENV}, {"INCORRECT", KP_EXIT_INCORRECT}};
-    for (size_t k = 0; k < sizeof order / sizeof *order; k++)
-        for (int i = 0; i < n; i++)
-            if (!strcmp(doc_string(parts[i].doc, "verdict", NULL) ? doc_string(parts[i].doc, "verdict", NULL) : "", order[k].verdict))
-                return *code = order[k].code, order[k].verdict;
-    int passed = 0, not_run = 0;
-    const char *other = NULL;
+/* The verdict of the whole, as one run of every case would have given it: the runner's rule (kp_bundle_verdict)
+ * over the merged receipts, with what receipts cannot show carried from the parts' verdicts (a part that timed out,
+ * a part whose device was lost: FAILED with no FAILED receipt). */
+static const char *merged_verdict(const part *parts, int n, const cJSON *rows, int *code) {
+    int timed_out = 0, failed = 0;
     for (int i = 0; i < n; i++) {
         const char *v = doc_string(parts[i].doc, "verdict", NULL);
-        if (v && !strcmp(v, "PASSED")) passed++;
-        else if (v && !strcmp(v, "NOT_RUN")) not_run++;
-        else other = v ? v : "NOT_RUN";
+        timed_out |= v && !strcmp(v, "TIMEOUT");
+        failed |= v && !strcmp(v, "FAILED");
     }
-    if (passed == n) return *code = KP_EXIT_OK, "PASSED";
-    *code = KP_EXIT_SKIP;
-    return other ? other : passed ? "NOT_SUPPORTED" : "NOT_RUN";
+    return kp_bundle_rows_verdict(rows, timed_out, failed, code);
 }
 
 int kp_cmd_merge(int argc, char **argv) {
@@ -214,7 +203,7 @@ int kp_cmd_merge(int argc, char **argv) {
     }
     int code = 0;
     if (!rc) {
-        const char *verdict = merged_verdict(parts, n, &code);
+        const char *verdict = merged_verdict(parts, n, kp_bundle_rows(b), &code);
         cJSON *meta = cJSON_CreateObject();
         const char *keep[] = {"config", "host_budget_bytes", "device_budget_bytes", "timeout_s", "environment"};
         for (size_t k = 0; k < sizeof keep / sizeof *keep; k++) {

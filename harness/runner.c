@@ -466,20 +466,7 @@ static int run_cases(const kp_config *cfg, const kp_run_options *opt, run_shared
     pthread_mutex_unlock(&st.lock);
     if (st.have_watchdog) pthread_join(st.watchdog, NULL);
     int code;
-    const char *verdict;
-    if (timed_out) {
-        code = KP_EXIT_TIMEOUT, verdict = "TIMEOUT";
-    } else if (worst == KP_FAILED || device_lost) {
-        code = KP_EXIT_ENV, verdict = "FAILED";
-    } else if (worst == KP_INCORRECT) {
-        code = KP_EXIT_INCORRECT, verdict = "INCORRECT";
-    } else if (!any_ran) {
-        code = KP_EXIT_SKIP, verdict = "NOT_RUN";
-    } else if (worst == KP_PASSED) {
-        code = KP_EXIT_OK, verdict = "PASSED";
-    } else { /* some checks could not run (no device, refused shape): not a pass */
-        code = KP_EXIT_SKIP, verdict = kp_result_name(worst);
-    }
+    const char *verdict = kp_bundle_verdict(worst, any_ran, timed_out, device_lost, &code);
     double t_finish = kp_now();
     if (shared) __atomic_store_n(&shared->finishing, 1, __ATOMIC_SEQ_CST);
     cJSON *meta = meta_json(&st);

@@ -198,21 +198,31 @@ static int check_receipt(const kp_bundle *b, const cJSON *r, int64_t index, kp_e
     return 0;
 }
 
-/* Record a written receipt for the reports and bundle.json, and make it the chain's head. */
-static int add_row(kp_bundle *b, const char *rel, const char digest[KP_SHA256_HEX_LEN], const cJSON *receipt,
-                   int64_t index, kp_error *err) {
+int kp_bundle_add_row(cJSON *rows, const char *file, const char *digest, const cJSON *receipt) {
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(receipt, "case");
-    cJSON *row = cJSON_CreateObject();
+    const char *name = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(c, "name"));
+    const char *result = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(receipt, "result"));
     cJSON *reasons = cJSON_GetObjectItemCaseSensitive(receipt, "reasons");
     cJSON *checks = cJSON_GetObjectItemCaseSensitive(receipt, "checks");
     cJSON *impls = cJSON_GetObjectItemCaseSensitive(receipt, "impls"); /* report.html's impl times */
-    if (!row || !cJSON_AddItemToArray(b->rows, row) || !cJSON_AddStringToObject(row, "file", rel) ||
-        !cJSON_AddStringToObject(row, "sha256", digest) ||
-        !cJSON_AddStringToObject(row, "case", cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(c, "name"))) ||
-        !cJSON_AddStringToObject(row, "result", cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(receipt, "result"))) ||
+    cJSON *row = name && result ? cJSON_CreateObject() : NULL;
+    if (!row || !cJSON_AddItemToArray(rows, row)) {
+        cJSON_Delete(row);
+        return -1;
+    }
+    if (!cJSON_AddStringToObject(row, "file", file) || !cJSON_AddStringToObject(row, "sha256", digest) ||
+        !cJSON_AddStringToObject(row, "case", name) || !cJSON_AddStringToObject(row, "result", result) ||
         !replace_member(row, "reasons", reasons ? cJSON_Duplicate(reasons, 1) : cJSON_CreateArray()) ||
         !replace_member(row, "checks", checks ? cJSON_Duplicate(checks, 1) : cJSON_CreateArray()) ||
         (impls && !replace_member(row, "impls", cJSON_Duplicate(impls, 1))))
+        return -1;
+    return 0;
+}
+
+/* Record a written receipt for the reports and bundle.json, and make it the chain's head. */
+static int add_row(kp_bundle *b, const char *rel, const char digest[KP_SHA256_HEX_LEN], const cJSON *receipt,
+                   int64_t index, kp_error *err) {
+    if (kp_bundle_add_row(b->rows, rel, digest, receipt))
         return kp_fail(err, KP_EXIT_ENV, "out of memory recording receipt %lld", (long long)index);
     memcpy(b->prev, digest, KP_SHA256_HEX_LEN);
     b->count = index;
@@ -313,6 +323,11 @@ int kp_bundle_finish(kp_bundle *b, const char *verdict, int exit_code, cJSON *me
         goto out;
     }
     if (!verdict) verdict = "";
+    char why[300];
+    if (!kp_bundle_verdict_fits(b->rows, verdict, exit_code, why, sizeof why)) { /* verify would refuse the bundle */
+        rc = kp_fail(err, KP_EXIT_USAGE, "%s: cannot finish the bundle: %s", b->dir, why);
+        goto out;
+    }
     /* bundle.json first in memory: a meta clash then fails before any file is written. */
     cJSON *doc = bundle_doc(b, verdict, exit_code, meta, err);
     if (!doc) {

@@ -36,10 +36,28 @@ int kp_bundle_open(kp_bundle **out, const char *dir, kp_error *err);
  * temporary files of writes that never finished are removed. KP_EXIT_ENV naming the file when what is
  * there does not read back as this bundle wrote it. */
 int kp_bundle_resume(kp_bundle **out, const char *dir, kp_error *err);
-/* Receipts written (or read back by kp_bundle_resume), and one row per receipt: {"file", "sha256", "case",
- * "result", "reasons", "checks"}, owned by the bundle. */
+/* Receipts written (or read back by kp_bundle_resume), and one row per receipt (kp_bundle_add_row), owned by the
+ * bundle. */
 int64_t kp_bundle_count(const kp_bundle *b);
 const cJSON *kp_bundle_rows(const kp_bundle *b);
+/* Append to `rows` the row of `receipt`, stored as `file` with SHA-256 `digest`: {"file", "sha256", "case", "result",
+ * "reasons", "checks", and "impls" when the receipt has them}, what the reports are rendered from. The bundle keeps
+ * one per receipt it writes or reads back, and verify builds the same from the files, so the reports it renders
+ * again are the bytes finish wrote. -1 without case.name or result strings (nothing appended then), or out of
+ * memory. */
+int kp_bundle_add_row(cJSON *rows, const char *file, const char *digest, const cJSON *receipt);
+
+/* A run's verdict and its exit code (DESIGN.md "The gate"), in precedence: TIMEOUT (4) when the gate's time ran
+ * out; FAILED (3) when a case failed or the device was lost; INCORRECT (1); NOT_RUN (77) when no check ran; PASSED
+ * (0); else the worst result's name (77: some checks could not run). In kp_verdict.c. */
+const char *kp_bundle_verdict(kp_result worst, int any_ran, int timed_out, int device_lost, int *exit_code);
+/* The same from receipt rows: the worst receipt result (one outside the vocabulary counts as FAILED) and whether
+ * any check's result is other than NOT_RUN. */
+const char *kp_bundle_rows_verdict(const cJSON *rows, int timed_out, int device_lost, int *exit_code);
+/* Whether a bundle of these rows may record `verdict` with `exit_code`: the exit code is the verdict's, and the
+ * verdict is what the rows give, or TIMEOUT or FAILED, which the receipts cannot always show (a timeout, a lost
+ * device). 0 with `why` filled when not. finish refuses what this refuses, verify checks bundle.json with it. */
+int kp_bundle_verdict_fits(const cJSON *rows, const char *verdict, int64_t exit_code, char *why, size_t why_size);
 
 /* Store an array as artifacts/<sha256>.npy (content addressed; the same bytes are stored once).
  * `digest` receives the file's SHA-256, `relpath` its path inside the bundle. */
@@ -53,16 +71,19 @@ int kp_bundle_add_artifact(kp_bundle *b, const char *descr, int ndim, const int6
 int kp_bundle_add_receipt(kp_bundle *b, cJSON *receipt, kp_error *err);
 
 /* Finish: junit.xml, summary.md, report.html, bundle.json (with `meta` merged in: config digest,
- * verdict, exit code, environment...; ownership taken), then manifest.sha256 over every other file. */
+ * verdict, exit code, environment...; ownership taken), then manifest.sha256 over every other file.
+ * KP_EXIT_USAGE, writing nothing, for a verdict its receipts do not allow (kp_bundle_verdict_fits). */
 int kp_bundle_finish(kp_bundle *b, const char *verdict, int exit_code, cJSON *meta, kp_error *err);
 void kp_bundle_free(kp_bundle *b);
 
 /* Recheck a bundle: every manifest line, no file added or removed, bundle.json's receipt digests,
- * the chain, every artifact a receipt names. 0 when intact; KP_EXIT_INCORRECT with a message
- * naming the first bad file otherwise; KP_EXIT_USAGE when `dir` is not a bundle. A bundle whose run
- * stopped before its manifest (killed, disk full) is KP_EXIT_INCORRECT with a message that begins
- * "incomplete:", names the last receipt and what is missing, after checking that every file there
- * is whole and chained; damage to what is there is reported as for a finished bundle. */
+ * the chain, every artifact a receipt names, and what the receipts give: bundle.json's verdict and exit
+ * code (kp_bundle_verdict_fits), junit.xml, summary.md and report.html byte for byte. 0 when intact;
+ * KP_EXIT_INCORRECT with a message naming the first bad file otherwise; KP_EXIT_USAGE when `dir` is not
+ * a bundle. A bundle whose run stopped before its manifest (killed, disk full) is KP_EXIT_INCORRECT with
+ * a message that begins "incomplete:", names the last receipt and what is missing, after checking that
+ * every file there is whole and chained; damage to what is there is reported as for a finished bundle
+ * (its reports and verdict are not rendered again: an unfinished run may not have written them). */
 int kp_bundle_verify(const char *dir, kp_error *err);
 
 /* Read a receipt file of a bundle (for replay), numbers kept exact (kp_json_parse).

@@ -1,5 +1,6 @@
 /* kp_verify.c: `kparity verify`: recheck a bundle byte for byte (manifest.sha256, no file added or
- * removed) and then what the digests alone cannot show (bundle.json's receipt list, the chain, artifacts).
+ * removed) and then what the digests alone cannot show (bundle.json's receipt list, the chain, artifacts, and
+ * what the receipts give: the verdict, junit.xml, summary.md, report.html).
  * A signed bundle's envelope (kp_sign.h) lies outside the manifest; `--pubkey` checks it there. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -186,11 +187,28 @@ static int check_named_artifacts(const manifest *m, const char *file, const cJSO
     return 0;
 }
 
-/* One receipt against bundle.json's entry, the chain, and the artifacts it names. */
-static int check_receipt(const manifest *m, const cJSON *entry, int64_t index, const char *prev, kp_error *err) {
+/* bundle.json's entry of a receipt is {file, sha256, case, result}: what the bundle writes, nothing else. */
+static int entry_members(const cJSON *entry) {
+    static const char *const keys[] = {"file", "sha256", "case", "result"};
+    int n = 0;
+    for (const cJSON *x = cJSON_IsObject(entry) ? entry->child : NULL; x; x = x->next, n++) {
+        int known = 0;
+        for (size_t k = 0; k < 4; k++) known |= x->string && !strcmp(x->string, keys[k]);
+        if (!known) return 0;
+    }
+    return n == 4;
+}
+
+/* One receipt against bundle.json's entry, the chain, and the artifacts it names; its report row appended to
+ * `rows` when given. */
+static int check_receipt(const manifest *m, const cJSON *entry, int64_t index, const char *prev, cJSON *rows,
+                         kp_error *err) {
     char file[64];
     snprintf(file, sizeof file, "receipts/%04lld.json", (long long)index);
     const char *listed = str_at(entry, "file");
+    if (rows && !entry_members(entry))
+        return kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: bundle.json: the entry of receipt %lld is not {file, sha256, "
+                       "case, result}, as the bundle writes it", m->dir, (long long)index);
     if (!same(listed, file))
         return kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: bundle.json: receipt %lld is listed as '%s', expected %s",
                        m->dir, (long long)index, listed ? listed : "(none)", file);
@@ -206,11 +224,94 @@ static int check_receipt(const manifest *m, const cJSON *entry, int64_t index, c
         rc = kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: case name or result differs from its bundle.json entry",
                      m->dir, file);
     if (!rc) rc = check_named_artifacts(m, file, r, 0, err);
+    if (!rc && rows && kp_bundle_add_row(rows, file, me->hex, r)) rc = kp_fail(err, KP_EXIT_ENV, "out of memory");
     cJSON_Delete(r);
     return rc;
 }
 
-static int check_bundle_json(const manifest *m, kp_error *err) {
+/* A member name given twice in one object, anywhere in `node`: readers differ on which one counts (cJSON, so
+ * kparity, takes the first; jq and Python the last), so a second "verdict" could say PASSED to them alone. */
+static const char *repeated_member(const cJSON *node) {
+    for (const cJSON *x = node->child; x; x = x->next) {
+        if (cJSON_IsObject(node))
+            for (const cJSON *y = x->next; y; y = y->next)
+                if (x->string && y->string && !strcmp(x->string, y->string)) return x->string;
+        const char *inner = repeated_member(x);
+        if (inner) return inner;
+    }
+    return NULL;
+}
+
+/* The first line where `want` and `got` differ, for the message: "line N: the receipts give '...', the file has
+ * '...'", each cut short and with control bytes shown as '?'. */
+static void first_difference(const char *want, const char *got, size_t got_len, char *out, size_t out_size) {
+    size_t i = 0, line = 1, start = 0, want_len = strlen(want);
+    while (i < want_len && i < got_len && want[i] == got[i]) {
+        if (want[i] == '\n') line++, start = i + 1;
+        i++;
+    }
+    char shown[2][100];
+    const char *texts[2] = {want, got};
+    const size_t lens[2] = {want_len, got_len};
+    for (int k = 0; k < 2; k++) {
+        size_t n = 0;
+        for (size_t j = start; j < lens[k] && texts[k][j] != '\n' && n + 4 < sizeof shown[k]; j++)
+            shown[k][n++] = (unsigned char)texts[k][j] < 0x20 || texts[k][j] == 0x7F ? '?' : texts[k][j];
+        if (start + n < lens[k] && texts[k][start + n] != '\n') shown[k][n++] = '.', shown[k][n++] = '.', shown[k][n++] = '.';
+        shown[k][n] = '\0';
+    }
+    snprintf(out, out_size, "line %zu: the receipts give '%s'%s, the file has '%s'%s", line, shown[0],
+             i >= want_len ? " and end there" : "", shown[1], i >= got_len ? " and ends there" : "");
+}
+
+/* junit.xml, summary.md and report.html against what the receipts give: rendered again from `rows` (kp_report_*, as
+ * finish renders them), with the verdict and exit code bundle.json records (checked before), byte for byte. */
+static int check_reports(const manifest *m, const cJSON *rows, const char *verdict, int exit_code, kp_error *err) {
+    static const char *const names[] = {"junit.xml", "summary.md", "report.html"};
+    for (int k = 0; k < 3; k++) {
+        char *want = k == 0 ? kp_report_junit(rows) : k == 1 ? kp_report_summary_md(rows, verdict, exit_code)
+                                                            : kp_report_html(rows, verdict, exit_code);
+        char *path = NULL, *got = NULL;
+        size_t len = 0;
+        int rc = !want || asprintf(&path, "%s/%s", m->dir, names[k]) < 0 ? kp_fail(err, KP_EXIT_ENV, "out of memory") : 0;
+        if (!rc && !lookup(m, names[k])) /* the manifest lists every file there (checked before) */
+            rc = kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s: missing (a finished bundle has the junit.xml, summary.md "
+                         "and report.html its receipts give)", m->dir, names[k]);
+        if (!rc) rc = kp_read_file(path, &got, &len, err);
+        if (!rc && (len != strlen(want) || memcmp(want, got, len))) {
+            char where[300];
+            first_difference(want, got, len, where, sizeof where);
+            rc = kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: %s does not match what the receipts give (%s)", m->dir,
+                         names[k], where);
+        }
+        free(want), free(path), free(got);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* What a finished bundle derives from its receipts (`rows`): bundle.json's verdict and exit code, then the reports.
+ * bundle.json is held to its content, not its spelling: its receipts list, chain_head and schema (checked before),
+ * verdict and exit_code are what the receipts give, and no member name is given twice; its other members (config,
+ * environment, timings: nothing a receipt holds) and its whitespace are covered by the manifest and a signature. */
+static int check_derived(const manifest *m, const cJSON *doc, const cJSON *rows, kp_error *err) {
+    const char *twice = repeated_member(doc);
+    if (twice)
+        return kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: bundle.json: member '%s' appears twice in one object (readers "
+                       "differ on which counts; the bundle writes each once)", m->dir, twice);
+    const char *verdict = str_at(doc, "verdict");
+    int64_t code = 0;
+    char why[300];
+    if (kp_json_get_int(doc, "exit_code", &code))
+        return kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: bundle.json: no integer exit_code (verdict %s)", m->dir,
+                       verdict ? verdict : "(missing)");
+    if (!kp_bundle_verdict_fits(rows, verdict, code, why, sizeof why))
+        return kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: bundle.json: %s", m->dir, why);
+    return check_reports(m, rows, verdict, (int)code, err);
+}
+
+/* bundle.json against the receipts; `finished` (the manifest is there): also what it and the reports derive from them. */
+static int check_bundle_json(const manifest *m, int finished, kp_error *err) {
     char *path = NULL;
     if (asprintf(&path, "%s/bundle.json", m->dir) < 0) return kp_fail(err, KP_EXIT_ENV, "out of memory");
     cJSON *doc = NULL;
@@ -223,14 +324,16 @@ static int check_bundle_json(const manifest *m, kp_error *err) {
                        "writes bundle.json before its manifest)", m->dir);
     if (rc) return kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: bundle.json: not valid JSON", m->dir);
     const cJSON *list = cJSON_GetObjectItemCaseSensitive(doc, "receipts"), *entry;
+    cJSON *rows = finished ? cJSON_CreateArray() : NULL;
+    if (finished && !rows) rc = kp_fail(err, KP_EXIT_ENV, "out of memory");
     char prev[KP_SHA256_HEX_LEN] = KP_ZERO_DIGEST;
     int64_t index = 0;
-    if (!same(str_at(doc, "schema"), "kparity.bundle/v1") || !cJSON_IsArray(list))
+    if (!rc && (!same(str_at(doc, "schema"), "kparity.bundle/v1") || !cJSON_IsArray(list)))
         rc = kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: bundle.json: not a kparity.bundle/v1 document with a receipts list",
                      m->dir);
     cJSON_ArrayForEach(entry, list) {
         if (rc) break;
-        rc = check_receipt(m, entry, ++index, prev, err);
+        rc = check_receipt(m, entry, ++index, prev, rows, err);
         if (!rc) memcpy(prev, lookup(m, str_at(entry, "file"))->hex, KP_SHA256_HEX_LEN);
     }
     /* Every file in receipts/ must be one bundle.json lists: receipts/0001.json .. receipts/<count>.json. */
@@ -247,6 +350,8 @@ static int check_bundle_json(const manifest *m, kp_error *err) {
     if (!rc && !same(str_at(doc, "chain_head"), prev))
         rc = kp_fail(err, KP_EXIT_INCORRECT, "bundle %s: bundle.json: chain_head %s is not the last receipt's digest %s",
                      m->dir, str_at(doc, "chain_head") ? str_at(doc, "chain_head") : "(none)", prev);
+    if (!rc && finished) rc = check_derived(m, doc, rows, err);
+    cJSON_Delete(rows);
     cJSON_Delete(doc);
     return rc;
 }
@@ -382,7 +487,7 @@ static int check_unfinished(const char *dir, kp_error *err) {
     if (!rc) rc = check_artifact_names(&m, err);
     if (!rc) rc = check_receipts_alone(&m, &count, &last, err);
     int have_bundle_json = lookup(&m, "bundle.json") != NULL;
-    if (!rc && have_bundle_json) rc = check_bundle_json(&m, err); /* the run stopped between bundle.json and the manifest */
+    if (!rc && have_bundle_json) rc = check_bundle_json(&m, 0, err); /* the run stopped between bundle.json and the manifest */
     if (!rc) {
         char missing[160] = "";
         const char *finish[] = {"junit.xml", "summary.md", "report.html", "bundle.json"};
@@ -448,7 +553,7 @@ int kp_bundle_verify(const char *dir, kp_error *err) {
     }
     if ((rc = check_files(&m, disk, n_disk, err))) goto out;
     if ((rc = check_artifact_names(&m, err))) goto out;
-    rc = check_bundle_json(&m, err);
+    rc = check_bundle_json(&m, 1, err);
 out:
     free(path);
     free(text);

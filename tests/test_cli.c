@@ -10,6 +10,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "../cases/kp_sha256.h"
 #include "../receipts/kp_bundle.h"
 #include "../receipts/kp_json.h"
 #include "kp_test_util.h"
@@ -308,6 +309,105 @@ Test(cli, replay_fails_a_receipt_of_checks_that_ran_without_inputs) {
     char want[600];
     snprintf(want, sizeof want, "receipts/0001.json (%s): the receipt records no inputs, yet its result is ", name);
     cr_assert(strstr(err, want), "%s", err);
+}
+
+/* ---- files derived from the receipts that contradict them (issue 26, point 8) ----
+ * A gate bundle whose verdict is INCORRECT (the incumbent's logit threshold breaks the rule on the forced case), one
+ * file derived from its receipts edited to say otherwise and its manifest line rewritten to match, as a forger
+ * would: `sha256sum -c` passes, verify must not. Each of these verified "intact" on 1294f26. */
+static char *incorrect_bundle(const char *name) {
+    char *cfg = config(name, "{\"schema\":\"kparity.gate/v1\",\"name\":\"t\",\"impls\":{\"incumbent\":\"topp.split_logit@host\","
+                             "\"candidate\":\"topp.split_prob@host\"},\"defaults\":{\"tie_policy\":\"minimal_index\",\"band\":1e-6},"
+                             "\"cases\":[{\"case\":\"topp(batch=2,profile=ordinary,seed=1,top_p=0.9,vocab=300)\",\"checks\":"
+                             "[{\"check\":\"rule\",\"impl\":\"candidate\"}]},"
+                             "{\"case\":\"topp(batch=2,force_token=3,force_value=1e9,profile=forced,seed=4,top_p=0.95,vocab=1000)\","
+                             "\"checks\":[{\"check\":\"rule\",\"impl\":\"incumbent\"}]}]}");
+    char *bundle, *out, *err;
+    cr_assert(asprintf(&bundle, "%s/%s", kpt_dir, name) > 0);
+    char *argv[] = {kpt_binary(), "gate", "--config", cfg, "--out", bundle, "--quiet", NULL};
+    int rc = kpt_run(argv, &out, &err);
+    cr_assert_eq(rc, 1, "the gate should be INCORRECT (exit 1): exit %d: %s", rc, err);
+    free(cfg), free(out), free(err);
+    return kpt_scratch(bundle);
+}
+
+/* bundle/rel given `text`, and its line in manifest.sha256 the new digest. */
+static void put_with_manifest(const char *bundle, const char *rel, const char *text) {
+    char *path, *mpath, hex[KP_SHA256_HEX_LEN], needle[128];
+    cr_assert(asprintf(&path, "%s/%s", bundle, rel) > 0 && asprintf(&mpath, "%s/manifest.sha256", bundle) > 0);
+    cr_assert_eq(kpt_write(path, text, strlen(text)), 0);
+    kp_sha256_hex(text, strlen(text), hex);
+    char *manifest = kpt_read(mpath, NULL), *line;
+    snprintf(needle, sizeof needle, "  %s\n", rel);
+    cr_assert(manifest && (line = strstr(manifest, needle)) && line - manifest >= 64, "%s is not in the manifest", rel);
+    memcpy(line - 64, hex, 64);
+    cr_assert_eq(kpt_write(mpath, manifest, strlen(manifest)), 0);
+    free(path), free(mpath), free(manifest);
+}
+
+/* bundle/rel with the text between `from` and `until` (the first such span; `until` NULL: `from` alone) replaced by
+ * `to`, as put_with_manifest; returns the old text (scratch). */
+static char *forge(const char *bundle, const char *rel, const char *from, const char *until, const char *to) {
+    char *path, *forged;
+    cr_assert(asprintf(&path, "%s/%s", bundle, rel) > 0);
+    char *text = kpt_read(path, NULL), *start = text ? strstr(text, from) : NULL;
+    cr_assert(start, "%s does not hold '%s'", rel, from);
+    char *end = until ? strstr(start, until) : start;
+    cr_assert(end, "%s does not hold '%s' after '%s'", rel, until, from);
+    end += strlen(until ? until : from);
+    cr_assert(asprintf(&forged, "%.*s%s%s", (int)(start - text), text, to, end) > 0);
+    put_with_manifest(bundle, rel, forged);
+    free(path), free(forged);
+    return kpt_scratch(text);
+}
+
+/* The forgery: refused (exit 1) naming `rel` and saying `says`; the manifest was consistent, so only the
+ * contradiction with the receipts can have been caught. Then the control: the old bytes back, it verifies. */
+static void refused_then_restored(const char *bundle, const char *rel, const char *old_text, const char *says) {
+    char *err, *cmd;
+    cr_assert(asprintf(&cmd, "cd '%s' && sha256sum -c --strict --quiet manifest.sha256", bundle) > 0);
+    char *sh[] = {"/bin/sh", "-c", cmd, NULL};
+    cr_assert_eq(kpt_run(sh, NULL, NULL), 0, "the forger's manifest does not match: the test would prove nothing");
+    cr_assert_eq(verify(bundle, &err), 1, "a forged %s verified: %s", rel, err);
+    cr_assert(strstr(err, rel) && strstr(err, says), "the message should name %s and say '%s': %s", rel, says, err);
+    put_with_manifest(bundle, rel, old_text);
+    cr_assert_eq(verify(bundle, &err), 0, "restoring %s: %s", rel, err);
+    free(cmd);
+}
+
+Test(cli, verify_refuses_a_summary_that_says_passed_for_an_incorrect_bundle) {
+    char *b = incorrect_bundle("g"), *err;
+    cr_assert_eq(verify(b, &err), 0, "the control, untouched: %s", err);
+    char *old = forge(b, "summary.md", "# kparity verdict: INCORRECT (exit code 1)", NULL, "# kparity verdict: PASSED (exit code 0)");
+    refused_then_restored(b, "summary.md", old, "does not match what the receipts give");
+}
+
+Test(cli, verify_refuses_a_junit_with_a_failure_removed) {
+    char *b = incorrect_bundle("g"), *err;
+    cr_assert_eq(verify(b, &err), 0, "the control, untouched: %s", err);
+    /* the failing testcase closed empty (a pass to CI), the counts made to agree */
+    char *old = forge(b, "junit.xml", "\">\n      <failure ", "</testcase>\n", "\"/>\n");
+    forge(b, "junit.xml", "tests=\"2\" failures=\"1\"", NULL, "tests=\"2\" failures=\"0\"");
+    forge(b, "junit.xml", "tests=\"2\" failures=\"1\"", NULL, "tests=\"2\" failures=\"0\"");
+    refused_then_restored(b, "junit.xml", old, "does not match what the receipts give");
+}
+
+Test(cli, verify_refuses_an_edited_report_html) {
+    char *b = incorrect_bundle("g"), *err;
+    cr_assert_eq(verify(b, &err), 0, "the control, untouched: %s", err);
+    char *old = forge(b, "report.html", "<title>kparity: INCORRECT</title>", NULL, "<title>kparity: PASSED</title>");
+    refused_then_restored(b, "report.html", old, "does not match what the receipts give");
+}
+
+Test(cli, verify_refuses_a_bundle_json_verdict_changed_to_passed) {
+    char *b = incorrect_bundle("g"), *err;
+    cr_assert_eq(verify(b, &err), 0, "the control, untouched: %s", err);
+    char *old = forge(b, "bundle.json", "\"verdict\":\t\"INCORRECT\",\n\t\"exit_code\":\t1,", NULL,
+                      "\"verdict\":\t\"PASSED\",\n\t\"exit_code\":\t0,");
+    refused_then_restored(b, "bundle.json", old, "verdict PASSED (exit 0) is not what the receipts give: INCORRECT (exit 1)");
+    /* a second verdict member: kparity reads the first, jq and Python the last */
+    forge(b, "bundle.json", "\n}\n", NULL, ",\n\t\"verdict\":\t\"PASSED\",\n\t\"exit_code\":\t0\n}\n");
+    refused_then_restored(b, "bundle.json", old, "member 'verdict' appears twice");
 }
 
 Test(cli, export_writes_npy_files_numpy_can_open) {

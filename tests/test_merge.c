@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../receipts/kp_bundle.h"
+#include "../receipts/kp_json.h"
 #include "kp_test_util.h"
 
 TestSuite(merge, .init = kpt_dir_setup, .fini = kpt_dir_teardown, .timeout = 300);
@@ -224,4 +226,54 @@ Test(merge, the_matrix_configs_load_and_the_workflow_shards_and_merges_each) {
     }
     cr_assert(strstr(wf, "config: [topp, topk, moe, mla]"), "the workflow's matrix names every family's config");
     free(wf), free(wf_path);
+}
+
+/* A shard bundle made with the bundle API (what `run --shard I/2` writes, as far as merge reads it): one case, config
+ * case `index`, its one check's result `result`, finished with the verdict one run of it gives. */
+static void shard_part(const char *name, int index, const char *result) {
+    char *dir = path_in(name);
+    kp_bundle *b;
+    kp_error err = {0};
+    cr_assert_eq(kp_bundle_open(&b, dir, &err), 0, "%s", err.msg);
+    cJSON *r = cJSON_CreateObject(), *c = cJSON_AddObjectToObject(r, "case"), *chk = cJSON_CreateObject();
+    char case_name[64];
+    snprintf(case_name, sizeof case_name, "topp(batch=1,seed=%d,vocab=7)", index);
+    cJSON_AddStringToObject(c, "name", case_name);
+    kp_json_add_int(c, "config_index", index);
+    cJSON_AddStringToObject(chk, "check", "rule");
+    cJSON_AddStringToObject(chk, "label", "rule");
+    cJSON_AddStringToObject(chk, "result", result);
+    cJSON_AddStringToObject(chk, "summary", "");
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(r, "checks"), chk);
+    cJSON_AddStringToObject(r, "result", result);
+    cJSON_AddArrayToObject(r, "reasons");
+    cr_assert_eq(kp_bundle_add_receipt(b, r, &err), 0, "%s", err.msg);
+    cJSON *meta = cJSON_CreateObject(), *shard = cJSON_AddObjectToObject(meta, "shard");
+    kp_json_add_int(shard, "index", index + 1);
+    kp_json_add_int(shard, "count", 2);
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(meta, "config"), "sha256", "ab");
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(meta, "environment"), "kparity_version", "test");
+    int code;
+    const char *verdict = kp_bundle_rows_verdict(kp_bundle_rows(b), 0, 0, &code);
+    cr_assert_eq(kp_bundle_finish(b, verdict, code, meta, &err), 0, "%s", err.msg);
+    kp_bundle_free(b);
+    free(dir);
+}
+
+/* One shard passed, the other ran nothing: one run of both cases says NOT_RUN (exit 77: NOT_RUN outranks a pass),
+ * and so does their merge. Before merge took the runner's rule over the merged receipts it said NOT_SUPPORTED, a
+ * result no receipt had, from the parts' verdicts. */
+Test(merge, a_passed_and_a_not_run_shard_merge_to_what_one_run_says) {
+    shard_part("p1", 0, "PASSED");
+    shard_part("p2", 1, "NOT_RUN");
+    const char *parts[] = {"p1", "p2"};
+    char *err;
+    cr_assert_eq(merge(parts, 2, "m", &err), 77, "%s", err);
+    free(err);
+    cJSON *doc = bundle_json("m");
+    cr_assert_str_eq(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(doc, "verdict")), "NOT_RUN");
+    cJSON_Delete(doc);
+    char *m = path_in("m"), *argv[] = {kpt_binary(), "verify", m, NULL};
+    cr_assert_eq(kpt_run(argv, NULL, NULL), 0, "the merged bundle does not verify");
+    free(m);
 }

@@ -241,7 +241,7 @@ static cJSON *receipt(const char *name, const char *result) {
 
 #define CASE2 "topp(batch=64,force_token=154842,force_value=1e9,profile=forced,seed=58231,top_p=0.95,vocab=154856)"
 
-/* 3 receipts (PASSED with 2 artifacts; INCORRECT; FAILED), 6 checks, finished INCORRECT. */
+/* 3 receipts (PASSED with 2 artifacts; INCORRECT; FAILED), 6 checks, finished FAILED (the worst wins). */
 static char *build_bundle(char **root) {
     *root = kpt_tempdir();
     char *dir = path_in(*root, "bundle");
@@ -283,7 +283,7 @@ static char *build_bundle(char **root) {
 
     cJSON *meta = cJSON_CreateObject();
     cJSON_AddStringToObject(meta, "config_sha256", "ab");
-    cr_assert(kp_bundle_finish(b, "INCORRECT", KP_EXIT_INCORRECT, meta, &err) == 0, "%s", err.msg);
+    cr_assert(kp_bundle_finish(b, "FAILED", KP_EXIT_ENV, meta, &err) == 0, "%s", err.msg);
     kp_bundle_free(b);
     return dir;
 }
@@ -503,7 +503,7 @@ Test(bundle, files_say_what_the_receipts_say) {
     p = path_in(dir, "summary.md");
     char *md = kpt_read(p, NULL);
     free(p);
-    cr_assert(strncmp(md, "# kparity verdict: INCORRECT (exit code 1)\n", 43) == 0, "%s", md);
+    cr_assert(strncmp(md, "# kparity verdict: FAILED (exit code 3)\n", 40) == 0, "%s", md);
     cr_assert(strstr(md, "| case | impl | check | result | key figure |"));
     cr_assert(strstr(md, "| rule \\| strict | INCORRECT | 64 rows \\<all -inf\\> & \"NaN\" |"), "%s", md);
     cr_assert(strstr(md, "| exact | PASSED | 0 of 14 tokens differ |"), "the check's summary is its key figure: %s", md);
@@ -531,7 +531,7 @@ Test(bundle, files_say_what_the_receipts_say) {
     cr_assert_str_eq(cJSON_GetObjectItem(doc, "schema")->valuestring, "kparity.bundle/v1");
     cr_assert_str_eq(cJSON_GetObjectItem(doc, "chain_head")->valuestring, head);
     cr_assert_str_eq(cJSON_GetObjectItem(doc, "config_sha256")->valuestring, "ab");
-    cr_assert(kp_json_get_int(doc, "exit_code", &code) == 0 && code == 1);
+    cr_assert(kp_json_get_int(doc, "exit_code", &code) == 0 && code == 3);
     cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(doc, "receipts")), 3);
     char *first_prev = prev_of(dir, "receipts/0001.json");
     cr_assert_str_eq(first_prev, "0000000000000000000000000000000000000000000000000000000000000000");
@@ -539,6 +539,65 @@ Test(bundle, files_say_what_the_receipts_say) {
     cJSON_Delete(doc);
     free(junit), free(md), free(html), free(argv[3]);
     drop_scratch(root, dir);
+}
+
+/* rows of receipts, each "RESULT" or "RESULT:CHECK,CHECK..." (its checks' results) */
+static cJSON *rows_of(const char *const *spec, int n) {
+    cJSON *rows = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) {
+        char result[64], *colon;
+        snprintf(result, sizeof result, "%s", spec[i]);
+        if ((colon = strchr(result, ':'))) *colon = '\0';
+        cJSON *r = receipt("x()", result);
+        for (char *c = colon ? strtok(colon + 1, ",") : NULL; c; c = strtok(NULL, ","))
+            cJSON_AddItemToArray(cJSON_GetObjectItem(r, "checks"), check("rule", "rule", "i", c, ""));
+        cr_assert_eq(kp_bundle_add_row(rows, "receipts/0001.json", KP_ZERO_DIGEST, r), 0);
+        cJSON_Delete(r);
+    }
+    return rows;
+}
+
+Test(bundle, the_verdict_a_bundle_may_record_follows_its_receipts) {
+    struct {
+        const char *rows[3];
+        int n;
+        const char *verdict;
+        int code;
+    } given[] = {
+        {{"PASSED:PASSED", "INCORRECT:PASSED,INCORRECT"}, 2, "INCORRECT", 1},
+        {{"PASSED:PASSED", "FAILED:FAILED", "INCORRECT:INCORRECT"}, 3, "FAILED", 3},
+        {{"PASSED:PASSED", "NOT_SUPPORTED:NOT_SUPPORTED"}, 2, "NOT_SUPPORTED", 77},
+        {{"PASSED:PASSED", "NOT_SUPPORTED:NOT_SUPPORTED", "NOT_RUN:NOT_RUN"}, 3, "NOT_RUN", 77}, /* NOT_RUN outranks */
+        {{"NOT_RUN:NOT_RUN", "NOT_RUN:NOT_RUN"}, 2, "NOT_RUN", 77},
+        {{"PASSED"}, 1, "NOT_RUN", 77}, /* no check ran */
+        {{"PASSED:PASSED", "MAYBE:PASSED"}, 2, "FAILED", 3}, /* a result outside the vocabulary never passes */
+        {{"PASSED:PASSED", "PASSED:PASSED"}, 2, "PASSED", 0},
+    };
+    char why[300];
+    for (size_t k = 0; k < sizeof given / sizeof *given; k++) {
+        cJSON *rows = rows_of(given[k].rows, given[k].n);
+        int code = -1;
+        cr_assert_str_eq(kp_bundle_rows_verdict(rows, 0, 0, &code), given[k].verdict, "rows %zu", k);
+        cr_assert_eq(code, given[k].code, "rows %zu", k);
+        cr_assert(kp_bundle_verdict_fits(rows, given[k].verdict, given[k].code, why, sizeof why), "rows %zu: %s", k, why);
+        /* what receipts cannot show outranks them: a timeout, a lost device */
+        cr_assert(kp_bundle_verdict_fits(rows, "TIMEOUT", 4, why, sizeof why), "rows %zu: %s", k, why);
+        cr_assert(kp_bundle_verdict_fits(rows, "FAILED", 3, why, sizeof why), "rows %zu: %s", k, why);
+        cr_assert_str_eq(kp_bundle_rows_verdict(rows, 1, 0, &code), "TIMEOUT");
+        cr_assert_eq(code, 4);
+        cr_assert_str_eq(kp_bundle_rows_verdict(rows, 0, 1, &code), "FAILED");
+        cr_assert_eq(code, 3);
+        /* and nothing else: every other verdict, and a verdict's name with another exit code */
+        const char *other[] = {"PASSED", "INCORRECT", "NOT_RUN", "NOT_SUPPORTED"};
+        const int other_code[] = {0, 1, 77, 77};
+        for (int v = 0; v < 4; v++)
+            if (strcmp(other[v], given[k].verdict))
+                cr_assert(!kp_bundle_verdict_fits(rows, other[v], other_code[v], why, sizeof why), "rows %zu may say %s", k, other[v]);
+        cr_assert(!kp_bundle_verdict_fits(rows, given[k].verdict, given[k].code == 1 ? 0 : 1, why, sizeof why));
+        cr_assert(strstr(why, "does not go with"), "%s", why);
+        cr_assert(!kp_bundle_verdict_fits(rows, "PASSED!", 0, why, sizeof why) && !kp_bundle_verdict_fits(rows, NULL, 0, why, sizeof why));
+        cJSON_Delete(rows);
+    }
 }
 
 Test(bundle, empty_bundle_is_valid_and_refuses_bad_input) {
@@ -554,8 +613,12 @@ Test(bundle, empty_bundle_is_valid_and_refuses_bad_input) {
     cr_assert_eq(kp_bundle_add_receipt(b, r, &err), KP_EXIT_USAGE, "an artifact the bundle does not hold");
     cJSON *meta = cJSON_CreateObject();
     cJSON_AddStringToObject(meta, "verdict", "PASSED");
-    cr_assert_eq(kp_bundle_finish(b, "PASSED", 0, meta, &err), KP_EXIT_USAGE, "meta must not overwrite the verdict");
-    cr_assert(kp_bundle_finish(b, "PASSED", 0, NULL, &err) == 0, "%s", err.msg);
+    cr_assert_eq(kp_bundle_finish(b, "NOT_RUN", KP_EXIT_SKIP, meta, &err), KP_EXIT_USAGE, "meta must not overwrite the verdict");
+    cr_assert(strstr(err.msg, "meta member 'verdict'"), "%s", err.msg);
+    /* no receipt, so nothing ran: a verdict its receipts do not give is refused before anything is written */
+    cr_assert_eq(kp_bundle_finish(b, "PASSED", KP_EXIT_OK, NULL, &err), KP_EXIT_USAGE, "an empty run cannot pass");
+    cr_assert(strstr(err.msg, "verdict PASSED (exit 0) is not what the receipts give: NOT_RUN (exit 77)"), "%s", err.msg);
+    cr_assert(kp_bundle_finish(b, "NOT_RUN", KP_EXIT_SKIP, NULL, &err) == 0, "%s", err.msg);
     kp_bundle_free(b);
     cr_assert(verify(dir, &err) == 0, "%s", err.msg);
     cr_assert_eq(run_sh(SHA256SUM_CHECK, dir), 0);
