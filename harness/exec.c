@@ -97,13 +97,15 @@ int kp_exec_parse(const cJSON *obj, const char *role, const char *where, kp_exec
     const char *s = NULL;
     char at[256];
     snprintf(at, sizeof at, "%s.impl", where);
-    if (kp_want_string(cJSON_GetObjectItemCaseSensitive(obj, "impl"), at, &s, err) || strlen(s) >= sizeof decl->program_impl) {
+    const cJSON *impl = cJSON_GetObjectItemCaseSensitive(obj, "impl"); /* absent: the one impl the program serves */
+    if (impl && (kp_want_string(impl, at, &s, err) || strlen(s) >= sizeof decl->program_impl)) {
         kp_exec_decl_free(decl);
         return err->code ? err->code : kp_fail(err, KP_EXIT_USAGE, "%s: too long", at);
     }
-    snprintf(decl->program_impl, sizeof decl->program_impl, "%s", s);
+    snprintf(decl->program_impl, sizeof decl->program_impl, "%s", impl ? s : "");
     const cJSON *fam = cJSON_GetObjectItemCaseSensitive(obj, "family");
     const char *dot = strchr(role, '.');
+    snprintf(decl->role, sizeof decl->role, "%s", dot ? dot + 1 : role);
     if (fam) {
         snprintf(at, sizeof at, "%s.family", where);
         if (kp_want_string(fam, at, &s, err)) return kp_exec_decl_free(decl), err->code;
@@ -168,7 +170,7 @@ static int (*const runners[MAX_EXEC])(const void *, char *, size_t) = {
 
 int kp_exec_register(const kp_exec_decl *decl, const char *where, const kp_impl **out, kp_error *err) {
     char name[128];
-    int n = snprintf(name, sizeof name, "%s.%s@exec", decl->family, decl->program_impl);
+    int n = snprintf(name, sizeof name, "%s.%s@exec", decl->family, decl->program_impl[0] ? decl->program_impl : decl->role);
     if (n < 0 || (size_t)n >= sizeof name) return kp_fail(err, KP_EXIT_USAGE, "%s: the impl's name is too long", where);
     for (char *c = name + strlen(decl->family) + 1; *c && *c != '@'; c++)
         if (!((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') || *c == '_')) *c = '_';
@@ -460,6 +462,8 @@ static int start(exec_impl *x, char *message, size_t len) {
     cJSON *hello = cJSON_Parse(x->line);
     const cJSON *proto = cJSON_GetObjectItemCaseSensitive(hello, "protocol");
     const cJSON *impls = cJSON_GetObjectItemCaseSensitive(hello, "impls");
+    if (!x->program_impl[0] && cJSON_IsObject(impls) && cJSON_GetArraySize(impls) == 1) /* the one impl it serves */
+        snprintf(x->program_impl, sizeof x->program_impl, "%s", impls->child->string);
     const cJSON *mine = cJSON_GetObjectItemCaseSensitive(impls, x->program_impl);
     const cJSON *fam = cJSON_GetObjectItemCaseSensitive(mine, "family");
     int rc = 0;
@@ -469,6 +473,9 @@ static int start(exec_impl *x, char *message, size_t len) {
     else if (!cJSON_IsString(proto) || strcmp(proto->valuestring, KP_EXEC_PROTOCOL))
         rc = program_failed(x, message, len, "handshake: protocol %s, not %s", cJSON_IsString(proto) ? proto->valuestring : "(none)",
                             KP_EXEC_PROTOCOL);
+    else if (!x->program_impl[0])
+        rc = program_failed(x, message, len, "handshake: it serves %d impls; name the one to run (the config's impls object form, "
+                            "\"impl\": NAME)", cJSON_GetArraySize(impls));
     else if (!cJSON_IsObject(mine))
         rc = program_failed(x, message, len, "handshake: it does not serve the impl '%s'", x->program_impl);
     else if (!cJSON_IsString(fam) || strcmp(fam->valuestring, x->family))

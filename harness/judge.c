@@ -8,7 +8,8 @@
  * "<family>.NAME") is bound to the files, other roles run inside as usual. A judged impl's identity in receipts
  * is the SHA-256 of its files' digests, each file named with its own. Every file is checked against the family's
  * output dtype and shape before anything runs: wrong dtype, shape, a truncated or non-.npy file is exit 2 naming
- * the file and what is wrong. */
+ * the file and what is wrong. --exec ROLE=COMMAND binds a role to an outside program instead (kp_exec.h), which then
+ * gets every launch the checks make, batch probes included. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,7 @@
 
 #include "../receipts/kp_json.h"
 #include "../receipts/kp_npy.h"
+#include "kp_exec.h"
 #include "kp_judge.h"
 #include "kp_launch.h"
 #include "kp_runner.h"
@@ -44,6 +46,8 @@ typedef struct judged {
 
 static judged g_judged[MAX_JUDGED];
 static int g_njudged;
+static char *g_exec_args[MAX_JUDGED]; /* --exec ROLE=COMMAND: outside programs bound to roles */
+static int g_nexec_args;
 
 /* Copy a given set's rows into the run's output buffers, honouring each tensor's row stride. */
 static void serve(const file_set *s, const kp_launch_view *v) {
@@ -293,6 +297,34 @@ static int judge_config(const char *config_path, const char *case_name, const kp
         cJSON_DeleteItemFromObjectCaseSensitive(impls, key);
         cJSON_AddStringToObject(impls, key, g_judged[i].impl_name);
     }
+    for (int i = 0; i < g_nexec_args; i++) { /* a program bound to a role: the config's object form, loaded as any */
+        kp_exec_decl decl;
+        if (kp_exec_arg(g_exec_args[i], fam->name, &decl, err)) {
+            cJSON_Delete(doc), cJSON_Delete(checks);
+            return err->code;
+        }
+        /* in judge, NAME of --exec NAME=COMMAND is the role; the program runs the one impl it serves */
+        snprintf(decl.role, sizeof decl.role, "%s", decl.program_impl);
+        decl.program_impl[0] = '\0';
+        const char *role = decl.role;
+        int ok = role[0] != '\0';
+        for (const char *r = role; *r; r++) ok &= (*r >= 'a' && *r <= 'z') || (*r >= '0' && *r <= '9') || *r == '_';
+        if (!ok) {
+            kp_exec_decl_free(&decl);
+            cJSON_Delete(doc), cJSON_Delete(checks);
+            return kp_fail(err, KP_EXIT_USAGE, "--exec %s: ROLE is lowercase letters, digits and '_' (a role of the config; the "
+                           "program must serve an impl of that name)", g_exec_args[i]);
+        }
+        cJSON *obj = cJSON_CreateObject(), *argv = cJSON_AddArrayToObject(obj, "exec");
+        for (int a = 0; decl.argv[a]; a++) cJSON_AddItemToArray(argv, cJSON_CreateString(decl.argv[a]));
+        cJSON_AddStringToObject(obj, "family", fam->name);
+        char scoped[160];
+        snprintf(scoped, sizeof scoped, "%.31s.%.47s", fam->name, role);
+        const char *key = cJSON_GetObjectItemCaseSensitive(impls, scoped) ? scoped : role;
+        cJSON_DeleteItemFromObjectCaseSensitive(impls, key);
+        cJSON_AddItemToObject(impls, key, obj);
+        kp_exec_decl_free(&decl);
+    }
     cJSON_DeleteItemFromObjectCaseSensitive(doc, "cases");
     cJSON *cases = cJSON_AddArrayToObject(doc, "cases"), *c = cJSON_CreateObject();
     cJSON_AddStringToObject(c, "case", case_name);
@@ -327,6 +359,7 @@ int kp_cmd_judge(int argc, char **argv) {
     for (int i = 0; i < argc; i++) {
         const int more = i + 1 < argc;
         if (!strcmp(argv[i], "--impl") && more && nimpl < 64) impl_args[nimpl++] = argv[++i];
+        else if (!strcmp(argv[i], "--exec") && more && g_nexec_args < MAX_JUDGED) g_exec_args[g_nexec_args++] = argv[++i];
         else if (!strcmp(argv[i], "--config") && more) config = argv[++i];
         else if (!strcmp(argv[i], "--out") && more) out = argv[++i];
         else if (!strcmp(argv[i], "--quiet")) quiet = 1;
@@ -344,8 +377,9 @@ int kp_cmd_judge(int argc, char **argv) {
             return fail_usage(&err);
         }
     }
-    if (!case_name || !nimpl || !config || !out) {
-        kp_fail(&err, KP_EXIT_USAGE, "judge needs a case, at least one --impl NAME=FILE.npy, --config FILE and --out B");
+    if (!case_name || !(nimpl || g_nexec_args) || !config || !out) {
+        kp_fail(&err, KP_EXIT_USAGE, "judge needs a case, at least one --impl NAME=FILE.npy or --exec ROLE=COMMAND, --config FILE "
+                "and --out B");
         return fail_usage(&err);
     }
     kp_case c;

@@ -33,11 +33,13 @@
 
 #define KP_EXEC_PROTOCOL "kparity.exec/1"
 
-/* An outside program as a config declares it: impls.ROLE = {"exec": [argv...], "impl": NAME, "family": F (when the
- * role does not name it), "sha256": {"FILE": hex, ...} (pins), "timeout_s": seconds a request may take}. */
+/* An outside program as a config declares it: impls.ROLE = {"exec": [argv...], "impl": NAME (absent: the one impl the
+ * program serves), "family": F (when the role does not name it), "sha256": {"FILE": hex, ...} (pins), "timeout_s":
+ * seconds a request may take}. */
 typedef struct kp_exec_decl {
     char family[16];
-    char program_impl[64]; /* the name the program serves, e.g. "torch.topk" */
+    char program_impl[64]; /* the name the program serves, e.g. "torch.topk"; "": the one impl it serves */
+    char role[64];         /* names the impl when program_impl is "" */
     char **argv;           /* NULL-terminated */
     const cJSON *pins;     /* object FILE: hex, or NULL */
     double timeout_s;      /* 0: 300 s */

@@ -41,7 +41,7 @@ static const struct {
     {"bench", "kparity bench [--impl NAME]... [--exec FAMILY:IMPL=CMD]... [--case CASE]... [--reps N]\n"
               "                                             time impls (CUDA events on a GPU) and outside programs"},
     {"merge", "kparity merge B1 B2 ... --out B                shards of one config into one bundle (one verdict, re-chained)"},
-    {"judge", "kparity judge CASE --impl NAME=FILE.npy[,...] [--impl NAME@N=...] --config FILE --out B\n"
+    {"judge", "kparity judge CASE --impl NAME=FILE.npy[,...] [--impl NAME@N=...] [--exec ROLE=CMD] --config FILE --out B\n"
               "                                             judge outputs made elsewhere by the config's checks for CASE"},
     {"rates", "kparity rates --a K/N [--b K/N] [--alpha A] [--power P] [--json]\n"
               "                                             Wilson intervals; whether two rates differ; trials needed"},

@@ -207,3 +207,30 @@ Test(exec, a_handshake_for_another_family_is_refused) {
     cJSON_Delete(rec);
     free(path), free(body);
 }
+
+/* judge --exec ROLE=COMMAND binds a role to a program (the one impl it serves), which then gets every launch, batch
+ * probes included; bench --exec FAMILY:IMPL=COMMAND times it beside kparity's impls in one table. */
+Test(exec, judge_and_bench_take_a_program_on_the_command_line) {
+    char *cfg, *cmd, *dir, *o, *e;
+    cr_assert(asprintf(&cfg, "%s/judge.json", kpt_dir) > 0 && asprintf(&dir, "%s/judged", kpt_dir) > 0);
+    const char *body = "{\"schema\":\"kparity.gate/v1\",\"name\":\"j\",\"impls\":{},\"defaults\":{\"ties\":\"lowest_index\","
+                       "\"order\":\"index\",\"runs\":2},\"check_sets\":{\"judge\":[{\"check\":\"rule\",\"impl\":\"np\"},"
+                       "{\"check\":\"repeat\",\"impl\":\"np\"},{\"check\":\"batch\",\"impl\":\"np\"}]}}";
+    cr_assert_eq(kpt_write(cfg, body, strlen(body)), 0);
+    cr_assert(asprintf(&cmd, "np=%s %s batchmates", kpt_python(), script()) > 0);
+    char *argv[] = {kpt_binary(), "judge", CASE3, "--exec", cmd, "--config", cfg, "--out", dir, "--quiet", NULL};
+    cr_assert_eq(kpt_run(argv, &o, &e), 1, "%s%s", o, e);
+    free(o), free(e);
+    cJSON *rec = kpt_receipt(dir, 1);
+    cr_assert_str_eq(at(rec, "checks.0.impl")->valuestring, "topk.np@exec");
+    cr_assert_str_eq(at(rec, "impls.0.exec.impl")->valuestring, "numpy.topk", "the one impl the program serves");
+    cr_assert_str_eq(result_of(rec, 0), "PASSED", "%s", summary_of(rec, 0));
+    cr_assert_str_eq(result_of(rec, 2), "INCORRECT", "the batch-mate defect: %s", summary_of(rec, 2));
+    cJSON_Delete(rec);
+    free(cmd);
+    cr_assert(asprintf(&cmd, "topk:numpy.topk=%s %s clean", kpt_python(), script()) > 0);
+    char *bench[] = {kpt_binary(), "bench", "--reps", "3", "--impl", "topk.radix_exact@host", "--exec", cmd, "--case", CASE3, NULL};
+    cr_assert_eq(kpt_run(bench, &o, &e), 0, "%s%s", o, e);
+    cr_assert(strstr(o, "topk.radix_exact@host") && strstr(o, "topk.numpy_topk@exec"), "one table: %s", o);
+    free(o), free(e), free(cmd), free(cfg), free(dir);
+}
