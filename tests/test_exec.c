@@ -234,3 +234,32 @@ Test(exec, judge_and_bench_take_a_program_on_the_command_line) {
     cr_assert(strstr(o, "topk.radix_exact@host") && strstr(o, "topk.numpy_topk@exec"), "one table: %s", o);
     free(o), free(e), free(cmd), free(cfg), free(dir);
 }
+
+/* The README's exec example, run as written (its block between the marker and the closing fence): python3 on PATH is
+ * the one with numpy (kpt_python), and the paths it names resolve from the source tree and the build. */
+Test(exec, the_readme_example_runs_as_written) {
+    char *readme_path;
+    cr_assert(asprintf(&readme_path, "%s/README.md", kpt_source_dir()) > 0);
+    char *readme = kpt_read(readme_path, NULL);
+    cr_assert(readme, "%s", readme_path);
+    const char *mark = strstr(readme, "<!-- example: exec");
+    cr_assert(mark, "the README has no exec example");
+    const char *start = strstr(mark, "```sh\n");
+    cr_assert(start);
+    start += 6;
+    const char *end = strstr(start, "```");
+    cr_assert(end);
+    char *block = strndup(start, (size_t)(end - start)), *script_path, *bin, *cmd, *o, *e;
+    cr_assert(asprintf(&script_path, "%s/example.sh", kpt_dir) > 0 && asprintf(&bin, "%s/bin", kpt_dir) > 0);
+    cr_assert_eq(kpt_write(script_path, block, strlen(block)), 0);
+    /* the folder it runs in: tests/ and python/ of the source, build/ with the kparity binary, python3 with numpy */
+    char *binary_dir = strdup(kpt_binary());
+    *strrchr(binary_dir, '/') = '\0';
+    cr_assert(asprintf(&cmd, "set -e; cd '%s'; mkdir -p bin; ln -s '%s' bin/python3; ln -s '%s/tests' tests; ln -s '%s/python' python; "
+                             "ln -s '%s' build; PATH=\"$PWD/bin:$PATH\" sh -e example.sh",
+                       kpt_dir, kpt_python(), kpt_source_dir(), kpt_source_dir(), binary_dir) > 0);
+    char *argv[] = {"/bin/sh", "-c", cmd, NULL};
+    cr_assert_eq(kpt_run(argv, &o, &e), 0, "the README's exec example failed:\n%s%s", o, e);
+    cr_assert(strstr(o, "verdict: PASSED"), "%s", o);
+    free(o), free(e), free(cmd), free(block), free(script_path), free(bin), free(binary_dir), free(readme), free(readme_path);
+}
