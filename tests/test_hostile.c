@@ -220,6 +220,39 @@ Test(hostile, a_lost_device_costs_one_case_and_the_rest_run_in_a_fresh_worker) {
     free(o), free(e), free(out);
 }
 
+/* Outside programs alike: an exec impl (tests/fixtures/exec_topk.py, NumPy) serves cases 1 and 3, the plugin loses
+ * the device in case 2. Case 3 PASSES in the fresh worker, served by a fresh program (its receipt: 1 request, 1
+ * start; in the first worker's program it would have been request 2). Before, case 3 was NOT_RUN. */
+Test(hostile, after_a_lost_device_outside_programs_start_afresh_too) {
+    char *so = plugin("lostx", "-DKPT_LOSE_DEVICE", NULL), *cfg, *body, *out, *o, *e;
+    cr_assert(asprintf(&body,
+                       "{\"schema\":\"kparity.gate/v1\",\"name\":\"lost-exec\",\"plugins\":[{\"path\":\"%s\"}],"
+                       "\"impls\":{\"candidate\":\"topp.lostx@host\",\"topk.np\":{\"exec\":[\"%s\",\"%s/tests/fixtures/exec_topk.py\","
+                       "\"clean\"],\"impl\":\"numpy.topk\",\"timeout_s\":60}},\"defaults\":{\"tie_policy\":\"minimal_index\",\"band\":1e-6,"
+                       "\"ties\":\"lowest_index\",\"order\":\"index\"},\"cases\":["
+                       "{\"case\":\"topk(k=512,profile=randn,rows=5,seed=3,width=4000)\",\"checks\":[{\"check\":\"rule\",\"impl\":\"np\"}]},"
+                       "{\"case\":\"topp(batch=3,profile=ordinary,seed=2,top_p=1,vocab=500)\",\"checks\":[{\"check\":\"rule\",\"impl\":\"candidate\"}]},"
+                       "{\"case\":\"topk(k=512,profile=randn,rows=5,seed=4,width=4000)\",\"checks\":[{\"check\":\"rule\",\"impl\":\"np\"}]}]}",
+                       so, kpt_python(), kpt_source_dir()) > 0);
+    cr_assert(asprintf(&cfg, "%s/lost-exec.json", kpt_dir) > 0);
+    cr_assert_eq(kpt_write(cfg, body, strlen(body)), 0);
+    cr_assert(asprintf(&out, "%s/b-lost-exec", kpt_dir) > 0);
+    cr_assert_eq(gate(cfg, out, &o, &e), 3, "%s%s", o, e);
+    cJSON *r1 = kpt_receipt(out, 1), *r2 = kpt_receipt(out, 2), *r3 = kpt_receipt(out, 3), *doc = bundle_json(out);
+    cr_assert_str_eq(str(r1, "result"), "PASSED");
+    cr_assert_str_eq(str(r2, "result"), "FAILED");
+    const cJSON *why3 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(r3, "reasons"), 0);
+    cr_assert_str_eq(str(r3, "result"), "PASSED", "the exec impl's case after the lost device: %s",
+                     cJSON_IsString(why3) ? why3->valuestring : "");
+    const cJSON *prog = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(r3, "impls"), 0), "exec");
+    cr_assert_not_null(prog, "case 3 records no outside program");
+    cr_assert_eq(cJSON_GetObjectItemCaseSensitive(prog, "requests")->valueint, 1, "not a fresh program");
+    cr_assert_eq(cJSON_GetObjectItemCaseSensitive(prog, "starts")->valueint, 1);
+    cr_assert_eq(cJSON_GetObjectItemCaseSensitive(doc, "worker_processes")->valueint, 2);
+    cJSON_Delete(r1), cJSON_Delete(r2), cJSON_Delete(r3), cJSON_Delete(doc);
+    free(o), free(e), free(so), free(cfg), free(body), free(out);
+}
+
 /* KPARITY_IN_PROCESS=1 keeps the old behaviour, there being no worker to end: case 2 records the lost device as
  * above, and cases 3 and 4 are NOT_RUN saying why; the bundle verifies, listing them as not replayed. (This passes
  * on the code before the fresh worker too: in one process nothing changed.) */
