@@ -17,14 +17,15 @@
 #ifdef KP_HAVE_CUDA
 #include <cuda_runtime_api.h>
 /* Every CUDA failure goes through here: it names the call, and a sticky error (one a device-wide
- * sync still reports) marks the device lost for the rest of the run. */
+ * sync still reports) marks the device lost for the rest of the process (the runner then carries on in a fresh
+ * worker process, with a fresh context, where it has one). */
 static int g_device_lost;
 static int cuda_failed(kp_error *err, cudaError_t e, const char *what, const char *call, const char *file, int line) {
     if (cudaDeviceSynchronize() != cudaSuccess) g_device_lost = 1;
     else cudaGetLastError();
     return kp_fail(err, KP_EXIT_ENV, "%s: %s failed: %s (%s) (%s:%d)%s", what, call, cudaGetErrorString(e),
                    cudaGetErrorName(e), file, line,
-                   g_device_lost ? "; the error is sticky: the device is unusable for the rest of this run" : "");
+                   g_device_lost ? "; the error is sticky: the device is unusable for the rest of this process" : "");
 }
 #define CUDA_TRY(call, what)                                                                 \
     do {                                                                                     \
@@ -41,6 +42,8 @@ static int g_device_lost;
 #endif
 
 int kp_device_lost(void) { return g_device_lost; }
+
+void kp_device_simulate_loss(void) { g_device_lost = 1; }
 
 int kp_device_count(void) {
     if (g_device_count >= 0) return g_device_count;

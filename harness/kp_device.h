@@ -51,6 +51,11 @@ void kp_host_unregister(void *p);
 /* Whether a sticky CUDA error (illegal address, launch failure...) has made the device unusable
  * for the rest of the process; set by kp_sync and guard checks when they see one. */
 int kp_device_lost(void);
+/* A test hook, never called by kparity itself: mark the device lost as a sticky CUDA error does, so the path that
+ * follows one (the case FAILED, the rest in a fresh worker) runs on a machine without a GPU. A host plugin calls
+ * it through the kparity binary's exported symbols (tests/fixtures/plugin_hostile.c, KPT_LOSE_DEVICE), then fails
+ * its run as an impl whose kernel faulted would. */
+void kp_device_simulate_loss(void);
 
 /* Wait for the impl's work; a CUDA error names the call and is sticky-checked. */
 int kp_sync(kp_memory memory, kp_error *err);

@@ -25,6 +25,8 @@ typedef struct run_shared {
     volatile double timeout;   /* the gate's, published by a worker once it has read the config (0: none) */
     char out_dir[4096];        /* the bundle folder the supervisor was given */
     int returned;              /* the worker's run returned `code` with `err`; it is exiting */
+    int handed_off;            /* the worker ended itself after its device was lost to a sticky CUDA error in case
+                                  resume_at - 1 (recorded): the next worker carries on with a fresh CUDA context */
     int code;
     kp_error err;
     int position;              /* receipts in the bundle before the case in progress */

@@ -284,6 +284,32 @@ static int selected(const kp_run_options *opt, const kp_config *cfg, int ci) {
     return in_share(opt, ci) && (!opt->filter || strstr(cfg->cases[ci].name, opt->filter));
 }
 
+/* Whether this run has a case after config case ci. */
+static int cases_after(const kp_run_options *opt, const kp_config *cfg, int ci) {
+    for (int i = ci + 1; i < cfg->ncases; i++)
+        if (selected(opt, cfg, i)) return 1;
+    return 0;
+}
+
+/* In a worker whose device was lost to a sticky CUDA error in config case ci, that case's receipt written: end this
+ * process, whose CUDA context no call can use again, so that the supervisor starts a fresh worker, with a fresh
+ * context, for the cases after it (as after a crash, but nothing is lost: the record of the case is whole). Outside
+ * programs end with it; the next worker starts them afresh, and loads the config's plugins again. */
+_Noreturn static void hand_off(run_state *st, int ci) {
+    pthread_mutex_lock(&st->lock);
+    st->stop_watchdog = 1; /* between cases it takes nothing over; this keeps it so */
+    pthread_mutex_unlock(&st->lock);
+    kp_exec_stop_all();
+    run_shared *sh = st->shared;
+    sh->resume_at = ci + 1;
+    sh->device_lost = 0;
+    fprintf(stderr, "kparity: %s: the device was lost to a sticky CUDA error; the cases after it run in a fresh worker "
+            "process, with a fresh CUDA context\n", st->cfg->cases[ci].name);
+    __atomic_store_n(&sh->handed_off, 1, __ATOMIC_SEQ_CST);
+    fflush(NULL);
+    _exit(KP_EXIT_ENV);
+}
+
 /* The summary table's rows of one case, from its checks as recorded. */
 static void summary_rows_add(summary_row **rows, int *nrows, const char *case_name, const cJSON *checks) {
     for (const cJSON *chk = checks ? checks->child : NULL; chk; chk = chk->next) {
@@ -378,7 +404,9 @@ static int run_cases(const kp_config *cfg, const kp_run_options *opt, run_shared
             receipt = stub_receipt(&st, cs, KP_NOT_RUN, "the gate's timeout passed before this case started");
         } else if (device_lost) {
             case_result = KP_NOT_RUN;
-            receipt = stub_receipt(&st, cs, KP_NOT_RUN, "the device was lost to a sticky CUDA error in an earlier case");
+            /* only in one process (KPARITY_IN_PROCESS=1): a worker hands the rest to a fresh one instead */
+            receipt = stub_receipt(&st, cs, KP_NOT_RUN, "the device was lost to a sticky CUDA error in an earlier case "
+                                   "(a run in one process, KPARITY_IN_PROCESS=1, has no fresh worker to carry on in)");
         } else {
             if (shared && publish_case(&st, cs, err)) return run_abandon(&st, rows, err);
             pthread_mutex_lock(&st.lock);
@@ -431,6 +459,16 @@ static int run_cases(const kp_config *cfg, const kp_run_options *opt, run_shared
                 kp_json_add_double(receipt, "release_s", kp_now() - t_close);
             }
             device_lost = kp_device_lost();
+            if (device_lost) { /* whichever step saw it (a check, preparing, releasing), the case did not pass */
+                case_result = worse(case_result, KP_FAILED);
+                char msg[300];
+                snprintf(msg, sizeof msg, "FAILED: the device was lost to a sticky CUDA error in this case; %s",
+                         !cases_after(opt, cfg, ci) ? "it was the run's last case"
+                         : shared ? "the cases after it run in a fresh worker process, with a fresh CUDA context"
+                                  : "the cases after it are NOT_RUN (a run in one process, KPARITY_IN_PROCESS=1, "
+                                    "has no fresh worker to carry on in)");
+                cJSON_AddItemToArray(reasons, cJSON_CreateString(msg));
+            }
             cJSON_AddItemToObject(receipt, "checks", checks);
             cJSON_AddStringToObject(receipt, "result", kp_result_name(case_result));
             cJSON_AddItemToObject(receipt, "reasons", reasons);
@@ -459,6 +497,7 @@ static int run_cases(const kp_config *cfg, const kp_run_options *opt, run_shared
         pthread_mutex_unlock(&st.lock);
         if (rc) return run_abandon(&st, rows, err);
         kp_run_progress(opt, st.done++, st.selected, cs->name, case_result, kp_now() - t_case, kp_now() - st.t_start);
+        if (shared && device_lost && cases_after(opt, cfg, ci)) hand_off(&st, ci);
     }
     kp_exec_stop_all(); /* outside programs end with the run */
     pthread_mutex_lock(&st.lock);

@@ -64,9 +64,11 @@ int kp_run_supervises(const kp_run_options *opt) {
 }
 
 /* The supervisor: start a worker, wait for it, and when it dies in a case record that case FAILED and start a
- * fresh worker for the rest (each death takes one case, so this ends). It loads nothing of the config, and so none
- * of its plugins: the worker starts at once, the supervisor's own start costs no device initialisation, and what a
- * plugin does as it loads happens only in a worker. Past the gate's timeout (--timeout, else the config's
+ * fresh worker for the rest; a worker whose device was lost to a sticky CUDA error ends itself after that case's
+ * receipt (handed_off), and a fresh one, with a fresh CUDA context, carries on (each worker after the first starts
+ * past one case, so this ends). It loads nothing of the config, and so none of its plugins: the worker starts at
+ * once, the supervisor's own start costs no device initialisation, and what a plugin does as it loads happens only
+ * in a worker. Past the gate's timeout (--timeout, else the config's
  * timeout_s, read here without loading anything) and the worker's own watchdog's grace, the worker is killed: a
  * stopped or wedged process, or one hung loading a plugin, cannot hold the gate. */
 int kp_run_supervise(const char *config_path, const kp_run_options *opt, kp_error *err) {
@@ -106,6 +108,11 @@ int kp_run_supervise(const char *config_path, const kp_run_options *opt, kp_erro
                 kp_worker_kill(pid, &end);
                 break;
             }
+        }
+        if (__atomic_load_n(&sh->handed_off, __ATOMIC_SEQ_CST)) { /* its device was lost, its cases all recorded */
+            sh->handed_off = 0;
+            sh->timed_out |= end.deadline;
+            continue;
         }
         if (__atomic_load_n(&sh->returned, __ATOMIC_SEQ_CST) && !end.deadline) {
             *err = sh->err;

@@ -1,7 +1,8 @@
 /* test_hostile.c: hostile plugins (issue 20, part 4), through the kparity binary: an impl that segfaults, aborts,
  * exits or stops its own process is contained (its case FAILED saying how, the cases after it run in a fresh worker
- * process, the bundle verifies as the record of that), and a plugin whose SHA-256 is not the config's pin is refused
- * before any of its code runs. Plugins: tests/fixtures/plugin_hostile.c, built here with cc. */
+ * process, the bundle verifies as the record of that), so is one that loses the device to a (simulated) sticky
+ * CUDA error, and a plugin whose SHA-256 is not the config's pin is refused before any of its code runs. Plugins:
+ * tests/fixtures/plugin_hostile.c, built here with cc. */
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
@@ -165,6 +166,115 @@ Test(hostile, an_aborting_impl_is_contained_the_same_way) {
 /* exit(0) from inside an impl: a clean status, but the run had not finished, so it is a crash like any other. */
 Test(hostile, an_impl_that_exits_the_process_is_a_crash_not_a_pass) {
     contained("exit", "-DKPT_EXIT", "exited with status 0 before it had finished", 0, 0);
+}
+
+/* The gate with an impl that loses the device in case 2's second check; its exit status, stdout and stderr. */
+static int lost_device_gate(const char *tag, char **out, char **o, char **e) {
+    char *so = plugin(tag, "-DKPT_LOSE_DEVICE", NULL), *cfg = config(tag, so, tag, NULL, 0);
+    cr_assert(asprintf(out, "%s/b-%s", kpt_dir, tag) > 0);
+    const int rc = gate(cfg, *out, o, e);
+    cr_assert_null(strstr(*o, "serving-started"), "%s: the command started although a case FAILED", tag);
+    free(so), free(cfg);
+    return rc;
+}
+
+/* Case 2, whose second check lost the device: that check FAILED with the impl's CUDA error, the first PASSED, the
+ * third NOT_RUN for the lost device; a receipt the worker wrote whole (no process record: nothing crashed). */
+static void lost_in_case_2(const cJSON *r2, const char *tag) {
+    cr_assert_str_eq(str(r2, "result"), "FAILED");
+    cr_assert_null(cJSON_GetObjectItemCaseSensitive(r2, "process"), "%s: a lost device recorded as a crash", tag);
+    cr_assert_str_eq(str(check_of(r2, 0), "result"), "PASSED");
+    cr_assert_str_eq(str(check_of(r2, 1), "result"), "FAILED");
+    cr_assert(strstr(str(check_of(r2, 1), "summary"), "illegal memory access"), "%s", str(check_of(r2, 1), "summary"));
+    cr_assert_str_eq(str(check_of(r2, 2), "result"), "NOT_RUN");
+    cr_assert(strstr(str(check_of(r2, 2), "summary"), "device was lost to a sticky CUDA error"), "%s",
+              str(check_of(r2, 2), "summary"));
+}
+
+/* A CUDA fault costs one case, not the gate (issue 27, item 6), on the CPU: the plugin's run in case 2's second check
+ * marks the device lost as a sticky CUDA error does (kparity's test hook kp_device_simulate_loss) and fails. Case 2
+ * records it, then its worker ends itself and cases 3 and 4 PASS in a fresh worker process (worker_processes 2); the
+ * verdict stays FAILED (exit 3, the command not started) and verify --replay replays all four receipts. Before,
+ * cases 3 and 4 were NOT_RUN ('the device was lost to a sticky CUDA error in an earlier case'). */
+Test(hostile, a_lost_device_costs_one_case_and_the_rest_run_in_a_fresh_worker) {
+    char *out, *o, *e;
+    cr_assert_eq(lost_device_gate("lost", &out, &o, &e), 3, "%s%s", o, e);
+    cJSON *r2 = kpt_receipt(out, 2), *r3 = kpt_receipt(out, 3), *r4 = kpt_receipt(out, 4), *doc = bundle_json(out);
+    lost_in_case_2(r2, "lost");
+    const cJSON *why3 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(r3, "reasons"), 0);
+    cr_assert_str_eq(str(r3, "result"), "PASSED", "the case after the lost device did not run: %s",
+                     cJSON_IsString(why3) ? why3->valuestring : "");
+    cr_assert_str_eq(str(r4, "result"), "PASSED");
+    const cJSON *reasons = cJSON_GetObjectItemCaseSensitive(r2, "reasons");
+    const char *last = cJSON_GetArrayItem(reasons, cJSON_GetArraySize(reasons) - 1)->valuestring;
+    cr_assert(strstr(last, "the cases after it run in a fresh worker process"), "%s", last);
+    cr_assert(strstr(e, "the device was lost to a sticky CUDA error; the cases after it run in a fresh worker"), "%s", e);
+    cr_assert_str_eq(str(doc, "verdict"), "FAILED");
+    cr_assert_eq(cJSON_GetObjectItemCaseSensitive(doc, "exit_code")->valueint, 3);
+    cr_assert_eq(cJSON_GetObjectItemCaseSensitive(doc, "worker_processes")->valueint, 2, "one lost device, two workers");
+    free(o), free(e);
+    char *vargv[] = {kpt_binary(), "verify", out, "--replay", NULL};
+    cr_assert_eq(kpt_run(vargv, &o, &e), 0, "verify refuses the bundle: %s%s", o, e);
+    cr_assert(strstr(o, "in every receipt that records them (4)") && !strstr(o, "not replayed"), "%s", o);
+    cJSON_Delete(r2), cJSON_Delete(r3), cJSON_Delete(r4), cJSON_Delete(doc);
+    free(o), free(e), free(out);
+}
+
+/* Outside programs alike: an exec impl (tests/fixtures/exec_topk.py, NumPy) serves cases 1 and 3, the plugin loses
+ * the device in case 2. Case 3 PASSES in the fresh worker, served by a fresh program (its receipt: 1 request, 1
+ * start; in the first worker's program it would have been request 2). Before, case 3 was NOT_RUN. */
+Test(hostile, after_a_lost_device_outside_programs_start_afresh_too) {
+    char *so = plugin("lostx", "-DKPT_LOSE_DEVICE", NULL), *cfg, *body, *out, *o, *e;
+    cr_assert(asprintf(&body,
+                       "{\"schema\":\"kparity.gate/v1\",\"name\":\"lost-exec\",\"plugins\":[{\"path\":\"%s\"}],"
+                       "\"impls\":{\"candidate\":\"topp.lostx@host\",\"topk.np\":{\"exec\":[\"%s\",\"%s/tests/fixtures/exec_topk.py\","
+                       "\"clean\"],\"impl\":\"numpy.topk\",\"timeout_s\":60}},\"defaults\":{\"tie_policy\":\"minimal_index\",\"band\":1e-6,"
+                       "\"ties\":\"lowest_index\",\"order\":\"index\"},\"cases\":["
+                       "{\"case\":\"topk(k=512,profile=randn,rows=5,seed=3,width=4000)\",\"checks\":[{\"check\":\"rule\",\"impl\":\"np\"}]},"
+                       "{\"case\":\"topp(batch=3,profile=ordinary,seed=2,top_p=1,vocab=500)\",\"checks\":[{\"check\":\"rule\",\"impl\":\"candidate\"}]},"
+                       "{\"case\":\"topk(k=512,profile=randn,rows=5,seed=4,width=4000)\",\"checks\":[{\"check\":\"rule\",\"impl\":\"np\"}]}]}",
+                       so, kpt_python(), kpt_source_dir()) > 0);
+    cr_assert(asprintf(&cfg, "%s/lost-exec.json", kpt_dir) > 0);
+    cr_assert_eq(kpt_write(cfg, body, strlen(body)), 0);
+    cr_assert(asprintf(&out, "%s/b-lost-exec", kpt_dir) > 0);
+    cr_assert_eq(gate(cfg, out, &o, &e), 3, "%s%s", o, e);
+    cJSON *r1 = kpt_receipt(out, 1), *r2 = kpt_receipt(out, 2), *r3 = kpt_receipt(out, 3), *doc = bundle_json(out);
+    cr_assert_str_eq(str(r1, "result"), "PASSED");
+    cr_assert_str_eq(str(r2, "result"), "FAILED");
+    const cJSON *why3 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(r3, "reasons"), 0);
+    cr_assert_str_eq(str(r3, "result"), "PASSED", "the exec impl's case after the lost device: %s",
+                     cJSON_IsString(why3) ? why3->valuestring : "");
+    const cJSON *prog = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(r3, "impls"), 0), "exec");
+    cr_assert_not_null(prog, "case 3 records no outside program");
+    cr_assert_eq(cJSON_GetObjectItemCaseSensitive(prog, "requests")->valueint, 1, "not a fresh program");
+    cr_assert_eq(cJSON_GetObjectItemCaseSensitive(prog, "starts")->valueint, 1);
+    cr_assert_eq(cJSON_GetObjectItemCaseSensitive(doc, "worker_processes")->valueint, 2);
+    cJSON_Delete(r1), cJSON_Delete(r2), cJSON_Delete(r3), cJSON_Delete(doc);
+    free(o), free(e), free(so), free(cfg), free(body), free(out);
+}
+
+/* KPARITY_IN_PROCESS=1 keeps the old behaviour, there being no worker to end: case 2 records the lost device as
+ * above, and cases 3 and 4 are NOT_RUN saying why; the bundle verifies, listing them as not replayed. (This passes
+ * on the code before the fresh worker too: in one process nothing changed.) */
+Test(hostile, in_process_a_lost_device_leaves_the_later_cases_not_run) {
+    cr_assert_eq(setenv("KPARITY_IN_PROCESS", "1", 1), 0);
+    char *out, *o, *e;
+    cr_assert_eq(lost_device_gate("lost1", &out, &o, &e), 3, "%s%s", o, e);
+    cJSON *r2 = kpt_receipt(out, 2), *r3 = kpt_receipt(out, 3), *r4 = kpt_receipt(out, 4), *doc = bundle_json(out);
+    lost_in_case_2(r2, "lost1");
+    for (const cJSON *r = r3; r; r = r == r3 ? r4 : NULL) {
+        cr_assert_str_eq(str(r, "result"), "NOT_RUN");
+        const char *why = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(r, "reasons"), 0)->valuestring;
+        cr_assert(strstr(why, "lost to a sticky CUDA error in an earlier case"), "%s", why);
+    }
+    cr_assert_str_eq(str(doc, "verdict"), "FAILED");
+    cr_assert_null(cJSON_GetObjectItemCaseSensitive(doc, "worker_processes"), "a worker in a run in one process");
+    free(o), free(e);
+    char *vargv[] = {kpt_binary(), "verify", out, "--replay", NULL};
+    cr_assert_eq(kpt_run(vargv, &o, &e), 0, "verify refuses the bundle: %s%s", o, e);
+    cr_assert(strstr(o, "not replayed, 2 receipts with no inputs"), "%s", o);
+    cJSON_Delete(r2), cJSON_Delete(r3), cJSON_Delete(r4), cJSON_Delete(doc);
+    free(o), free(e), free(out);
 }
 
 /* A gate whose worker died before any case: the command not started, stderr saying how (`how`) and that it was before
