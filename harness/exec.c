@@ -665,10 +665,13 @@ static int serve(const void *args, char *message, size_t len, int slot) {
     if (strcmp(status->valuestring, "ok")) {
         char tail[STDERR_TAIL + 8];
         stderr_tail(x, tail, sizeof tail);
-        snprintf(message, len, "%s: %s %s: %s; its stderr: %s", x->command, x->program_impl, status->valuestring,
-                 cJSON_IsString(msg) ? msg->valuestring : "(no message)", tail[0] ? tail : "(nothing)");
+        const int lost = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(reply, "context_lost"));
+        snprintf(message, len, "%s: %s %s: %s; its stderr: %s%s", x->command, x->program_impl, status->valuestring,
+                 cJSON_IsString(msg) ? msg->valuestring : "(no message)", tail[0] ? tail : "(nothing)",
+                 lost ? "; its CUDA context is lost: the next launch starts the program afresh" : "");
         cJSON_Delete(reply);
-        return KP_RUN_FAILED; /* the program answered: it stays up for the next launch */
+        if (lost) stop(x, NULL, 0); /* a sticky error in its own process: a fresh one serves the next launch */
+        return KP_RUN_FAILED;       /* otherwise the program answered: it stays up for the next launch */
     }
     /* every output read back through its own header */
     const cJSON *written = cJSON_GetObjectItemCaseSensitive(reply, "outputs");

@@ -155,9 +155,24 @@ def serve(impls, family=None, device="cpu"):
                 reply["device_us"] = device_us
         except NotSupported as e:
             reply = {"id": rid, "status": "not_supported", "message": str(e)}
-        except Exception as e:  # the launch fails; the program keeps serving
+        except Exception as e:  # the launch fails; the program keeps serving, unless its CUDA context is gone
             tb = traceback.format_exc()
             sys.stderr.write(tb)
             reply = {"id": rid, "status": "error", "message": "%s: %s" % (type(e).__name__, e)}
+            if device == "cuda" and _context_lost():
+                reply["context_lost"] = True  # kparity ends this program; its next launch starts a fresh one
         replies.write(json.dumps(reply) + "\n")
+        if reply.get("context_lost"):
+            return 3
     return 0
+
+
+def _context_lost():
+    """Whether this process's CUDA context is unusable (a sticky error: an illegal address in the kernel)."""
+    try:
+        import torch
+
+        torch.cuda.synchronize()
+        return False
+    except Exception:  # noqa: BLE001 - any failure to synchronize leaves nothing to serve with
+        return True
