@@ -18,7 +18,8 @@
  *     '<u2' bits; a batched input holds the run's rows only). The program writes each output as a whole .npy at its
  *     offset, at most `capacity` bytes, and replies
  *     {"id": N, "status": "ok" | "error" | "not_supported", "message": ..., "outputs": {"NAME": bytes written},
- *     "device_us": its own timing of the call (optional), "note": free text (optional)}.
+ *     "device_us": its own timing of the call (optional), "note": free text (optional), "context_lost": true (with
+ *     an error whose CUDA context is gone: kparity ends the program and starts a fresh one for the next launch)}.
  *     kparity reads every output's header itself: a wrong dtype or shape fails the case whatever the reply says.
  *     An output the family records the work order in (an order output) may be left unwritten.
  *   - End: kparity closes fd 0 and the program exits. A crash, a reply that is not the protocol, no reply within the
