@@ -15,7 +15,9 @@
  *     order], "nrows": N, "time": bool, "shm_bytes": size of the shared file now,
  *     "inputs": [{"name", "offset", "bytes"}], "outputs": [{"name", "offset", "capacity", "dtype", "shape"}]}.
  *     Each input is a whole .npy (header and data) at its offset, in the family's names, dtypes and layouts (bf16 as
- *     '<u2' bits; a batched input holds the run's rows only). The program writes each output as a whole .npy at its
+ *     '<u2' bits; a batched input holds the run's rows only). A shared (not batched) input that is, byte for byte and at
+ *     the same offset, the one of the program's previous request has "reused": true: the program may keep what it made
+ *     of it (a batch check at 800 rows is 800+ requests, each re-reading a MoE's 340 MB of weights otherwise). The program writes each output as a whole .npy at its
  *     offset, at most `capacity` bytes, and replies
  *     {"id": N, "status": "ok" | "error" | "not_supported", "message": ..., "outputs": {"NAME": bytes written},
  *     "device_us": its own timing of the call (optional), "note": free text (optional), "context_lost": true (with

@@ -14,7 +14,9 @@ A config then names the program as an impl:
 and kparity drives it through every check: one request per launch (each full batch, repeat, batch probe), inputs and
 outputs as .npy arrays in a shared memory file. Only numpy is needed; with `device="cuda"` inputs arrive as torch
 tensors on the GPU (bf16 as torch.bfloat16) and, when kparity asks (bench), each call is timed with CUDA events after
-the L2 cache is flushed. Raise NotSupported for a shape the kernel refuses; any other exception fails that launch
+the L2 cache is flushed. A shared input kparity did not rewrite since the last request (a MoE's weights, an MLA cache)
+is handed over as the same object again, so fn may keep what it derives from it (keyed on `is`) and must not write into
+its inputs. Raise NotSupported for a shape the kernel refuses; any other exception fails that launch
 (the traceback goes to kparity's receipt) and the program keeps serving.
 """
 import io
@@ -112,6 +114,7 @@ def serve(impls, family=None, device="cpu"):
     fd = int(os.environ.get("KPARITY_EXEC_SHM_FD", "3"))
     mapped, mapped_bytes = None, 0
     timer = None
+    kept = {}  # each input of the last request: (offset, bytes), what fn was given
     for line in sys.stdin:
         req = json.loads(line)
         rid = req.get("id")
@@ -124,11 +127,17 @@ def serve(impls, family=None, device="cpu"):
             fn = impls.get(req["impl"])
             if fn is None:
                 raise KeyError("this program does not serve %r" % req["impl"])
-            inputs = {e["name"]: _read_npy(mapped, e["offset"], e["bytes"]) for e in req["inputs"]}
+            inputs, (last, kept) = {}, (kept, {})
+            for e in req["inputs"]:
+                where, held = (e["offset"], e["bytes"]), last.get(e["name"])
+                if e.get("reused") and held and held[0] == where:  # a shared input as the last request had it
+                    inputs[e["name"]] = held[1]
+                else:
+                    a = _read_npy(mapped, e["offset"], e["bytes"])
+                    inputs[e["name"]] = _to_device(a, a.dtype.str) if device == "cuda" else a
+                kept[e["name"]] = (where, inputs[e["name"]])
             specs = {o["name"]: o for o in req["outputs"]}
             case = dict(req["case"], rows=req["rows"])
-            if device == "cuda":
-                inputs = {k: _to_device(a, a.dtype.str) for k, a in inputs.items()}
             device_us = None
             if req.get("time") and device == "cuda":
                 timer = timer or _Timer()

@@ -3,7 +3,8 @@
  * it; each planted defect is caught and named: an answer that depends on its batch-mates (batch), one that varies run
  * to run (repeat), a wrong dtype, a wrong shape, a crash, a hang, a reply that is not the protocol, a program that
  * dies before its handshake. A crash costs its case, the next case runs in a fresh program, and the bundle verifies
- * with --replay. A pinned file off its digest is refused before the program runs. */
+ * with --replay. A pinned file off its digest is refused before the program runs. A case's shared inputs reach the
+ * program once: later requests of the case hand them over as the same objects, never across cases. */
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
@@ -262,4 +263,51 @@ Test(exec, the_readme_example_runs_as_written) {
     cr_assert_eq(kpt_run(argv, &o, &e), 0, "the README's exec example failed:\n%s%s", o, e);
     cr_assert(strstr(o, "verdict: PASSED"), "%s", o);
     free(o), free(e), free(cmd), free(block), free(script_path), free(bin), free(binary_dir), free(readme), free(readme_path);
+}
+
+/* A MoE's weights are written once a case and marked "reused" after: the client hands the program the same objects on
+ * every later request of the case (repeat and every batch probe), the batched inputs afresh, and a second case of the
+ * very same shapes (so the same offsets) its own weights at its first request. Without the mark every request re-read
+ * them (800+ requests of 340 MB at Qwen3's 800 rows). */
+Test(exec, shared_inputs_reach_the_program_once_a_case) {
+    char *fixture, *logpath, *path, *body, *bundle;
+    cr_assert(asprintf(&fixture, "%s/tests/fixtures/exec_shared.py", kpt_source_dir()) > 0);
+    cr_assert(asprintf(&logpath, "%s/shared.log", kpt_dir) > 0);
+    cr_assert(asprintf(&path, "%s/shared.json", kpt_dir) > 0);
+    cr_assert(asprintf(&body,
+                       "{\"schema\":\"kparity.gate/v1\",\"name\":\"exec\",\"impls\":{\"moe.np\":{\"exec\":[\"%s\",\"%s\",\"%s\"],"
+                       "\"impl\":\"numpy.moe_shared\",\"timeout_s\":30}},\"defaults\":{\"runs\":3},\"check_sets\":{\"s\":["
+                       "{\"check\":\"repeat\",\"impl\":\"np\"},{\"check\":\"batch\",\"impl\":\"np\"}]},\"cases\":["
+                       "{\"case\":\"moe(hidden=64,inter=32,m=4,model=glm47,profile=uniform,seed=1)\",\"checks\":\"s\"},"
+                       "{\"case\":\"moe(hidden=64,inter=32,m=4,model=glm47,profile=uniform,seed=2)\",\"checks\":\"s\"}]}",
+                       kpt_python(), fixture, logpath) > 0);
+    cr_assert_eq(kpt_write(path, body, strlen(body)), 0);
+    const int rc = gate(path, "shared", &bundle, NULL);
+    cr_assert(rc == 0 || rc == 1, "the program served every request (exit %d)", rc);
+    char *log = kpt_read(logpath, NULL);
+    cr_assert(log, "the program kept its log");
+    const char *shared = "[\"global_scales\", \"s13\", \"s2\", \"w13\", \"w2\"]";
+    char last_case[256] = "";
+    int requests = 0, firsts = 0;
+    for (char *save = NULL, *line = strtok_r(log, "\n", &save); line; line = strtok_r(NULL, "\n", &save), requests++) {
+        cJSON *j = cJSON_Parse(line);
+        cr_assert(j, "a log line: %s", line);
+        const char *name = at(j, "case")->valuestring;
+        char *same = cJSON_PrintUnformatted(at(j, "same"));
+        if (strcmp(name, last_case)) { /* a case's first request: everything afresh */
+            cr_assert_str_eq(same, "[]", "%s's first request was handed %s from before", name, same);
+            snprintf(last_case, sizeof last_case, "%s", name);
+            firsts++;
+        } else {
+            char *want = strdup(shared);
+            for (char *c = want; *c; c++) if (*c == ' ') memmove(c, c + 1, strlen(c));
+            cr_assert_str_eq(same, want, "request %d of %s: the same objects were %s", requests, name, same);
+            free(want);
+        }
+        free(same);
+        cJSON_Delete(j);
+    }
+    cr_assert_eq(firsts, 2, "two cases, each with a first request");
+    cr_assert_geq(requests, 2 * (3 + 7), "a full run, 2 repeats and the batch probes a case: %d requests", requests);
+    free(log), free(fixture), free(logpath), free(path), free(body);
 }
