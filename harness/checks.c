@@ -589,15 +589,19 @@ static kp_result check_batch(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON 
     char summary[300];
     snprintf(summary, sizeof summary, "%lld probes; %lld row differences; %lld vacuous probes", (long long)nprobes,
              (long long)differ, (long long)vacuous);
-    if (not_given) { /* a judged impl: only the probes whose outputs were given were compared */
+    /* a judged impl: only the probes whose outputs were given were compared. A difference there is a verdict; their
+       agreement is not one on the rest, so the check never says PASSED for probes it did not compare */
+    const bool broke = differ || vacuous;
+    if (not_given) {
+        kp_json_add_int(f, "probes_compared", nprobes - not_given);
         kp_json_add_int(f, "probes_not_given", not_given);
         const size_t n = strlen(summary);
-        snprintf(summary + n, sizeof summary - n, "; %lld of them had no outputs given and were not compared",
-                 (long long)not_given);
+        snprintf(summary + n, sizeof summary - n, "; compared %lld of %lld probes; %lld had no outputs given: %s",
+                 (long long)(nprobes - not_given), (long long)nprobes, (long long)not_given,
+                 broke ? "not compared" : "no verdict on the rest");
     }
     cJSON_AddStringToObject(chk, "summary", summary);
-    if (not_given > 0 && not_given == nprobes) return KP_NOT_RUN; /* nothing was compared: no verdict either way */
-    return differ || vacuous ? KP_INCORRECT : KP_PASSED;
+    return broke ? KP_INCORRECT : not_given ? KP_NOT_RUN : KP_PASSED;
 }
 
 static kp_result check_expect(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON *chk) {

@@ -128,8 +128,8 @@ static char *load_npy(const char *name, kp_npy_info *info, size_t *len) {
  * (on this case: row 2, 7,022 kept where the rule keeps 7,021); which row and token is found here from the files
  * alone (its mask against the reference's keep mask that export writes), and the receipt must name exactly that:
  * the row, both kept counts, the one strict index, every other row meeting the rule. Repeat (the same file twice)
- * and batch (row 0 alone, from the batch-1 case's run) pass; a kept element of another row dropped is caught at its
- * row and token; two different runs make repeat INCORRECT. */
+ * passes; batch (row 0 alone, from the batch-1 case's run) compares that probe only, so it is NOT_RUN; a kept
+ * element of another row dropped is caught at its row and token; two different runs make repeat INCORRECT. */
 Test(judge, a_numpy_top_p_is_judged_and_a_flipped_element_is_caught) {
     export_case(ORDINARY, "ex", NULL);
     export_case("topp(batch=1,profile=ordinary,seed=58231,top_p=0.95,vocab=131072)", "ex1", NULL);
@@ -187,9 +187,11 @@ Test(judge, a_numpy_top_p_is_judged_and_a_flipped_element_is_caught) {
     cr_assert(cJSON_IsFalse(at(bad, "conformance.minimal")), "a token too many: not minimal");
     cr_assert_str_eq(at(rep, "result")->valuestring, "PASSED", "%s", at(rep, "summary")->valuestring);
     cr_assert_eq(at(rep, "params.runs")->valuedouble, 2, "repeat runs = the files given");
-    cr_assert_str_eq(at(bat, "result")->valuestring, "PASSED", "%s", at(bat, "summary")->valuestring);
-    cr_assert(strstr(at(bat, "summary")->valuestring, "had no outputs given and were not compared"), "%s",
+    /* only alone.row0 was given: its agreement is no verdict on the probes that were not */
+    cr_assert_str_eq(at(bat, "result")->valuestring, "NOT_RUN", "%s", at(bat, "summary")->valuestring);
+    cr_assert(strstr(at(bat, "summary")->valuestring, "had no outputs given: no verdict on the rest"), "%s",
               at(bat, "summary")->valuestring);
+    cr_assert_eq(at(bat, "findings.probes_compared")->valuedouble, 1, "%s", at(bat, "summary")->valuestring);
     cr_assert_eq(at(bat, "findings.probes.0.rows_probed")->valuedouble, 1, "alone.row0 was compared");
     cJSON_Delete(rec), free(err);
 
