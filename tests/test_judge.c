@@ -280,3 +280,102 @@ Test(judge, an_empty_array_of_a_huge_shape_is_refused_naming_the_whole_shape) {
     cr_assert(strstr(err, want), "%s", err);
     free(a), free(err), free(path);
 }
+
+/* ---- an mla case judged: bf16 bits as <i2, outputs declared absent ---------------------------------------------- */
+
+#define MLA_CASE "mla(batch=2,h_q=64,profile=uniform,s_kv=1024,scale=pow2,seed=1,topk=640)"
+#define MLA_EXPORT "mx/mla.split_size@host."
+
+/* kparity judge MLA_CASE with `checks` (a JSON array) under FlashMLA's decode tolerances (ci/gates/sparse-mla.json),
+ * the candidate mla.split_size@host as role "candidate", and the arguments args (NULL-terminated); the exit code,
+ * the first receipt (exit 0 or 1) and stderr. */
+static int judge_mla(const char *checks, const char *out, const char *const *args, cJSON **receipt, char **errout) {
+    char *cfg = in_dir("judge-mla.json"), *dir = in_dir(out), *argv[40], *o, *e, *body;
+    cr_assert(asprintf(&body, "{\"schema\":\"kparity.gate/v1\",\"name\":\"judge-mla\",\"impls\":{\"candidate\":"
+                       "\"mla.split_size@host\"},\"defaults\":{\"tensors\":{"
+                       "\"out\":{\"atol\":0.001,\"rtol\":0.015703125,\"cosine\":5e-06,\"element_rule\":\"both\","
+                       "\"round_reference\":true},"
+                       "\"lse\":{\"atol\":1e-06,\"rtol\":0.0001222229,\"element_rule\":\"both\",\"round_reference\":true},"
+                       "\"max_logits\":{\"atol\":1e-06,\"rtol\":0.0001222229,\"element_rule\":\"both\",\"round_reference\":"
+                       "true}}},\"cases\":[{\"case\":\"" MLA_CASE "\",\"checks\":%s}]}", checks) > 0);
+    cr_assert_eq(kpt_write(cfg, body, strlen(body)), 0);
+    int k = 0;
+    argv[k++] = kpt_binary(), argv[k++] = "judge", argv[k++] = MLA_CASE;
+    for (int i = 0; args[i]; i++) argv[k++] = (char *)args[i];
+    argv[k++] = "--config", argv[k++] = cfg, argv[k++] = "--out", argv[k++] = dir, argv[k++] = "--quiet", argv[k] = NULL;
+    const int rc = kpt_run(argv, &o, &e);
+    if (receipt) *receipt = rc <= 1 || rc == 77 ? kpt_receipt(dir, 1) : NULL;
+    if (errout) *errout = e;
+    else free(e);
+    free(o), free(cfg), free(dir), free(body);
+    return rc;
+}
+
+/* The exported file of output `name` rewritten under kpt_dir as `to` with dtype `descr` (2 bytes an element: the
+ * same bits from a 2-byte dtype, an int32 narrowed), or with every element times `scale` (f32, descr NULL). */
+static char *rewrite_npy(const char *name, const char *descr, float scale, const char *to) {
+    char from[128];
+    snprintf(from, sizeof from, MLA_EXPORT "%s.npy", name);
+    kp_npy_info info;
+    size_t len;
+    char *buf = load_npy(from, &info, &len), *path = in_dir(to);
+    unsigned char *data = (unsigned char *)buf + info.data_offset;
+    const size_t n = info.data_bytes / info.itemsize;
+    kp_error kerr = {0};
+    if (descr) {
+        int16_t *narrow = malloc(2 * n + 2);
+        cr_assert_not_null(narrow);
+        for (size_t i = 0; i < n; i++) {
+            int32_t v;
+            if (info.itemsize == 2) memcpy(&narrow[i], data + 2 * i, 2);
+            else memcpy(&v, data + 4 * i, 4), narrow[i] = (int16_t)v;
+        }
+        cr_assert_eq(kp_npy_write(path, descr, info.ndim, info.shape, narrow, 2 * n, &kerr), 0, "%s", kerr.msg);
+        free(narrow);
+    } else {
+        cr_assert_str_eq(info.descr, "<f4");
+        for (size_t i = 0; i < n; i++) ((float *)data)[i] *= scale;
+        cr_assert_eq(kp_npy_write(path, "<f4", info.ndim, info.shape, data, info.data_bytes, &kerr), 0, "%s", kerr.msg);
+    }
+    free(buf);
+    return path;
+}
+
+/* "NAME=FILE,FILE..." of exported outputs (names separated by ','), and files under kpt_dir given whole. */
+static char *files_arg(const char *role, const char *outputs) {
+    char *text = NULL, *list = strdup(outputs), *save = NULL;
+    cr_assert(asprintf(&text, "%s=", role) > 0);
+    for (char *o = strtok_r(list, ",", &save); o; o = strtok_r(NULL, ",", &save)) {
+        char *grown;
+        const int whole = strchr(o, '.') != NULL; /* a file of the test's own */
+        cr_assert(asprintf(&grown, "%s%s%s/%s%s%s", text, text[strlen(text) - 1] == '=' ? "" : ",", kpt_dir,
+                           whole ? "" : MLA_EXPORT, o, whole ? "" : ".npy") > 0);
+        free(text), text = grown;
+    }
+    free(list);
+    return kpt_scratch(text);
+}
+
+/* torch's natural view of bf16 bits is int16 (t.view(torch.int16).numpy() saves <i2): judge takes a bf16 output as
+ * <u2 or <i2, the same bytes judged the same; an i32 output narrowed to <i2 is still refused. */
+Test(judge, bf16_bits_saved_as_int16_are_judged_like_uint16) {
+    export_case(MLA_CASE, "mx", "mla.split_size@host");
+    kpt_scratch(rewrite_npy("out", "<i2", 1, "out_i2.npy")), kpt_scratch(rewrite_npy("splits", "<i2", 1, "splits_i2.npy"));
+    const char *checks = "[{\"check\":\"tolerance\",\"impl\":\"outside\"}]";
+    const char *u2[] = {"--impl", files_arg("outside", "out,lse,max_logits"), NULL};
+    const char *i2[] = {"--impl", files_arg("outside", "out_i2.npy,lse,max_logits"), NULL};
+    const char *bad[] = {"--impl", files_arg("outside", "out,lse,max_logits,splits_i2.npy"), NULL};
+    cJSON *a, *b;
+    char *err;
+    cr_assert_eq(judge_mla(checks, "u2", u2, &a, NULL), 0, "<u2");
+    cr_assert_eq(judge_mla(checks, "i2", i2, &b, &err), 0, "<i2: %s", err);
+    free(err);
+    cr_assert_str_eq(at(b, "checks.0.result")->valuestring, "PASSED", "%s", at(b, "checks.0.summary")->valuestring);
+    char *fa = cJSON_PrintUnformatted(at(a, "checks.0.findings")), *fb = cJSON_PrintUnformatted(at(b, "checks.0.findings"));
+    cr_assert_str_eq(fa, fb, "<u2 and <i2 bits judged differently");
+    cr_assert_str_eq(at(a, "impls.0.output_sha256")->valuestring, at(b, "impls.0.output_sha256")->valuestring);
+    cr_assert_eq(judge_mla(checks, "bad", bad, NULL, &err), 2, "an int32 output as <i2: %s", err);
+    cr_assert(strstr(err, "splits_i2.npy: dtype <i2; the family's output 'splits' is <i4"), "%s", err);
+    free(fa), free(fb), free(err);
+    cJSON_Delete(a), cJSON_Delete(b);
+}
