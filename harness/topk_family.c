@@ -286,8 +286,11 @@ static const char *const bench_cases[] = {
 };
 static const char *const defects[] = {"dropped_values", NULL};
 
+static const char *const output_names[] = {"indices", "values", NULL};
+
 const kp_family kp_topk_family = {
     .name = "topk",
+    .output_names = output_names,
     .cases = &kp_topk_case_family,
     .reference_provider = "reference.topk@host",
     .reference_rule = "the min(k, window) entries first in (value desc, index asc) over the row's window; -0 == +0; "

@@ -379,3 +379,109 @@ Test(judge, bf16_bits_saved_as_int16_are_judged_like_uint16) {
     free(fa), free(fb), free(err);
     cJSON_Delete(a), cJSON_Delete(b);
 }
+
+/* FlashMLA's decode gives no max_logits: declared absent (--absent outside=max_logits), out and lse from kparity's
+ * own candidate are judged and max_logits is never compared with the stand-in judge fills in; tolerance is PASSED
+ * over out and lse with max_logits NOT_RUN and named, and lse scaled by 0.9 is still caught. repeat and exact leave it
+ * out and say so; the receipt's impl entry lists it. Without the declaration a missing max_logits file is refused,
+ * and a name that is no output of mla is exit 2 naming it. Every compared output absent: NOT_RUN. */
+Test(judge, an_output_declared_absent_is_left_out_and_named) {
+    export_case(MLA_CASE, "mx", "mla.split_size@host");
+    kpt_scratch(rewrite_npy("lse", NULL, 0.9f, "lse_scaled.npy"));
+    const char *checks = "[{\"check\":\"tolerance\",\"impl\":\"outside\"},{\"check\":\"repeat\",\"impl\":\"outside\"},"
+                         "{\"check\":\"exact\",\"impls\":[\"outside\",\"candidate\"]},"
+                         "{\"check\":\"tolerance\",\"impl\":\"scaled\"},{\"check\":\"batch\",\"impl\":\"outside\"}]";
+    char *two = files_arg("outside", "out,lse");
+    const char *args[] = {"--absent", "outside=max_logits", "--impl", two, "--impl", two, "--absent", "scaled=max_logits",
+                          "--impl", files_arg("scaled", "out,lse_scaled.npy"), NULL};
+    cJSON *rec;
+    char *err;
+    cr_assert_eq(judge_mla(checks, "absent", args, &rec, &err), 1, "scaled's lse is INCORRECT: %s", err);
+    free(err);
+    const char *why = "max_logits: declared absent by mla.judged_outside@file, not judged";
+    const cJSON *tol = at(rec, "checks.0");
+    cr_assert_str_eq(at(tol, "result")->valuestring, "PASSED", "%s", at(tol, "summary")->valuestring);
+    cr_assert_str_eq(at(tol, "findings.tensors.0.tensor")->valuestring, "out");
+    cr_assert_str_eq(at(tol, "findings.tensors.0.result")->valuestring, "PASSED");
+    cr_assert_str_eq(at(tol, "findings.tensors.1.tensor")->valuestring, "lse");
+    cr_assert_str_eq(at(tol, "findings.tensors.1.result")->valuestring, "PASSED");
+    cr_assert_str_eq(at(tol, "findings.tensors.2.tensor")->valuestring, "max_logits");
+    cr_assert_str_eq(at(tol, "findings.tensors.2.result")->valuestring, "NOT_RUN");
+    cr_assert_str_eq(at(tol, "findings.tensors.2.reason")->valuestring, why);
+    cr_assert(strstr(at(tol, "summary")->valuestring, why), "%s", at(tol, "summary")->valuestring);
+    cr_assert_null(cJSON_GetObjectItemCaseSensitive(at(tol, "findings.tensors.2"), "metrics"), "never compared");
+    for (int c = 1; c <= 2; c++) { /* repeat and exact: left out, said so */
+        char key[32];
+        snprintf(key, sizeof key, "checks.%d", c);
+        const cJSON *chk = at(rec, key);
+        cr_assert_str_eq(at(chk, "result")->valuestring, "PASSED", "%s: %s", at(chk, "check")->valuestring,
+                         at(chk, "summary")->valuestring);
+        cr_assert_str_eq(at(chk, "findings.absent.0")->valuestring,
+                         "max_logits: declared absent by mla.judged_outside@file, left out");
+        cr_assert(strstr(at(chk, "summary")->valuestring, "max_logits: declared absent"), "%s", at(chk, "summary")->valuestring);
+    }
+    const cJSON *scaled = at(rec, "checks.3");
+    cr_assert_str_eq(at(scaled, "result")->valuestring, "INCORRECT", "%s", at(scaled, "summary")->valuestring);
+    cr_assert_str_eq(at(scaled, "findings.tensors.0.result")->valuestring, "PASSED");
+    cr_assert_str_eq(at(scaled, "findings.tensors.1.result")->valuestring, "INCORRECT", "lse at 0.9x");
+    cr_assert_str_eq(at(scaled, "findings.tensors.2.result")->valuestring, "NOT_RUN");
+    /* batch: no sub-batch given, so no probe compared (NOT_RUN), and max_logits named as left out all the same */
+    cr_assert_str_eq(at(rec, "checks.4.result")->valuestring, "NOT_RUN", "%s", at(rec, "checks.4.summary")->valuestring);
+    cr_assert_str_eq(at(rec, "checks.4.findings.absent.0")->valuestring,
+                     "max_logits: declared absent by mla.judged_outside@file, left out");
+    cr_assert_str_eq(at(rec, "impls.0.name")->valuestring, "mla.judged_outside@file");
+    cr_assert_str_eq(at(rec, "impls.0.absent_outputs.0")->valuestring, "max_logits");
+    cr_assert_eq(cJSON_GetArraySize(at(rec, "impls.0.absent_outputs")), 1);
+    cr_assert_str_eq(at(rec, "impls.1.name")->valuestring, "mla.split_size@host");
+    cr_assert_null(cJSON_GetObjectItemCaseSensitive(at(rec, "impls.1"), "absent_outputs"), "the candidate gives every output");
+    cJSON_Delete(rec);
+
+    /* without the declaration, a missing max_logits file is refused */
+    const char *undeclared[] = {"--impl", two, "--impl", two, NULL};
+    cr_assert_eq(judge_mla(checks, "undeclared", undeclared, NULL, &err), 2, "%s", err);
+    cr_assert(strstr(err, "2 files; mla outputs are, in order: out, lse, max_logits, splits (may be left out)"), "%s", err);
+    free(err);
+    /* a name that is not an output of mla */
+    const char *unknown[] = {"--absent", "outside=max_logit", "--impl", two, "--impl", two, NULL};
+    cr_assert_eq(judge_mla(checks, "unknown", unknown, NULL, &err), 2, "%s", err);
+    cr_assert(strstr(err, "'max_logit' is not an output of mla (its outputs: out, lse, max_logits, splits)"), "%s", err);
+    free(err);
+    /* every output of the answer absent (only splits given): tolerance and exact have nothing to compare */
+    const char *none[] = {"--absent", "outside=out,lse,max_logits", "--impl", files_arg("outside", "splits"), NULL};
+    cr_assert_eq(judge_mla("[{\"check\":\"tolerance\",\"impl\":\"outside\"},{\"check\":\"exact\",\"impls\":[\"outside\","
+                           "\"candidate\"]}]", "none", none, &rec, &err), 77, "%s", err);
+    free(err);
+    for (int c = 0; c < 2; c++) {
+        const cJSON *chk = cJSON_GetArrayItem(at(rec, "checks"), c);
+        cr_assert_str_eq(at(chk, "result")->valuestring, "NOT_RUN", "%s: %s", at(chk, "check")->valuestring,
+                         at(chk, "summary")->valuestring);
+    }
+    cr_assert(strstr(at(rec, "checks.1.summary")->valuestring, "nothing to compare"), "%s", at(rec, "checks.1.summary")->valuestring);
+    cJSON_Delete(rec);
+}
+
+/* A rule check reads the whole answer: a top-k output without its values is NOT_RUN, not judged on the indices; exact
+ * compares the indices alone, saying so. */
+Test(judge, a_rule_check_of_an_absent_output_is_not_run) {
+    const char *tk = "topk(k=16,profile=randn,rows=4,seed=1,width=100)";
+    export_case(tk, "tx", "topk.radix_exact@host");
+    char *cfg = in_dir("topk.json"), *dir = in_dir("tj"), *impl, *o, *e;
+    const char *body = "{\"schema\":\"kparity.gate/v1\",\"name\":\"judge-topk\",\"impls\":{\"candidate\":"
+                       "\"topk.radix_exact@host\"},\"cases\":[{\"case\":\"topk(k=16,profile=randn,rows=4,seed=1,width=100)\","
+                       "\"checks\":[{\"check\":\"rule\",\"impl\":\"outside\",\"ties\":\"lowest_index\",\"order\":\"any\"},"
+                       "{\"check\":\"exact\",\"impls\":[\"outside\",\"candidate\"]}]}]}";
+    cr_assert_eq(kpt_write(cfg, body, strlen(body)), 0);
+    cr_assert(asprintf(&impl, "outside=%s/tx/topk.radix_exact@host.indices.npy", kpt_dir) > 0);
+    char *argv[] = {kpt_binary(), "judge", (char *)tk, "--absent", "outside=values", "--impl", impl, "--config", cfg,
+                    "--out", dir, "--quiet", NULL};
+    cr_assert_eq(kpt_run(argv, &o, &e), 77, "a check NOT_RUN and none broken: %s", e);
+    cJSON *rec = kpt_receipt(dir, 1);
+    cr_assert_str_eq(at(rec, "checks.0.result")->valuestring, "NOT_RUN", "%s", at(rec, "checks.0.summary")->valuestring);
+    cr_assert(strstr(at(rec, "checks.0.summary")->valuestring, "values: declared absent by topk.judged_outside@file"), "%s",
+              at(rec, "checks.0.summary")->valuestring);
+    cr_assert_str_eq(at(rec, "checks.1.result")->valuestring, "PASSED", "%s", at(rec, "checks.1.summary")->valuestring);
+    cr_assert_str_eq(at(rec, "checks.1.findings.absent.0")->valuestring,
+                     "values: declared absent by topk.judged_outside@file, left out");
+    free(cfg), free(dir), free(impl), free(o), free(e);
+    cJSON_Delete(rec);
+}
