@@ -485,3 +485,91 @@ Test(judge, a_rule_check_of_an_absent_output_is_not_run) {
     free(cfg), free(dir), free(impl), free(o), free(e);
     cJSON_Delete(rec);
 }
+
+/* ---- top-k's NaN rank: a rule parameter ------------------------------------------------------------------------ */
+
+#define NAN_CASE "topk(k=16,profile=nan,rows=8,seed=5,width=100)"
+
+static const float *g_scores; /* the row being ordered, for nan_first */
+/* torch.topk's order, written here from its documentation: NaN above every number (every NaN one value, so by
+ * index), then value descending (-0 == +0), then index ascending. */
+static int nan_first(const void *a, const void *b) {
+    const int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+    const float x = g_scores[i], y = g_scores[j];
+    if (isnan(x) != isnan(y)) return isnan(x) ? -1 : 1;
+    if (!isnan(x) && x != y) return x > y ? -1 : 1;
+    return (i > j) - (i < j);
+}
+static int ascending(const void *a, const void *b) {
+    const int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+    return (i > j) - (i < j);
+}
+
+/* An output that ranks NaN above every number, as torch.topk does, is held to the rule under nan: "above" and
+ * breaks it under the default "below" on exactly the rows whose window holds NaN, which the check names; kparity's
+ * own candidate (NaN below) is the other way round. */
+Test(judge, nan_ranked_above_passes_under_nan_above_and_fails_below_naming_the_nan_rows) {
+    export_case(NAN_CASE, "nx", "topk.radix_exact@host");
+    kp_npy_info si, ii, vi;
+    size_t len;
+    char *sbuf = load_npy("nx/scores.npy", &si, &len), *ibuf = load_npy("nx/topk.radix_exact@host.indices.npy", &ii, &len);
+    char *vbuf = load_npy("nx/topk.radix_exact@host.values.npy", &vi, &len);
+    const int64_t rows = si.shape[0], width = si.shape[1], k = ii.shape[1];
+    const float *x = (const float *)(sbuf + si.data_offset);
+    int32_t *idx = (int32_t *)(ibuf + ii.data_offset), order[100];
+    float *val = (float *)(vbuf + vi.data_offset);
+    cr_assert_eq(width, 100);
+    int nan_row[8] = {0}, nnan = 0;
+    for (int64_t r = 0; r < rows; r++) { /* the full window [0, 100): NaN ranked first, the first k by index */
+        for (int64_t i = 0; i < width; i++) nan_row[r] |= isnan(x[r * width + i]), order[i] = (int32_t)i;
+        nnan += nan_row[r];
+        g_scores = x + r * width;
+        qsort(order, (size_t)width, sizeof *order, nan_first);
+        qsort(order, (size_t)k, sizeof *order, ascending);
+        for (int64_t q = 0; q < k; q++) idx[r * k + q] = order[q], val[r * k + q] = g_scores[order[q]];
+    }
+    cr_assert(nnan > 0 && nnan < rows, "some rows hold NaN and some do not (%d of %lld)", nnan, (long long)rows);
+    kp_error kerr = {0};
+    char *ti = in_dir("torch_indices.npy"), *tv = in_dir("torch_values.npy"), *cfg = in_dir("nan.json"), *dir = in_dir("nj");
+    cr_assert_eq(kp_npy_write(ti, "<i4", 2, ii.shape, idx, ii.data_bytes, &kerr), 0, "%s", kerr.msg);
+    cr_assert_eq(kp_npy_write(tv, "<f4", 2, vi.shape, val, vi.data_bytes, &kerr), 0, "%s", kerr.msg);
+    const char *body = "{\"schema\":\"kparity.gate/v1\",\"name\":\"nan\",\"impls\":{},\"defaults\":{\"ties\":\"lowest_index\","
+                       "\"order\":\"any\"},\"cases\":[{\"case\":\"" NAN_CASE "\",\"checks\":["
+                       "{\"check\":\"rule\",\"impl\":\"torch\"},{\"check\":\"rule\",\"impl\":\"torch\",\"nan\":\"above\"},"
+                       "{\"check\":\"rule\",\"impl\":\"mine\",\"nan\":\"below\"},{\"check\":\"rule\",\"impl\":\"mine\",\"nan\":"
+                       "\"above\"}]}]}";
+    cr_assert_eq(kpt_write(cfg, body, strlen(body)), 0);
+    char *torch, *mine, *o, *e;
+    cr_assert(asprintf(&torch, "torch=%s,%s", ti, tv) > 0);
+    cr_assert(asprintf(&mine, "mine=%s/nx/topk.radix_exact@host.indices.npy,%s/nx/topk.radix_exact@host.values.npy", kpt_dir,
+                       kpt_dir) > 0);
+    char *argv[] = {kpt_binary(), "judge", NAN_CASE, "--impl", torch, "--impl", mine, "--config", cfg, "--out", dir,
+                    "--quiet", NULL};
+    cr_assert_eq(kpt_run(argv, &o, &e), 1, "%s", e);
+    cJSON *rec = kpt_receipt(dir, 1);
+    const char *want[4] = {"INCORRECT", "PASSED", "PASSED", "INCORRECT"}, *rank[4] = {"below", "above", "below", "above"};
+    for (int c = 0; c < 4; c++) {
+        const cJSON *chk = cJSON_GetArrayItem(at(rec, "checks"), c);
+        const char *summary = at(chk, "summary")->valuestring;
+        cr_assert_str_eq(at(chk, "params.nan")->valuestring, rank[c], "the receipt records the NaN rank");
+        cr_assert_str_eq(at(chk, "result")->valuestring, want[c], "check %d: %s", c, summary);
+        if (!strcmp(want[c], "PASSED")) continue;
+        /* it names exactly the rows with NaN, in its findings and its summary */
+        const cJSON *named = at(chk, "findings.rows_failing_with_nan");
+        cr_assert_eq(cJSON_GetArraySize(named), nnan, "%s", summary);
+        char list[128] = "";
+        int i = 0;
+        for (int64_t r = 0; r < rows; r++) {
+            const size_t n = strlen(list);
+            if (nan_row[r]) snprintf(list + n, sizeof list - n, " %lld", (long long)r);
+            cr_assert_eq(!cJSON_IsTrue(at(cJSON_GetArrayItem(at(chk, "findings.per_row"), (int)r), "impl.meets_rule")),
+                         nan_row[r], "check %d row %lld", c, (long long)r);
+            if (nan_row[r]) cr_assert_eq(cJSON_GetArrayItem(named, i++)->valuedouble, (double)r);
+        }
+        char needle[200];
+        snprintf(needle, sizeof needle, "rows failing with NaN in their window (NaN ranked %s every number):%s", rank[c], list);
+        cr_assert(strstr(summary, needle), "%s\nlooked for: %s", summary, needle);
+    }
+    cJSON_Delete(rec);
+    free(sbuf), free(ibuf), free(vbuf), free(ti), free(tv), free(cfg), free(dir), free(torch), free(mine), free(o), free(e);
+}
