@@ -538,15 +538,19 @@ kp_result kp_batch_probe(kp_case_ctx *ctx, const kp_impl *impl, const kp_output 
         cJSON_AddStringToObject(p, "error", err.msg);
         return st;
     }
-    bool absent[KP_MAX_TENSORS]; /* check_batch names them in its findings */
+    bool absent[KP_MAX_TENSORS], order_absent = false; /* check_batch names them in its findings */
     absent_tensors(ctx, out, impl, NULL, absent, NULL, NULL, 0);
+    for (int k = 0; k < out->ntensors; k++) order_absent |= absent[k] && order_tensor(ctx, out, k);
+    /* the family's row_moved and describe_probe read the order outputs: without them, a row moved when its position
+       did, and the probe says nothing of its work order */
+    const bool by_order = !order_absent;
     const double t0 = kp_now();
     cJSON *differ = cJSON_AddArrayToObject(p, "rows_differ");
     for (int64_t i = 0; i < nrows; i++) {
         if (rows[i] >= ctx->batch) continue; /* filler rows only perturb */
         pr->rows_probed++;
         if (nrows != ctx->batch) pr->rows_moved++;
-        else if (ctx->fam->row_moved) pr->rows_moved += ctx->fam->row_moved(ctx->prep.v.data, full_out, rows[i], out, i);
+        else if (ctx->fam->row_moved && by_order) pr->rows_moved += ctx->fam->row_moved(ctx->prep.v.data, full_out, rows[i], out, i);
         else pr->rows_moved += rows[i] != i;
         if (rows_equal(ctx, out, i, full_out, rows[i], true, absent)) continue;
         cJSON *row = cJSON_CreateObject();
@@ -564,7 +568,7 @@ kp_result kp_batch_probe(kp_case_ctx *ctx, const kp_impl *impl, const kp_output 
         cJSON_AddItemToArray(differ, row);
         pr->rows_differ++;
     }
-    if (ctx->fam->describe_probe) ctx->fam->describe_probe(ctx->prep.v.data, out, rows, nrows, full_out, p);
+    if (ctx->fam->describe_probe && by_order) ctx->fam->describe_probe(ctx->prep.v.data, out, rows, nrows, full_out, p);
     kp_stage_add(KP_STAGE_JUDGING, kp_now() - t0);
     kp_output_free(out);
     pr->vacuous = pr->rows_moved < (min_moved > 1 ? min_moved : 1);

@@ -573,3 +573,31 @@ Test(judge, nan_ranked_above_passes_under_nan_above_and_fails_below_naming_the_n
     cJSON_Delete(rec);
     free(sbuf), free(ibuf), free(vbuf), free(ti), free(tv), free(cfg), free(dir), free(torch), free(mine), free(o), free(e);
 }
+
+/* An order output declared absent (mla's splits): a batch probe does not describe the work order from the stand-in
+ * judge fills in (no "splits" in its entry), where an order output merely not given is still described (from -1s,
+ * as before); the answer's rows are compared as usual. */
+Test(judge, a_batch_probe_reads_no_order_output_declared_absent) {
+    export_case(MLA_CASE, "mx", "mla.split_size@host");
+    export_case("mla(batch=1,h_q=64,profile=uniform,s_kv=1024,scale=pow2,seed=1,topk=640)", "m1", "mla.split_size@host");
+    const char *checks = "[{\"check\":\"batch\",\"impl\":\"outside\"}]";
+    char *one;
+    cr_assert(asprintf(&one, "outside@1=%s/m1/mla.split_size@host.out.npy,%s/m1/mla.split_size@host.lse.npy", kpt_dir, kpt_dir) > 0);
+    const char *declared[] = {"--absent", "outside=max_logits,splits", "--impl", files_arg("outside", "out,lse"), "--impl", one,
+                              NULL};
+    char *with_ml;
+    cr_assert(asprintf(&with_ml, "%s,%s/m1/mla.split_size@host.max_logits.npy", one, kpt_dir) > 0);
+    const char *not_given[] = {"--impl", files_arg("outside", "out,lse,max_logits"), "--impl", with_ml, NULL};
+    for (int v = 0; v < 2; v++) {
+        cJSON *rec;
+        char *err;
+        cr_assert_eq(judge_mla(checks, v ? "ng" : "decl", v ? not_given : declared, &rec, &err), 77, "%s", err);
+        const cJSON *probe = at(rec, "checks.0.findings.probes.0");
+        cr_assert_str_eq(at(probe, "probe")->valuestring, "alone.row0");
+        cr_assert_eq(at(probe, "rows_probed")->valuedouble, 1, "compared");
+        cr_assert_eq(cJSON_GetArraySize(at(probe, "rows_differ")), 0);
+        cr_assert_eq(cJSON_HasObjectItem(probe, "splits"), v == 1, "%s", v ? "not given: described" : "absent: not described");
+        cJSON_Delete(rec), free(err);
+    }
+    free(one), free(with_ml);
+}
