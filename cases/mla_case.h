@@ -6,8 +6,8 @@
  * default 64), cache (`fp8_ds_mla`, default, or `bf16`), scale (`raw`, default: f32 amax / 448 as vLLM writes it,
  * or `pow2`: 2^ceil(log2(max(amax / 448, 1e-4))) as FlashMLA's test quantizer; fp8_ds_mla only), topk_length (`off`,
  * default, `on`: a length per query row, or `request`: one per request, its first row's, the same for each of its
- * s_q rows, as FlashMLA's decode interface takes it), sink (`off`, default, `on`, or `inf`: some heads' sinks +inf or -inf, as FlashMLA's tests do)
- * and sm_scale (default 0.135234, DeepSeek-V3.2's).
+ * s_q rows, as FlashMLA's decode interface takes it), sink (`off`, default, `on`, or `inf`: some heads' sinks +inf
+ * or -inf, as FlashMLA's tests do) and sm_scale (default 0.135234, DeepSeek-V3.2's).
  *
  * Tensors (row = request * s_q + i, i the request's query position; P = ceil(s_kv / page) pages a request):
  *   q            bf16 [batch * s_q, h_q, 576]       0.5 z, rounded to bf16 (nearest even).

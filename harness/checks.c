@@ -209,8 +209,9 @@ static kp_result nothing_to_compare(cJSON *chk, const char *note) {
 }
 
 /* Row ia of output a against row ib of output b, every tensor of the answer (absent ones left out), element by
- * element (dtype-sized; in the family's canonical form when `canonical`): the differing indices of each tensor go into row_json as evidence, under `key` when
- * there is one tensor, else under key.<tensor>. Returns the count; -1 with err set on a failure. */
+ * element (dtype-sized; in the family's canonical form when `canonical`): the differing indices of each tensor go
+ * into row_json as evidence, under `key` when there is one tensor, else under key.<tensor>. Returns the count; -1
+ * with err set on a failure. */
 static int64_t row_diff(kp_case_ctx *ctx, const kp_output *a, int64_t ia, const kp_output *b, int64_t ib, bool canonical,
                         const bool *absent, cJSON *row_json, const char *key, const char *artifact_prefix, kp_error *err) {
     static _Thread_local kp_rowbuf ba, bb;
@@ -538,12 +539,11 @@ kp_result kp_batch_probe(kp_case_ctx *ctx, const kp_impl *impl, const kp_output 
         cJSON_AddStringToObject(p, "error", err.msg);
         return st;
     }
-    bool absent[KP_MAX_TENSORS], order_absent = false; /* check_batch names them in its findings */
+    /* absent tensors (check_batch names them) are not compared; the family's row_moved and describe_probe read the
+       order outputs, so where one is absent a row moved when its position did and the probe says nothing of its order */
+    bool absent[KP_MAX_TENSORS], by_order = true;
     absent_tensors(ctx, out, impl, NULL, absent, NULL, NULL, 0);
-    for (int k = 0; k < out->ntensors; k++) order_absent |= absent[k] && order_tensor(ctx, out, k);
-    /* the family's row_moved and describe_probe read the order outputs: without them, a row moved when its position
-       did, and the probe says nothing of its work order */
-    const bool by_order = !order_absent;
+    for (int k = 0; k < out->ntensors; k++) by_order &= !(absent[k] && order_tensor(ctx, out, k));
     const double t0 = kp_now();
     cJSON *differ = cJSON_AddArrayToObject(p, "rows_differ");
     for (int64_t i = 0; i < nrows; i++) {
