@@ -1,7 +1,8 @@
 /* tolerance.c: the tolerance check (DESIGN.md "Checks"): continuous outputs against the float64
  * reference. NaN and +-inf positions must match first; then, over the finite pairs, max abs, max rel,
  * NMSE, cosine difference and a bf16 ulp histogram, each bounded where the config declares it, with
- * every row's worst element listed. f32 and bf16 outputs. */
+ * every row's worst element listed. f32 and bf16 outputs. An output the impl declared absent is NOT_RUN in its
+ * entry, never compared with whatever its buffer holds; the verdict is over the others. */
 #define _GNU_SOURCE
 #include <math.h>
 #include <stdio.h>
@@ -201,6 +202,7 @@ kp_result kp_tolerance_check(const kp_prepared *p, const kp_check_spec *spec, co
             cJSON *e = cJSON_CreateObject();
             cJSON_AddItemToArray(tensors, e);
             cJSON_AddStringToObject(e, "tensor", o->t[k].name);
+            cJSON_AddStringToObject(e, "dtype", kp_dtype_name(o->t[k].dtype));
             cJSON_AddStringToObject(e, "result", "NOT_RUN");
             cJSON_AddStringToObject(e, "reason", why);
             const int n = snprintf(summary + used, sizeof summary - used, "%s%s", used ? "; " : "", why);
