@@ -100,8 +100,12 @@ static kp_case_out *full_output(kp_case_ctx *ctx, const kp_impl *impl, const cha
     free(rows);
     cJSON_AddStringToObject(entry, "status", kp_result_name(o->status));
     if (o->status == KP_PASSED) {
+        kp_output given = *o->out; /* the digest is of what the impl produced: its absent outputs' buffers left out */
+        given.ntensors = 0;
+        for (int k = 0; k < o->out->ntensors; k++)
+            if (!kp_impl_output_absent(impl, o->out->t[k].name)) given.t[given.ntensors++] = o->out->t[k];
         size_t nspans;
-        kp_span *spans = kp_output_spans(o->out, &nspans);
+        kp_span *spans = kp_output_spans(&given, &nspans);
         kp_digest_start(NULL, 0, spans, nspans, NULL, entry, "output_sha256"); /* hashed on a worker thread */
         free(spans);
     } else {

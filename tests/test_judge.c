@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../cases/kp_sha256.h"
 #include "../receipts/kp_npy.h"
 #include "kp_test_util.h"
 
@@ -432,6 +433,22 @@ Test(judge, an_output_declared_absent_is_left_out_and_named) {
     cr_assert_str_eq(at(rec, "impls.0.name")->valuestring, "mla.judged_outside@file");
     cr_assert_str_eq(at(rec, "impls.0.absent_outputs.0")->valuestring, "max_logits");
     cr_assert_eq(cJSON_GetArraySize(at(rec, "impls.0.absent_outputs")), 1);
+    /* its output digest is of out, lse and splits (not given: judge's -1s) row by row, not of judge's stand-in for
+       max_logits */
+    kp_npy_info oi, li;
+    size_t len;
+    char *ob = load_npy(MLA_EXPORT "out.npy", &oi, &len), *lb = load_npy(MLA_EXPORT "lse.npy", &li, &len), hex[KP_SHA256_HEX_LEN];
+    kp_sha256 h;
+    kp_error kerr = {0};
+    cr_assert_eq(kp_sha256_init(&h, &kerr), 0);
+    for (int64_t r = 0; r < oi.shape[0]; r++) {
+        kp_sha256_update(&h, ob + oi.data_offset + r * (oi.data_bytes / (size_t)oi.shape[0]), oi.data_bytes / (size_t)oi.shape[0]);
+        kp_sha256_update(&h, lb + li.data_offset + r * (li.data_bytes / (size_t)li.shape[0]), li.data_bytes / (size_t)li.shape[0]);
+        kp_sha256_update(&h, &(int32_t){-1}, 4);
+    }
+    kp_sha256_final_hex(&h, hex);
+    cr_assert_str_eq(at(rec, "impls.0.output_sha256")->valuestring, hex);
+    free(ob), free(lb);
     cr_assert_str_eq(at(rec, "impls.1.name")->valuestring, "mla.split_size@host");
     cr_assert_null(cJSON_GetObjectItemCaseSensitive(at(rec, "impls.1"), "absent_outputs"), "the candidate gives every output");
     cJSON_Delete(rec);
