@@ -254,7 +254,7 @@ static kp_result topk_rule(void *data, const void *params, const kp_output *out,
             nan_rows = cJSON_AddArrayToObject(f, "rows_failing_with_nan");
             if (n > 0 && (size_t)n < sizeof summary)
                 n += snprintf(summary + n, sizeof summary - n, "; rows failing with NaN in their window (NaN ranked %s "
-                              "every number):", p->nan == KP_TOPK_NAN_ABOVE ? "above" : "below");
+                              "every number):", kp_topk_nan_name(p->nan));
         }
         cJSON_AddItemToArray(nan_rows, kp_json_int(r));
         if (n > 0 && (size_t)n < sizeof summary) n += snprintf(summary + n, sizeof summary - n, " %lld", (long long)r);
