@@ -15,7 +15,7 @@
 static const char *const profile_names[KP_MLA_PROFILE_COUNT] = {"uniform", "holes", "invalid", "dup", "short", "mixed"};
 static const char *const cache_names[] = {"fp8_ds_mla", "bf16"};
 static const char *const scale_names[] = {"raw", "pow2"};
-static const char *const switch_names[] = {"off", "on"};
+static const char *const length_names[] = {"off", "on", "request"}; /* kp_mla_topk_length's order */
 static const char *const sink_names[] = {"off", "on", "inf"};
 static const char *const known_keys[] = {"batch", "seed",  "profile", "s_q",         "h_q",  "topk",    "s_kv",
                                          "page",  "cache", "scale",   "topk_length", "sink", "sm_scale"};
@@ -75,11 +75,11 @@ int kp_mla_case_read(const kp_case *c, kp_mla_case *out, kp_error *err) {
         (rc = optional_int(c, "page", 1, 1024, DEFAULT_PAGE, &out->page, err)) ||
         (rc = pick(c, "cache", cache_names, 2, "fp8_ds_mla", &cache, err)) ||
         (rc = pick(c, "scale", scale_names, 2, "raw", &scale, err)) ||
-        (rc = pick(c, "topk_length", switch_names, 2, "off", &length, err)) ||
+        (rc = pick(c, "topk_length", length_names, 3, "off", &length, err)) ||
         (rc = pick(c, "sink", sink_names, 3, "off", &sink, err)))
         return rc;
     out->profile = (kp_mla_profile)profile, out->cache = (kp_mla_cache_format)cache;
-    out->scale = (kp_mla_scale_kind)scale, out->topk_length = length, out->sink = (kp_mla_sink)sink;
+    out->scale = (kp_mla_scale_kind)scale, out->topk_length = (kp_mla_topk_length)length, out->sink = (kp_mla_sink)sink;
     if (out->h_q != 64 && out->h_q != 128)
         return kp_fail(err, KP_EXIT_USAGE, "case mla: field 'h_q': %lld is not 64 or 128 (the decode kernels' head counts; "
                        "vLLM pads a rank's heads to one of them)", (long long)out->h_q);
@@ -142,7 +142,7 @@ static int fill_defaults(kp_case *c, kp_error *err) {
     if (!rc) rc = set_int(c, "page", mc.page, -1, err);
     if (!rc) rc = kp_case_set(c, "cache", cache_names[mc.cache], err);
     if (!rc && mc.cache == KP_MLA_FP8_DS_MLA) rc = kp_case_set(c, "scale", scale_names[mc.scale], err);
-    if (!rc) rc = kp_case_set(c, "topk_length", switch_names[mc.topk_length], err);
+    if (!rc) rc = kp_case_set(c, "topk_length", length_names[mc.topk_length], err);
     if (!rc) rc = kp_case_set(c, "sink", sink_names[mc.sink], err);
     if (!rc) kp_format_number(mc.sm_scale, text, sizeof text), rc = kp_case_set(c, "sm_scale", text, err);
     return rc;
@@ -152,7 +152,7 @@ const kp_case_family kp_mla_case_family = {
     .name = "mla",
     .generator_version = KP_MLA_GENERATOR_VERSION,
     .fields_help = "batch seed profile [s_q h_q topk s_kv page cache scale topk_length sink sm_scale]; profiles: uniform "
-                   "holes invalid dup short mixed; cache: fp8_ds_mla bf16; scale: raw pow2; topk_length: off on; sink: "
+                   "holes invalid dup short mixed; cache: fp8_ds_mla bf16; scale: raw pow2; topk_length: off on request; sink: "
                    "off on inf",
     .normalize = normalize,
     .fill_defaults = fill_defaults,
@@ -342,9 +342,11 @@ static int gen_block(const kp_mla_case *mc, const kp_mla_buffers *out, const dou
     if (!rc && want_idx) rc = kp_rng_seek(&rng, slot_offset(SLOT_INDEX, (uint64_t)(a * S * span)), err);
     for (int64_t k = 0; !rc && want_idx && k < m; k++) {
         if ((rc = kp_rng_next(&rng, d, (size_t)(S * span), err))) break;
+        for (int64_t i = 0; i < S; i++) index_row(mc, (a + k) * S + i, d + i * span, perm, idx + (k * S + i) * K, len + k * S + i);
+        /* one length a request (FlashMLA's decode interface): its first row's, for each of its rows */
+        for (int64_t i = 1; mc->topk_length == KP_MLA_TOPK_LENGTH_REQUEST && i < S; i++) len[k * S + i] = len[k * S];
         for (int64_t i = 0; i < S; i++) {
             const int64_t r = k * S + i;
-            index_row(mc, (a + k) * S + i, d + i * span, perm, idx + r * K, len + r);
             const int64_t counted = mc->topk_length ? len[r] : K;
             for (int64_t j = 0; referenced && j < counted; j++)
                 if (idx[r * K + j] >= 0) referenced[k * T + idx[r * K + j]] = 1;

@@ -5,14 +5,17 @@
  * default 128), topk (a multiple of 64, default 2048), s_kv (tokens a request, default 4096), page (tokens a page,
  * default 64), cache (`fp8_ds_mla`, default, or `bf16`), scale (`raw`, default: f32 amax / 448 as vLLM writes it,
  * or `pow2`: 2^ceil(log2(max(amax / 448, 1e-4))) as FlashMLA's test quantizer; fp8_ds_mla only), topk_length (`off`,
- * default, or `on`), sink (`off`, default, `on`, or `inf`: some heads' sinks +inf or -inf, as FlashMLA's tests do)
- * and sm_scale (default 0.135234, DeepSeek-V3.2's).
+ * default, `on`: a length per query row, or `request`: one per request, its first row's, the same for each of its
+ * s_q rows, as FlashMLA's decode interface takes it), sink (`off`, default, `on`, or `inf`: some heads' sinks +inf
+ * or -inf, as FlashMLA's tests do) and sm_scale (default 0.135234, DeepSeek-V3.2's).
  *
  * Tensors (row = request * s_q + i, i the request's query position; P = ceil(s_kv / page) pages a request):
  *   q            bf16 [batch * s_q, h_q, 576]       0.5 z, rounded to bf16 (nearest even).
  *   indices      int32 [batch * s_q, topk]           token positions in the row's request, in [0, s_kv), or -1.
- *   topk_length  int32 [batch * s_q]                 with topk_length=on: slot j of a row counts only when
- *                                                    j < topk_length (FlashMLA's prefill rule and its decode tests').
+ *   topk_length  int32 [batch * s_q]                 with topk_length=on or request: slot j of a row counts only when
+ *                                                    j < topk_length (FlashMLA's prefill rule and its decode tests');
+ *                                                    with request, a request's rows hold its first row's length
+ *                                                    (the indices are the same as with on).
  *   page_table   int32 [batch, P]                    request r's logical page p lives in physical page
  *                                                    r * P + perm_r(p), perm_r a seeded permutation of [0, P).
  *   cache        [batch * P, page, 656] bytes (fp8_ds_mla) or bf16 [batch * P, page, 576] (bf16): token t of
@@ -83,6 +86,12 @@ typedef enum kp_mla_profile {
 typedef enum kp_mla_cache_format { KP_MLA_FP8_DS_MLA = 0, KP_MLA_BF16 } kp_mla_cache_format;
 typedef enum kp_mla_scale_kind { KP_MLA_SCALE_RAW = 0, KP_MLA_SCALE_POW2 } kp_mla_scale_kind;
 typedef enum kp_mla_sink { KP_MLA_SINK_OFF = 0, KP_MLA_SINK_ON, KP_MLA_SINK_INF } kp_mla_sink;
+/* Whether a topk_length array comes with the indices (non-zero), and whether per row or per request. */
+typedef enum kp_mla_topk_length {
+    KP_MLA_TOPK_LENGTH_OFF = 0,
+    KP_MLA_TOPK_LENGTH_ROW,    /* `on`: drawn per query row */
+    KP_MLA_TOPK_LENGTH_REQUEST /* `request`: one per request, repeated over its s_q rows */
+} kp_mla_topk_length;
 
 typedef struct kp_mla_case {
     int64_t batch, s_q, h_q, topk, s_kv, page;
@@ -90,7 +99,7 @@ typedef struct kp_mla_case {
     kp_mla_profile profile;
     kp_mla_cache_format cache;
     kp_mla_scale_kind scale; /* raw for a bf16 cache (unused) */
-    int topk_length;         /* 1: a topk_length array comes with the indices */
+    kp_mla_topk_length topk_length; /* non-zero: a topk_length array comes with the indices */
     kp_mla_sink sink;
     double sm_scale; /* as written in the name; kernels taking f32 use (float)sm_scale */
 } kp_mla_case;

@@ -65,6 +65,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         size_t want = kp_dtype_size(t->dtype) * (size_t)rows;
         for (int d = 1; d < t->ndim; d++) want *= (size_t)t->shape[d];
         KP_ASSERT(info.data_bytes == want && info.data_offset + info.data_bytes == size);
+        KP_ASSERT(t->dtype != KP_BF16 || !strcmp(info.descr, "<u2") || !strcmp(info.descr, "<i2"));
     }
     return 0;
 }

@@ -1,7 +1,8 @@
 /* checks.c: the declared checks. exact: two impls bit for bit, with the family's evidence of who
  * meets the rule; rule: the family's judge; tolerance: against the float64 reference (tolerance.c);
  * repeat: run-to-run bits; batch: per-row bits across batch compositions that straddle the family's
- * thresholds; expect: a known defect must reproduce. Launch errors never become mismatches. */
+ * thresholds; expect: a known defect must reproduce. Launch errors never become mismatches. An output an impl
+ * declared absent (kp_impl_output_absent) is never judged: comparisons leave it out and say so. */
 #define _GNU_SOURCE
 #include "kp_checks.h"
 
@@ -87,6 +88,12 @@ static kp_case_out *full_output(kp_case_ctx *ctx, const kp_impl *impl, const cha
     cJSON_AddStringToObject(entry, "binary", origin ? origin : "kparity (built in)");
     cJSON_AddStringToObject(entry, "binary_sha256", origin && plugin_sha ? plugin_sha : kp_self_sha256());
     if (kp_impl_is_judged(impl)) cJSON_AddBoolToObject(entry, "judged", 1); /* outputs made outside, read from files */
+    cJSON *absent = NULL; /* outputs the impl declared it does not produce: no check judges them */
+    for (int k = 0; ctx->fam->output_names[k]; k++) {
+        if (!kp_impl_output_absent(impl, ctx->fam->output_names[k])) continue;
+        if (!absent) absent = cJSON_AddArrayToObject(entry, "absent_outputs");
+        cJSON_AddItemToArray(absent, cJSON_CreateString(ctx->fam->output_names[k]));
+    }
     cJSON *timing = cJSON_AddObjectToObject(entry, "timing");
     kp_error err = {0};
     o->status = rows ? kp_run_rows(&ctx->prep, impl, rows, ctx->batch, &o->out, timing, &err) : KP_FAILED;
@@ -95,8 +102,12 @@ static kp_case_out *full_output(kp_case_ctx *ctx, const kp_impl *impl, const cha
     cJSON_AddStringToObject(entry, "status", kp_result_name(o->status));
     kp_exec_describe(impl, entry); /* an outside program: its command, files, versions */
     if (o->status == KP_PASSED) {
+        kp_output given = *o->out; /* the digest is of what the impl produced: its absent outputs' buffers left out */
+        given.ntensors = 0;
+        for (int k = 0; k < o->out->ntensors; k++)
+            if (!kp_impl_output_absent(impl, o->out->t[k].name)) given.t[given.ntensors++] = o->out->t[k];
         size_t nspans;
-        kp_span *spans = kp_output_spans(o->out, &nspans);
+        kp_span *spans = kp_output_spans(&given, &nspans);
         kp_digest_start(NULL, 0, spans, nspans, NULL, entry, "output_sha256"); /* hashed on a worker thread */
         free(spans);
     } else {
@@ -172,17 +183,49 @@ static bool order_tensor(const kp_case_ctx *ctx, const kp_output *o, int k) {
     return false;
 }
 
-/* Row ia of output a against row ib of output b, every tensor of the answer, element by element (dtype-sized; in the
- * family's canonical form when `canonical`): the differing indices of each tensor go into row_json as evidence, under `key` when
- * there is one tensor, else under key.<tensor>. Returns the count; -1 with err set on a failure. */
+/* Which tensors of o impl a or b (NULL: one impl) declared absent, into absent[]: a comparison leaves them out. Each
+ * is named in findings["absent"] and note ("; max_logits: declared absent by IMPL, left out"). Returns how many tensors
+ * of the answer (order outputs aside) are left to compare. */
+static int absent_tensors(const kp_case_ctx *ctx, const kp_output *o, const kp_impl *a, const kp_impl *b,
+                          bool absent[KP_MAX_TENSORS], cJSON *findings, char *note, size_t note_len) {
+    int answer = 0;
+    cJSON *list = NULL;
+    if (note_len) note[0] = '\0';
+    for (int k = 0; k < o->ntensors; k++) {
+        const kp_impl *by = kp_impl_output_absent(a, o->t[k].name) ? a : b && kp_impl_output_absent(b, o->t[k].name) ? b : NULL;
+        absent[k] = by != NULL;
+        answer += !by && !order_tensor(ctx, o, k);
+        if (!by) continue;
+        char why[200];
+        snprintf(why, sizeof why, "%s: declared absent by %s, left out", o->t[k].name, by->name);
+        if (!list && findings) list = cJSON_AddArrayToObject(findings, "absent");
+        if (list) cJSON_AddItemToArray(list, cJSON_CreateString(why));
+        const size_t n = note_len ? strlen(note) : 0;
+        if (n + 1 < note_len) snprintf(note + n, note_len - n, "; %s", why);
+    }
+    return answer;
+}
+
+/* A check none of whose compared tensors an impl produces: NOT_RUN, saying so. */
+static kp_result nothing_to_compare(cJSON *chk, const char *note) {
+    char summary[600];
+    snprintf(summary, sizeof summary, "nothing to compare: every output of the answer is declared absent%s", note);
+    cJSON_AddStringToObject(chk, "summary", summary);
+    return KP_NOT_RUN;
+}
+
+/* Row ia of output a against row ib of output b, every tensor of the answer (absent ones left out), element by
+ * element (dtype-sized; in the family's canonical form when `canonical`): the differing indices of each tensor go
+ * into row_json as evidence, under `key` when there is one tensor, else under key.<tensor>. Returns the count; -1
+ * with err set on a failure. */
 static int64_t row_diff(kp_case_ctx *ctx, const kp_output *a, int64_t ia, const kp_output *b, int64_t ib, bool canonical,
-                        cJSON *row_json, const char *key, const char *artifact_prefix, kp_error *err) {
+                        const bool *absent, cJSON *row_json, const char *key, const char *artifact_prefix, kp_error *err) {
     static _Thread_local kp_rowbuf ba, bb;
     static _Thread_local int64_t *idx;
     static _Thread_local int64_t idx_cap;
     int64_t total = 0;
     for (int k = 0; k < a->ntensors; k++) {
-        if (order_tensor(ctx, a, k)) continue;
+        if (order_tensor(ctx, a, k) || absent[k]) continue;
         int64_t n = 0, elems;
         const unsigned char *x = kp_output_row(&ctx->prep, a, k, ia, canonical, &elems, &ba);
         const unsigned char *y = kp_output_row(&ctx->prep, b, k, ib, canonical, &elems, &bb);
@@ -210,15 +253,16 @@ static int64_t row_diff(kp_case_ctx *ctx, const kp_output *a, int64_t ia, const 
     return total;
 }
 
-/* SHA-256 of rows [r0, r1) of an output's answer as it is, tensors in order within a row. */
-static void rows_digest(kp_case_ctx *ctx, const kp_output *o, int64_t r0, int64_t r1, char hex[KP_SHA256_HEX_LEN]) {
+/* SHA-256 of rows [r0, r1) of an output's answer as it is (absent tensors left out), tensors in order within a row. */
+static void rows_digest(kp_case_ctx *ctx, const kp_output *o, int64_t r0, int64_t r1, const bool *absent,
+                        char hex[KP_SHA256_HEX_LEN]) {
     kp_sha256 h;
     kp_error err;
     if (kp_sha256_init(&h, &err)) kp_abort(__FILE__, __LINE__, "%s", err.msg);
     kp_rowbuf buf = {0};
     for (int64_t r = r0; r < r1; r++)
         for (int k = 0; k < o->ntensors; k++) {
-            if (order_tensor(ctx, o, k)) continue;
+            if (order_tensor(ctx, o, k) || absent[k]) continue;
             int64_t elems;
             const void *row = kp_output_row(&ctx->prep, o, k, r, false, &elems, &buf);
             kp_sha256_update(&h, row, (size_t)elems * kp_dtype_size(o->t[k].dtype));
@@ -238,10 +282,11 @@ static bool tensor_rows_equal(kp_case_ctx *ctx, const kp_output *a, int64_t ia, 
     return !memcmp(x, y, (size_t)elems * kp_dtype_size(a->t[k].dtype));
 }
 
-/* Whether row ia of a and row ib of b are the same bits in every tensor of the answer. */
-static bool rows_equal(kp_case_ctx *ctx, const kp_output *a, int64_t ia, const kp_output *b, int64_t ib, bool canonical) {
+/* Whether row ia of a and row ib of b are the same bits in every tensor of the answer (absent ones left out). */
+static bool rows_equal(kp_case_ctx *ctx, const kp_output *a, int64_t ia, const kp_output *b, int64_t ib, bool canonical,
+                       const bool *absent) {
     for (int k = 0; k < a->ntensors; k++)
-        if (!order_tensor(ctx, a, k) && !tensor_rows_equal(ctx, a, ia, b, ib, k, canonical)) return false;
+        if (!order_tensor(ctx, a, k) && !absent[k] && !tensor_rows_equal(ctx, a, ia, b, ib, k, canonical)) return false;
     return true;
 }
 
@@ -253,23 +298,27 @@ static kp_result check_exact(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON 
     kp_case_out *a = full_output(ctx, spec->impl[0], spec->role[0]), *b = full_output(ctx, spec->impl[1], spec->role[1]);
     if (a->status != KP_PASSED) return not_ok(a, chk);
     if (b->status != KP_PASSED) return not_ok(b, chk);
+    cJSON *f = cJSON_AddObjectToObject(chk, "findings");
+    bool absent[KP_MAX_TENSORS];
+    char note[400];
+    if (!absent_tensors(ctx, a->out, spec->impl[0], spec->impl[1], absent, f, note, sizeof note))
+        return nothing_to_compare(chk, note);
     int64_t *rows = malloc(sizeof *rows * (size_t)ctx->batch + 8);
     if (!rows) {
         cJSON_AddStringToObject(chk, "summary", "out of host memory");
         return KP_FAILED;
     }
-    cJSON *f = cJSON_AddObjectToObject(chk, "findings");
     cJSON *per_row = cJSON_CreateArray();
     int64_t nrows_diff = 0, elements = 0;
     kp_error err = {0};
     const double t0 = kp_now();
     for (int64_t r = 0; r < ctx->batch; r++) {
-        if (rows_equal(ctx, a->out, r, b->out, r, true)) continue;
+        if (rows_equal(ctx, a->out, r, b->out, r, true, absent)) continue;
         cJSON *row = cJSON_CreateObject();
         kp_json_add_int(row, "row", r);
         char name[64];
         snprintf(name, sizeof name, "exact.row%lld.differ", (long long)r);
-        const int64_t n = row_diff(ctx, a->out, r, b->out, r, true, row, "differ", name, &err);
+        const int64_t n = row_diff(ctx, a->out, r, b->out, r, true, absent, row, "differ", name, &err);
         if (n <= 0) { /* equal bits compared unequal: impossible; or a failure recorded in err */
             cJSON_Delete(row);
             if (n < 0) break;
@@ -286,8 +335,9 @@ static kp_result check_exact(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON 
     kp_json_add_int(f, "elements_differ", elements);
     cJSON_AddItemToObject(f, "per_row", per_row);
     /* where they differ, say who meets the rule: the evidence the seed's gate lacked
-       (a failure here leaves its message in err, which fails the check below) */
-    if (nrows_diff && !err.msg[0] && ctx->fam->explain_exact && spec->has_params && !reference_for(ctx, spec, &err)) {
+       (a failure here leaves its message in err, which fails the check below); the rule reads every output, so
+       not where one is absent */
+    if (nrows_diff && !err.msg[0] && !note[0] && ctx->fam->explain_exact && spec->has_params && !reference_for(ctx, spec, &err)) {
         const kp_impl *const impls[2] = {spec->impl[0], spec->impl[1]};
         const kp_output *const outs[2] = {a->out, b->out};
         ctx->fam->explain_exact(ctx->prep.v.data, spec->params, impls, outs, rows, nrows_diff, per_row, ctx->ev, &err);
@@ -297,12 +347,12 @@ static kp_result check_exact(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON 
         cJSON_AddStringToObject(chk, "summary", err.msg);
         return KP_FAILED;
     }
-    char summary[256];
+    char summary[700];
     if (nrows_diff)
-        snprintf(summary, sizeof summary, "%lld/%lld rows bit-identical; %lld rows differ in %lld elements",
-                 (long long)(ctx->batch - nrows_diff), (long long)ctx->batch, (long long)nrows_diff, (long long)elements);
+        snprintf(summary, sizeof summary, "%lld/%lld rows bit-identical; %lld rows differ in %lld elements%s",
+                 (long long)(ctx->batch - nrows_diff), (long long)ctx->batch, (long long)nrows_diff, (long long)elements, note);
     else
-        snprintf(summary, sizeof summary, "%lld/%lld rows bit-identical", (long long)ctx->batch, (long long)ctx->batch);
+        snprintf(summary, sizeof summary, "%lld/%lld rows bit-identical%s", (long long)ctx->batch, (long long)ctx->batch, note);
     cJSON_AddStringToObject(chk, "summary", summary);
     return nrows_diff ? KP_INCORRECT : KP_PASSED;
 }
@@ -328,6 +378,16 @@ static kp_result check_rule(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON *
     kp_result r;
     const kp_case_out *a = output_and_reference(ctx, spec, chk, &r);
     if (!a) return r;
+    bool absent[KP_MAX_TENSORS];
+    char note[400];
+    absent_tensors(ctx, a->out, spec->impl[0], NULL, absent, NULL, note, sizeof note);
+    for (int k = 0; k < a->out->ntensors; k++)
+        if (absent[k] && !order_tensor(ctx, a->out, k)) { /* the rule reads the whole answer: no judgement on part of it */
+            char summary[600];
+            snprintf(summary, sizeof summary, "not judged: the rule reads every output of the answer%s", note);
+            cJSON_AddStringToObject(chk, "summary", summary);
+            return KP_NOT_RUN;
+        }
     kp_error err = {0};
     r = ctx->fam->rule(ctx->prep.v.data, spec->params, a->out, spec->impl[0], chk, ctx->ev, &err);
     if (r == KP_FAILED && err.msg[0]) cJSON_AddStringToObject(chk, "summary", err.msg);
@@ -366,6 +426,9 @@ static kp_result check_repeat(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON
     if (a->status != KP_PASSED) return not_ok(a, chk);
     const int64_t B = ctx->batch;
     const kp_output *first = a->out;
+    bool absent[KP_MAX_TENSORS];
+    char note[400];
+    if (!absent_tensors(ctx, first, spec->impl[0], NULL, absent, NULL, note, sizeof note)) return nothing_to_compare(chk, note);
     char(*row_digest)[KP_SHA256_HEX_LEN] = calloc((size_t)(B * spec->runs), KP_SHA256_HEX_LEN); /* "" = same as run 1 */
     char(*whole)[KP_SHA256_HEX_LEN] = calloc((size_t)spec->runs, KP_SHA256_HEX_LEN);             /* "" = same as run 1 */
     int64_t *rows = malloc(sizeof *rows * (size_t)B);
@@ -392,20 +455,23 @@ static kp_result check_repeat(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON
         int any = 0;
         for (int64_t r = 0; r < B; r++) {
             for (int k = 0; k < first->ntensors; k++)
-                if (order_tensor(ctx, first, k)) tensor_varies[r * first->ntensors + k] |= !tensor_rows_equal(ctx, out, r, first, r, k, false);
-            if (rows_equal(ctx, out, r, first, r, false)) continue;
+                if (order_tensor(ctx, first, k) && !absent[k])
+                    tensor_varies[r * first->ntensors + k] |= !tensor_rows_equal(ctx, out, r, first, r, k, false);
+            if (rows_equal(ctx, out, r, first, r, false, absent)) continue;
             any = 1;
-            for (int k = 0; k < first->ntensors; k++) tensor_varies[r * first->ntensors + k] |= !tensor_rows_equal(ctx, out, r, first, r, k, false);
-            if (!varies[r]) rows_digest(ctx, first, r, r + 1, row_digest[r * spec->runs]);
+            for (int k = 0; k < first->ntensors; k++)
+                if (!absent[k]) tensor_varies[r * first->ntensors + k] |= !tensor_rows_equal(ctx, out, r, first, r, k, false);
+            if (!varies[r]) rows_digest(ctx, first, r, r + 1, absent, row_digest[r * spec->runs]);
             varies[r] = 1;
-            rows_digest(ctx, out, r, r + 1, row_digest[r * spec->runs + run]);
+            rows_digest(ctx, out, r, r + 1, absent, row_digest[r * spec->runs + run]);
         }
-        if (any) rows_digest(ctx, out, 0, B, whole[run]);
+        if (any) rows_digest(ctx, out, 0, B, absent, whole[run]);
         kp_stage_add(KP_STAGE_JUDGING, kp_now() - t0);
         kp_output_free(out);
     }
     if (result == KP_PASSED) {
         cJSON *f = cJSON_AddObjectToObject(chk, "findings");
+        absent_tensors(ctx, first, spec->impl[0], NULL, absent, f, note, sizeof note); /* named in the findings too */
         int distinct = 1;
         for (int run = 1; run < spec->runs; run++) {
             if (!whole[run][0]) continue;
@@ -439,6 +505,7 @@ static kp_result check_repeat(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON
         cJSON *by_tensor = cJSON_AddObjectToObject(f, "rows_varying_by_tensor");
         char per[200] = "";
         for (int k = 0; k < first->ntensors; k++) {
+            if (absent[k]) continue;
             int64_t n = 0;
             for (int64_t r = 0; r < B; r++) n += tensor_varies[r * first->ntensors + k];
             kp_json_add_int(by_tensor, first->t[k].name, n);
@@ -449,9 +516,9 @@ static kp_result check_repeat(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON
                 cJSON_AddBoolToObject(f, "order_changed", n > 0);
             }
         }
-        char summary[400];
-        snprintf(summary, sizeof summary, "%d distinct outputs over %d runs; %lld/%lld rows vary%s", distinct, spec->runs,
-                 (long long)nvary, (long long)B, per);
+        char summary[800];
+        snprintf(summary, sizeof summary, "%d distinct outputs over %d runs; %lld/%lld rows vary%s%s", distinct, spec->runs,
+                 (long long)nvary, (long long)B, per, note);
         cJSON_AddStringToObject(chk, "summary", summary);
         result = distinct == 1 ? KP_PASSED : KP_INCORRECT;
     }
@@ -478,21 +545,26 @@ kp_result kp_batch_probe(kp_case_ctx *ctx, const kp_impl *impl, const kp_output 
         cJSON_AddStringToObject(p, "error", err.msg);
         return st;
     }
+    /* absent tensors (check_batch names them) are not compared; the family's row_moved and describe_probe read the
+       order outputs, so where one is absent a row moved when its position did and the probe says nothing of its order */
+    bool absent[KP_MAX_TENSORS], by_order = true;
+    absent_tensors(ctx, out, impl, NULL, absent, NULL, NULL, 0);
+    for (int k = 0; k < out->ntensors; k++) by_order &= !(absent[k] && order_tensor(ctx, out, k));
     const double t0 = kp_now();
     cJSON *differ = cJSON_AddArrayToObject(p, "rows_differ");
     for (int64_t i = 0; i < nrows; i++) {
         if (rows[i] >= ctx->batch) continue; /* filler rows only perturb */
         pr->rows_probed++;
         if (nrows != ctx->batch) pr->rows_moved++;
-        else if (ctx->fam->row_moved) pr->rows_moved += ctx->fam->row_moved(ctx->prep.v.data, full_out, rows[i], out, i);
+        else if (ctx->fam->row_moved && by_order) pr->rows_moved += ctx->fam->row_moved(ctx->prep.v.data, full_out, rows[i], out, i);
         else pr->rows_moved += rows[i] != i;
-        if (rows_equal(ctx, out, i, full_out, rows[i], true)) continue;
+        if (rows_equal(ctx, out, i, full_out, rows[i], true, absent)) continue;
         cJSON *row = cJSON_CreateObject();
         kp_json_add_int(row, "row", rows[i]);
         kp_json_add_int(row, "position", i);
         char aname[96];
         snprintf(aname, sizeof aname, "batch.%s.row%lld.differ", name, (long long)rows[i]);
-        const int64_t n = row_diff(ctx, out, i, full_out, rows[i], true, row, "elements", aname, &err);
+        const int64_t n = row_diff(ctx, out, i, full_out, rows[i], true, absent, row, "elements", aname, &err);
         if (n < 0) {
             cJSON_Delete(row);
             cJSON_AddStringToObject(p, "error", err.msg);
@@ -502,7 +574,7 @@ kp_result kp_batch_probe(kp_case_ctx *ctx, const kp_impl *impl, const kp_output 
         cJSON_AddItemToArray(differ, row);
         pr->rows_differ++;
     }
-    if (ctx->fam->describe_probe) ctx->fam->describe_probe(ctx->prep.v.data, out, rows, nrows, full_out, p);
+    if (ctx->fam->describe_probe && by_order) ctx->fam->describe_probe(ctx->prep.v.data, out, rows, nrows, full_out, p);
     kp_stage_add(KP_STAGE_JUDGING, kp_now() - t0);
     kp_output_free(out);
     pr->vacuous = pr->rows_moved < (min_moved > 1 ? min_moved : 1);
@@ -519,6 +591,9 @@ static kp_result check_batch(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON 
     const kp_family *fam = ctx->fam;
     const int64_t B = ctx->batch, total = ctx->prep.v.rows_total;
     cJSON *f = cJSON_AddObjectToObject(chk, "findings");
+    bool absent[KP_MAX_TENSORS];
+    char note[400];
+    if (!absent_tensors(ctx, a->out, spec->impl[0], NULL, absent, f, note, sizeof note)) return nothing_to_compare(chk, note);
     cJSON *probes = cJSON_AddArrayToObject(f, "probes");
     int64_t *rows = malloc(sizeof *rows * (size_t)total);
     if (!rows) {
@@ -588,18 +663,22 @@ static kp_result check_batch(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON 
     }
     kp_json_add_int(f, "row_differences", differ);
     kp_json_add_int(f, "vacuous_probes", vacuous);
-    char summary[300];
-    snprintf(summary, sizeof summary, "%lld probes; %lld row differences; %lld vacuous probes", (long long)nprobes,
-             (long long)differ, (long long)vacuous);
-    if (not_given) { /* a judged impl: only the probes whose outputs were given were compared */
+    char summary[800];
+    snprintf(summary, sizeof summary, "%lld probes; %lld row differences; %lld vacuous probes%s", (long long)nprobes,
+             (long long)differ, (long long)vacuous, note);
+    /* a judged impl: only the probes whose outputs were given were compared. A difference there is a verdict; their
+       agreement is not one on the rest, so the check never says PASSED for probes it did not compare */
+    const bool broke = differ || vacuous;
+    if (not_given) {
+        kp_json_add_int(f, "probes_compared", nprobes - not_given);
         kp_json_add_int(f, "probes_not_given", not_given);
         const size_t n = strlen(summary);
-        snprintf(summary + n, sizeof summary - n, "; %lld of them had no outputs given and were not compared",
-                 (long long)not_given);
+        snprintf(summary + n, sizeof summary - n, "; compared %lld of %lld probes; %lld had no outputs given: %s",
+                 (long long)(nprobes - not_given), (long long)nprobes, (long long)not_given,
+                 broke ? "not compared" : "no verdict on the rest");
     }
     cJSON_AddStringToObject(chk, "summary", summary);
-    if (not_given > 0 && not_given == nprobes) return KP_NOT_RUN; /* nothing was compared: no verdict either way */
-    return differ || vacuous ? KP_INCORRECT : KP_PASSED;
+    return broke ? KP_INCORRECT : not_given ? KP_NOT_RUN : KP_PASSED;
 }
 
 static kp_result check_expect(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON *chk) {

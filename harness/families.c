@@ -1,6 +1,7 @@
 /* families.c: the family table, the one place the harness lists its families. Adding a family: one
  * row below (and its case family's row in cases/case_families.c); kp_harness.h says what else. */
 #include <stddef.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "kp_harness.h"
@@ -26,11 +27,39 @@ int kp_family_thresholds(const kp_family *fam, const kp_case *c, kp_threshold t[
     return n;
 }
 
+int kp_family_output_index(const kp_family *fam, const char *name) {
+    for (int k = 0; name && fam->output_names && fam->output_names[k]; k++)
+        if (!strcmp(fam->output_names[k], name)) return k;
+    return -1;
+}
+
+void kp_family_output_list(const kp_family *fam, char *buf, size_t len) {
+    if (len) buf[0] = '\0';
+    for (int k = 0; fam->output_names && fam->output_names[k]; k++) {
+        const size_t used = strlen(buf);
+        if (used + 1 < len) snprintf(buf + used, len - used, "%s%s", k ? ", " : "", fam->output_names[k]);
+    }
+}
+
+int kp_family_declare_absent(const kp_impl *impl, const char *name, kp_error *err) {
+    const kp_family *fam = impl && impl->family ? kp_family_find(impl->family) : NULL;
+    if (!fam)
+        return kp_fail(err, KP_EXIT_USAGE, "%s: no family to declare an absent output of",
+                       impl && impl->name ? impl->name : "(no impl)");
+    if (kp_family_output_index(fam, name) < 0) {
+        char names[256];
+        kp_family_output_list(fam, names, sizeof names);
+        return kp_fail(err, KP_EXIT_USAGE, "%s: '%s' is not an output of %s (its outputs: %s); it cannot be declared absent",
+                       impl->name, name ? name : "(null)", fam->name, names);
+    }
+    return kp_impl_declare_absent(impl, name, err);
+}
+
 int kp_family_check(const kp_family *fam, kp_error *err) {
     if (!fam->name || !fam->cases || strcmp(fam->name, fam->cases->name))
         return kp_fail(err, KP_EXIT_USAGE, "family %s: its case family must carry the same name", fam->name ? fam->name : "(null)");
     if (!fam->prepare || !fam->release || !fam->estimate_bytes || !fam->estimate_device_bytes || !fam->outputs ||
-        !fam->fill_args || !fam->reference || !fam->reference_provider)
+        !fam->fill_args || !fam->reference || !fam->reference_provider || !fam->output_names || !fam->output_names[0])
         return kp_fail(err, KP_EXIT_USAGE, "family %s: a required hook is missing (kp_harness.h lists them)", fam->name);
     if (fam->args_bytes == 0 || fam->args_bytes > KP_ARGS_MAX || fam->params_bytes > KP_PARAMS_MAX)
         return kp_fail(err, KP_EXIT_USAGE, "family %s: args_bytes must be in [1, %d] and params_bytes at most %d",

@@ -1,16 +1,18 @@
 /* judge.c: `kparity judge CASE --impl NAME=FILE[,FILE...] ... --config FILE --out B`: outputs made outside kparity
  * (PyTorch, Triton, another project: anything that writes .npy) judged by the family's checks as if the impl had
  * run inside. Each --impl NAME=... is one full-batch run's outputs, one file per output tensor in the family's
- * order (an order output such as moe's slots or mla's splits may be left out); NAME given again is another run
+ * order (an order output such as moe's slots or mla's splits may be left out; --absent NAME=OUT[,OUT...] declares
+ * outputs the impl does not produce, which have no file and no check judges); NAME given again is another run
  * (for repeat); NAME@N=... is the outputs of the case's first N rows run as a batch of N (the same case name with
  * batch/rows N holds the same rows), which a batch check compares with the full batch's rows. The checks come
  * from the config: the case entry of the same name, else its check set "judge"; a role named NAME (or
  * "<family>.NAME") is bound to the files, other roles run inside as usual. A judged impl's identity in receipts
  * is the SHA-256 of its files' digests, each file named with its own. Every file is checked against the family's
  * output dtype and shape before anything runs: wrong dtype, shape, a truncated or non-.npy file is exit 2 naming
- * the file and what is wrong. --exec ROLE=COMMAND binds a role to an outside program instead (kp_exec.h), which then
- * gets every launch the checks make, batch probes included. */
+ * the file and what is wrong. A bf16 output may come as <u2 or <i2 bits. --exec ROLE=COMMAND binds a role to an
+ * outside program instead (kp_exec.h), which then gets every launch the checks make, batch probes included. */
 #define _GNU_SOURCE
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +40,7 @@ typedef struct judged {
     char role[48];
     char impl_name[96];
     kp_impl impl;
+    bool absent[KP_MAX_TENSORS]; /* outputs declared absent (--absent): no file, never judged */
     file_set sets[MAX_SETS];
     int nsets, next_full;
     char *origin;
@@ -104,6 +107,39 @@ static int fail_usage(kp_error *err) {
     return err->code;
 }
 
+/* A role name: lowercase letters, digits and '_'. */
+static int role_name_ok(const char *name) {
+    for (const char *c = name; *c; c++)
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') || *c == '_')) return 0;
+    return name[0] != '\0';
+}
+
+/* --absent NAME=OUT[,OUT...]: the outputs role NAME does not give, each an output of the family, into absent[]. */
+static int parse_absent_arg(const kp_family *fam, const char *arg, char *name, size_t name_len, bool absent[KP_MAX_TENSORS],
+                            kp_error *err) {
+    const char *eq = strchr(arg, '=');
+    if (!eq || eq == arg || !eq[1] || (size_t)(eq - arg) >= name_len)
+        return kp_fail(err, KP_EXIT_USAGE, "--absent '%s': expected NAME=OUTPUT[,OUTPUT...]", arg);
+    memcpy(name, arg, (size_t)(eq - arg)), name[eq - arg] = '\0';
+    if (!role_name_ok(name))
+        return kp_fail(err, KP_EXIT_USAGE, "--absent '%s': a name is lowercase letters, digits and '_' (a role of the config)", arg);
+    char *list = strdup(eq + 1), *save = NULL;
+    if (!list) return kp_fail(err, KP_EXIT_ENV, "out of host memory");
+    int rc = 0;
+    for (char *o = strtok_r(list, ",", &save); o && !rc; o = strtok_r(NULL, ",", &save)) {
+        const int k = kp_family_output_index(fam, o);
+        if (k < 0) {
+            char names[256];
+            kp_family_output_list(fam, names, sizeof names);
+            rc = kp_fail(err, KP_EXIT_USAGE, "--absent %s: '%s' is not an output of %s (its outputs: %s)", arg, o, fam->name, names);
+        } else {
+            absent[k] = true;
+        }
+    }
+    free(list);
+    return rc;
+}
+
 /* NAME[@N]=FILE[,FILE...] */
 static int parse_impl_arg(const char *arg, char *name, size_t name_len, int64_t *sub_rows, char ***files, int *nfiles,
                           kp_error *err) {
@@ -114,10 +150,9 @@ static int parse_impl_arg(const char *arg, char *name, size_t name_len, int64_t 
     const size_t nlen = (size_t)((at ? at : eq) - arg);
     if (nlen >= name_len) return kp_fail(err, KP_EXIT_USAGE, "--impl '%s': the name is too long", arg);
     memcpy(name, arg, nlen), name[nlen] = '\0';
-    for (size_t i = 0; i < nlen; i++)
-        if (!((name[i] >= 'a' && name[i] <= 'z') || (name[i] >= '0' && name[i] <= '9') || name[i] == '_'))
-            return kp_fail(err, KP_EXIT_USAGE, "--impl '%s': a name is lowercase letters, digits and '_' (a role of the config)",
-                           arg);
+    if (!role_name_ok(name))
+        return kp_fail(err, KP_EXIT_USAGE, "--impl '%s': a name is lowercase letters, digits and '_' (a role of the config)",
+                       arg);
     *sub_rows = 0;
     if (at) {
         char *end;
@@ -166,8 +201,27 @@ static int is_order_output(const kp_family *fam, const char *name) {
     return 0;
 }
 
-/* Bind --impl arguments to judged impls: files read and checked against the case's outputs. */
-static int load_judged(const kp_family *fam, const kp_case *c, int nargs, char **args, kp_error *err) {
+/* Bind --impl arguments to judged impls: files read and checked against the case's outputs, each role's files the
+ * outputs its --absent arguments leave, in order. */
+static int load_judged(const kp_family *fam, const kp_case *c, int nargs, char **args, int nabsent, char **absent_args,
+                       kp_error *err) {
+    struct {
+        char role[48];
+        bool absent[KP_MAX_TENSORS];
+        int bound;
+    } decl[64];
+    memset(decl, 0, sizeof decl);
+    int ndecl = 0;
+    for (int a = 0; a < nabsent; a++) {
+        char name[48];
+        bool absent[KP_MAX_TENSORS] = {0};
+        int rc = parse_absent_arg(fam, absent_args[a], name, sizeof name, absent, err);
+        if (rc) return rc;
+        int i = 0;
+        while (i < ndecl && strcmp(decl[i].role, name)) i++;
+        if (i == ndecl) snprintf(decl[ndecl++].role, sizeof decl->role, "%s", name);
+        for (int k = 0; k < KP_MAX_TENSORS; k++) decl[i].absent[k] |= absent[k];
+    }
     kp_prepared p;
     int rc = kp_prepare(fam, c, 0, &p, err);
     if (rc) return rc;
@@ -187,6 +241,8 @@ static int load_judged(const kp_family *fam, const kp_case *c, int nargs, char *
             snprintf(j->role, sizeof j->role, "%s", name);
             snprintf(j->impl_name, sizeof j->impl_name, "%s.judged_%s@file", fam->name, name);
             j->impl = (kp_impl){KP_ABI_VERSION, fam->name, j->impl_name, KP_MEMORY_HOST, NULL, NULL, runners[g_njudged]};
+            for (int i = 0; i < ndecl; i++)
+                if (!strcmp(decl[i].role, name)) memcpy(j->absent, decl[i].absent, sizeof j->absent), decl[i].bound = 1;
             g_njudged++;
         }
         if (!rc && sub >= B)
@@ -196,26 +252,32 @@ static int load_judged(const kp_family *fam, const kp_case *c, int nargs, char *
         kp_tensor outs[KP_MAX_TENSORS];
         const int64_t rows = sub ? sub : B;
         const int nout = rc ? 0 : fam->outputs(p.v.data, rows, outs);
-        int required = 0;
-        for (int k = 0; k < nout; k++) required += !is_order_output(fam, outs[k].name);
-        if (!rc && (nfiles < required || nfiles > nout)) {
-            char names[256] = "";
+        int required = 0, given[KP_MAX_TENSORS], ngiven = 0; /* given[f]: the output file f holds */
+        for (int k = 0; k < nout; k++) {
+            if (j->absent[k]) continue;
+            required += !is_order_output(fam, outs[k].name);
+            given[ngiven++] = k;
+        }
+        if (!rc && (nfiles < required || nfiles > ngiven)) {
+            char names[320] = "";
             for (int k = 0; k < nout; k++) {
                 const size_t l = strlen(names);
                 snprintf(names + l, sizeof names - l, "%s%.31s%s", k ? ", " : "", outs[k].name,
-                         is_order_output(fam, outs[k].name) ? " (may be left out)" : "");
+                         j->absent[k] ? " (declared absent: no file)" : is_order_output(fam, outs[k].name) ? " (may be left out)" : "");
             }
-            rc = kp_fail(err, KP_EXIT_USAGE, "--impl %s: %d files; %s outputs are, in order: %s", args[a], nfiles, fam->name, names);
+            rc = kp_fail(err, KP_EXIT_USAGE, "--impl %s: %d files; %s outputs are, in order: %s (an output the impl does not "
+                         "produce: --absent %s=OUTPUT)", args[a], nfiles, fam->name, names, name);
         }
         file_set *s = rc ? NULL : &j->sets[j->nsets];
         if (s) memset(s, 0, sizeof *s), s->rows = rows, s->full = !sub;
-        for (int k = 0; !rc && k < nfiles; k++) {
+        for (int f = 0; !rc && f < nfiles; f++) {
+            const int k = given[f];
             char hex[KP_SHA256_HEX_LEN], *grown = NULL;
-            rc = read_output(files[k], &outs[k], rows, &s->data[k], hex, err);
+            rc = read_output(files[f], &outs[k], rows, &s->data[k], hex, err);
             char tag[32] = "";
             if (sub) snprintf(tag, sizeof tag, "@%lld ", (long long)sub);
             if (!rc && asprintf(&grown, "%s%s%s%s (sha256 %s)", j->origin ? j->origin : "judged outputs: ", j->origin ? ", " : "",
-                                tag, files[k], hex) > 0) {
+                                tag, files[f], hex) > 0) {
                 free(j->origin);
                 j->origin = grown;
             }
@@ -225,6 +287,8 @@ static int load_judged(const kp_family *fam, const kp_case *c, int nargs, char *
         free(files);
     }
     kp_prepared_release(&p);
+    for (int i = 0; !rc && i < ndecl; i++)
+        if (!decl[i].bound) rc = kp_fail(err, KP_EXIT_USAGE, "--absent %s=...: no --impl %s=... was given", decl[i].role, decl[i].role);
     for (int i = 0; !rc && i < g_njudged; i++) {
         judged *j = &g_judged[i];
         int full = 0;
@@ -232,6 +296,8 @@ static int load_judged(const kp_family *fam, const kp_case *c, int nargs, char *
         if (!full) rc = kp_fail(err, KP_EXIT_USAGE, "--impl %s: no full-batch outputs (NAME=...) were given, only sub-batches", j->role);
         kp_sha256_hex(j->origin, strlen(j->origin), j->identity);
         if (!rc) rc = kp_impl_register_judged(&j->impl, j->origin, j->identity, err);
+        for (int k = 0; !rc && fam->output_names[k]; k++)
+            if (j->absent[k]) rc = kp_family_declare_absent(&j->impl, fam->output_names[k], err);
     }
     return rc;
 }
@@ -353,13 +419,14 @@ static int judge_config(const char *config_path, const char *case_name, const kp
 int kp_cmd_judge(int argc, char **argv) {
     kp_error err = {0};
     const char *case_name = NULL, *config = NULL, *out = NULL;
-    char *impl_args[64];
+    char *impl_args[64], *absent_args[64];
     const char *plugins[32];
-    int nimpl = 0, nplugin = 0, quiet = 0;
+    int nimpl = 0, nabsent = 0, nplugin = 0, quiet = 0;
     for (int i = 0; i < argc; i++) {
         const int more = i + 1 < argc;
         if (!strcmp(argv[i], "--impl") && more && nimpl < 64) impl_args[nimpl++] = argv[++i];
         else if (!strcmp(argv[i], "--exec") && more && g_nexec_args < MAX_JUDGED) g_exec_args[g_nexec_args++] = argv[++i];
+        else if (!strcmp(argv[i], "--absent") && more && nabsent < 64) absent_args[nabsent++] = argv[++i];
         else if (!strcmp(argv[i], "--config") && more) config = argv[++i];
         else if (!strcmp(argv[i], "--out") && more) out = argv[++i];
         else if (!strcmp(argv[i], "--quiet")) quiet = 1;
@@ -404,7 +471,7 @@ int kp_cmd_judge(int argc, char **argv) {
     }
     for (int i = 0; i < nplugin; i++)
         if (kp_plugin_load(plugins[i], &err)) return fail_usage(&err);
-    if (load_judged(fam, &c, nimpl, impl_args, &err)) return fail_usage(&err);
+    if (load_judged(fam, &c, nimpl, impl_args, nabsent, absent_args, &err)) return fail_usage(&err);
     char *generated = NULL;
     if (judge_config(config, canonical, fam, &generated, &err)) return fail_usage(&err);
     kp_config cfg;

@@ -46,7 +46,8 @@ typedef struct kp_probe_result {
 kp_result kp_batch_probe(kp_case_ctx *ctx, const kp_impl *impl, const kp_output *full_out, const char *name,
                          const int64_t *rows, int64_t nrows, int64_t min_moved, cJSON *probes, kp_probe_result *pr);
 
-/* tolerance.c: the tolerance check of one impl's full output, and its thresholds for the receipt. */
+/* tolerance.c: the tolerance check of one impl's full output (an output the impl declared absent is NOT_RUN in its
+ * entry and the verdict is over the others; NOT_RUN when none is left), and its thresholds for the receipt. */
 kp_result kp_tolerance_check(const kp_prepared *p, const kp_check_spec *spec, const kp_output *o, cJSON *chk,
                              kp_evidence *ev);
 void kp_tolerance_describe(const kp_family *fam, const kp_check_spec *spec, cJSON *params);

@@ -263,6 +263,8 @@ typedef struct kp_family {
     const char *reference_provider;        /* recorded in receipts, e.g. "reference.<family>@host-f64" */
     const char *reference_rule;            /* one line: what the reference computes */
     const char *const *bench_cases;        /* `kparity bench`'s default cases, NULL-terminated */
+    const char *const *output_names;       /* every output tensor's name, in outputs' order, NULL-terminated: what an
+                                              impl may declare absent (checked against outputs when a case is prepared) */
     const char *const *param_keys;         /* check fields parse_params reads, NULL-terminated (or NULL) */
     const char *const *defects;            /* `expect` defect names has_defect knows, NULL-terminated (or NULL) */
     const char *const *tolerance_outputs;  /* outputs the reference gives in float64 for a tolerance check, in
@@ -338,6 +340,12 @@ static inline const kp_family *kp_family_at(int i) { return kp_table_at(&kp_fami
 static inline void kp_family_names(char *buf, size_t len) { kp_table_names(&kp_families, buf, len); }
 /* A case's batch thresholds (the family's case_thresholds, else its static list) into t; their count. */
 int kp_family_thresholds(const kp_family *fam, const kp_case *c, kp_threshold t[KP_THRESHOLDS_MAX]);
+/* The index of output `name` in the family's output_names, or -1; every name, ", "-separated, into buf. */
+int kp_family_output_index(const kp_family *fam, const char *name);
+void kp_family_output_list(const kp_family *fam, char *buf, size_t len);
+/* Declare that impl does not produce output `name` of its family (kp_impl_declare_absent, after checking it is one):
+ * KP_EXIT_USAGE naming it and the family's outputs when it is not, or when impl's family is unknown. */
+int kp_family_declare_absent(const kp_impl *impl, const char *name, kp_error *err);
 /* Whether a record is complete and consistent (required hooks, sizes, hooks that come in pairs). */
 int kp_family_check(const kp_family *fam, kp_error *err);
 /* Add a family after the built-in rows (a test's own family), with its case family; KP_EXIT_USAGE for a

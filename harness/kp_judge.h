@@ -7,7 +7,7 @@
 #include "kp_harness.h"
 
 /* One outside output checked: buf (a whole file's len bytes, named `path` in messages) must be a .npy of tensor
- * t's dtype and shape with `rows` rows; *info then says where its data lies. KP_EXIT_USAGE naming path and what is
+ * t's dtype (a bf16 tensor's bits as <u2 or <i2) and shape with `rows` rows; *info then says where its data lies. KP_EXIT_USAGE naming path and what is
  * wrong (not .npy, truncated, dtype, shape) otherwise. */
 int kp_judge_check_output(const char *path, const unsigned char *buf, size_t len, const kp_tensor *t, int64_t rows,
                           kp_npy_info *info, kp_error *err);

@@ -255,8 +255,11 @@ static const char *const bench_cases[] = {
 static const char *const tolerance_outputs[] = {"out", "lse", "max_logits", NULL};
 static const char *const order_outputs[] = {"splits", NULL}; /* how the impl cut the work, not part of the answer */
 
+static const char *const output_names[] = {"out", "lse", "max_logits", "splits", NULL};
+
 const kp_family kp_mla_family = {
     .name = "mla",
+    .output_names = output_names,
     .cases = &kp_mla_case_family,
     .reference_provider = "reference.mla@host-f64",
     .reference_rule = "out = sum_j softmax(sm_scale q . k_j)_j v_j over the row's counted slots (index != -1, j < "

@@ -224,8 +224,11 @@ static const char *const bench_cases[] = {
 static const char *const tolerance_outputs[] = {"out", NULL};
 static const char *const order_outputs[] = {"slots", NULL}; /* where each pair ran, not part of the answer */
 
+static const char *const output_names[] = {"out", "slots", NULL};
+
 const kp_family kp_moe_family = {
     .name = "moe",
+    .output_names = output_names,
     .cases = &kp_moe_case_family,
     .reference_provider = "reference.moe@host-f64",
     .reference_rule = "out[t] = sum over j of weights[t, j] * W2_e act(W13_e x_t), e = ids[t, j], in float64 on the NVFP4 "

@@ -36,9 +36,12 @@ int kp_judge_check_output(const char *path, const unsigned char *buf, size_t len
     for (int d = 0; d < info->ndim && n < sizeof got; d++)
         n += (size_t)snprintf(got + n, sizeof got - n, "%s%lld", d ? ", " : "", (long long)info->shape[d]);
     if (n < sizeof got) snprintf(got + n, sizeof got - n, "]");
-    if (strcmp(info->descr, npy_descr(t->dtype)))
-        return kp_fail(err, KP_EXIT_USAGE, "%s: dtype %s; the family's output '%s' is %s (%s) %s", path, info->descr, t->name,
-                       npy_descr(t->dtype), kp_dtype_name(t->dtype), want);
+    /* bf16 has no numpy dtype: its bits come as uint16 (numpy, kparity's export) or int16 (torch's view of bf16 bits,
+       t.view(torch.int16)); the same bytes either way */
+    const int bf16_bits = t->dtype == KP_BF16 && !strcmp(info->descr, "<i2");
+    if (strcmp(info->descr, npy_descr(t->dtype)) && !bf16_bits)
+        return kp_fail(err, KP_EXIT_USAGE, "%s: dtype %s; the family's output '%s' is %s%s (%s) %s", path, info->descr,
+                       t->name, npy_descr(t->dtype), t->dtype == KP_BF16 ? " or <i2" : "", kp_dtype_name(t->dtype), want);
     int same = info->ndim == t->ndim && info->shape[0] == rows;
     for (int d = 1; same && d < t->ndim; d++) same = info->shape[d] == t->shape[d];
     if (!same)

@@ -43,6 +43,10 @@ int kp_prepare(const kp_family *fam, const kp_case *c, int64_t extra_rows, kp_pr
     }
     KP_ASSERT(p->v.ninputs > 0 && p->v.ninputs <= KP_MAX_TENSORS && p->v.rows_total >= p->v.batch + extra_rows);
     for (int k = 0; k < p->v.ninputs; k++) KP_ASSERT(!p->v.inputs[k].batched || p->v.inputs[k].shape[0] == p->v.batch);
+    kp_tensor outs[KP_MAX_TENSORS]; /* output_names is outputs' names, in order: what absent declarations name */
+    const int nout = fam->outputs(p->v.data, 1, outs);
+    for (int k = 0; k < nout; k++) KP_ASSERT(fam->output_names[k] && !strcmp(fam->output_names[k], outs[k].name));
+    KP_ASSERT(!fam->output_names[nout]);
     return 0;
 }
 

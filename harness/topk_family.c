@@ -11,18 +11,20 @@
 #include "../reference/topk_ref.h"
 #include "kp_harness.h"
 
-/* The rule parameters: which members of the boundary tie group an output may take, and its order. */
+/* The rule parameters: which members of the boundary tie group an output may take, its order, and where NaN ranks
+ * (below every number by default; torch.topk ranks it above). */
 typedef struct topk_params {
     kp_topk_ties ties;
     kp_topk_order order;
+    kp_topk_nan nan;
 } topk_params;
 
 typedef struct topk_data {
     kp_topk_case tc;
     float *scores; /* the inputs (the harness holds them): [rows_total, stride] */
     int32_t *starts, *ends;
-    int have_ref;
-    kp_topk_ref ref;
+    int have_ref[2];
+    kp_topk_ref ref[2]; /* the answer per NaN rank (kp_topk_nan), each computed when first asked for */
     kp_memo judged; /* judgements of outputs, per rule parameters */
 } topk_data;
 
@@ -53,7 +55,8 @@ static int topk_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, k
 static void topk_release(void *data) {
     topk_data *d = data;
     kp_memo_clear(&d->judged);
-    if (d->have_ref) kp_topk_ref_free(&d->ref);
+    for (int n = 0; n < 2; n++)
+        if (d->have_ref[n]) kp_topk_ref_free(&d->ref[n]);
     free(d);
 }
 
@@ -97,33 +100,47 @@ static void topk_fill_args(const void *data, const kp_launch_bufs *b, void *args
                                            .workspace = b->workspace, .workspace_bytes = b->workspace_bytes};
 }
 
-static int topk_reference(void *data, const void *params, kp_reference *ref, kp_error *err) {
-    (void)params; /* the answer does not depend on the rule parameters, only the judgement does */
-    topk_data *d = data;
-    if (!d->have_ref) {
-        int rc = kp_topk_reference(d->scores, d->tc.rows, d->tc.width, d->tc.stride, d->starts, d->ends, d->tc.k,
-                                   d->tc.index_base, d->tc.fill, &d->ref, err);
-        if (rc) return rc;
-        d->have_ref = 1;
+/* The answer with NaN ranked as `nan` says. */
+static const kp_topk_ref *answer(topk_data *d, kp_topk_nan nan, kp_error *err) {
+    if (!d->have_ref[nan]) {
+        if (kp_topk_reference(d->scores, d->tc.rows, d->tc.width, d->tc.stride, d->starts, d->ends, d->tc.k,
+                              d->tc.index_base, d->tc.fill, nan, &d->ref[nan], err))
+            return NULL;
+        d->have_ref[nan] = 1;
     }
+    return &d->ref[nan];
+}
+
+/* The recorded reference (hashed, exported, replayed from the case name alone) is the rule's default, NaN below every
+ * number, whatever the checks declare: a check with nan "above" judges against that rank's answer, computed beside it
+ * (the two differ only in rows whose window holds NaN). */
+static int topk_reference(void *data, const void *params, kp_reference *ref, kp_error *err) {
+    (void)params;
+    topk_data *d = data;
+    const kp_topk_ref *a = answer(d, KP_TOPK_NAN_BELOW, err);
+    if (!a) return err->code;
     ref->digest_tag = "kparity.reference.topk/v1";
     ref->arrays[0] = (kp_tensor){.name = "indices", .dtype = KP_I32, .ndim = 2, .shape = {d->tc.rows, d->tc.k},
-                                 .data = d->ref.indices};
+                                 .data = a->indices};
     ref->arrays[1] = (kp_tensor){.name = "values", .dtype = KP_F32, .ndim = 2, .shape = {d->tc.rows, d->tc.k},
-                                 .data = d->ref.values};
+                                 .data = a->values};
     ref->narrays = 2;
     return 0;
 }
 
-static const char *const param_keys[] = {"ties", "order", NULL};
+static const char *const param_keys[] = {"ties", "order", "nan", NULL};
 
 static int topk_parse_params(const kp_param_reader *r, void *params, kp_error *err) {
     static const char *const ties[] = {"lowest_index", "any", NULL}, *const orders[] = {"index", "value", "any", NULL};
+    static const char *const nans[] = {"below", "above", NULL};
     topk_params *p = params;
-    const char *t, *o;
-    if (kp_param_string(r, "ties", ties, &t, err) || kp_param_string(r, "order", orders, &o, err)) return err->code;
+    const char *t, *o, *n = "below"; /* nan is optional: a check without it ranks NaN below, as it always has */
+    if (kp_param_string(r, "ties", ties, &t, err) || kp_param_string(r, "order", orders, &o, err) ||
+        (kp_param_get(r, "nan") && kp_param_string(r, "nan", nans, &n, err)))
+        return err->code;
     p->ties = !strcmp(t, "any") ? KP_TOPK_TIES_ANY : KP_TOPK_TIES_LOWEST_INDEX;
     p->order = !strcmp(o, "index") ? KP_TOPK_ORDER_INDEX : !strcmp(o, "value") ? KP_TOPK_ORDER_VALUE : KP_TOPK_ORDER_ANY;
+    p->nan = !strcmp(n, "above") ? KP_TOPK_NAN_ABOVE : KP_TOPK_NAN_BELOW;
     return 0;
 }
 
@@ -131,13 +148,14 @@ static void topk_describe_params(const void *params, cJSON *out) {
     const topk_params *p = params;
     cJSON_AddStringToObject(out, "ties", kp_topk_ties_name(p->ties));
     cJSON_AddStringToObject(out, "order", kp_topk_order_name(p->order));
+    cJSON_AddStringToObject(out, "nan", kp_topk_nan_name(p->nan));
 }
 
 /* What an exact check explains its differences with when the config declares no rule parameters: the
  * strictest tie policy, and no order (exact compares sets). */
 static void topk_default_params(void *params) {
     topk_params *p = params;
-    p->ties = KP_TOPK_TIES_LOWEST_INDEX, p->order = KP_TOPK_ORDER_ANY;
+    p->ties = KP_TOPK_TIES_LOWEST_INDEX, p->order = KP_TOPK_ORDER_ANY, p->nan = KP_TOPK_NAN_BELOW;
 }
 
 static void free_judgement(void *j) {
@@ -148,10 +166,11 @@ static void free_judgement(void *j) {
 static const kp_topk_judgement *judge(topk_data *d, const topk_params *params, const kp_output *o, kp_error *err) {
     kp_topk_judgement *j = kp_memo_find(&d->judged, o, params);
     if (j) return j;
-    KP_ASSERT(d->have_ref); /* the harness computes the reference before any judging */
-    if (!(j = kp_calloc(1, sizeof *j, "a judgement", err))) return NULL;
+    KP_ASSERT(d->have_ref[KP_TOPK_NAN_BELOW]); /* the harness computes the reference before any judging */
+    const kp_topk_ref *ref = answer(d, params->nan, err);
+    if (!ref || !(j = kp_calloc(1, sizeof *j, "a judgement", err))) return NULL;
     const double t0 = kp_now();
-    const int rc = kp_topk_judge(&d->ref, d->scores, d->tc.stride, o->t[0].data, o->t[1].data, params->ties, params->order, j, err);
+    const int rc = kp_topk_judge(ref, d->scores, d->tc.stride, o->t[0].data, o->t[1].data, params->ties, params->order, j, err);
     kp_stage_add(KP_STAGE_JUDGING, kp_now() - t0);
     if (rc) return free(j), NULL;
     return kp_memo_add(&d->judged, o, params, j);
@@ -181,19 +200,21 @@ static int row_json(const kp_topk_judgement *j, int64_t r, cJSON *row, kp_eviden
                             j->missing_off[r + 1] - j->missing_off[r], err);
 }
 
-static void ref_row_json(const topk_data *d, int64_t r, cJSON *row) {
-    const kp_topk_ref_row *rr = &d->ref.row[r];
+static void ref_row_json(const topk_data *d, kp_topk_nan nan, int64_t r, cJSON *row) {
+    const kp_topk_ref_row *rr = &d->ref[nan].row[r];
     kp_json_add_int(row, "window_start", rr->start);
     kp_json_add_int(row, "window_len", rr->len);
     kp_json_add_int(row, "count", rr->count);
     if (rr->count > 0) kp_json_add_f32_bits(row, "boundary_value", rr->boundary_value);
     kp_json_add_int(row, "tie_group_size", rr->group_size);
     kp_json_add_int(row, "tie_group_needed", rr->group_needed);
+    if (rr->nan_count) kp_json_add_int(row, "nan_in_window", rr->nan_count); /* where the NaN rank decides */
 }
 
 static kp_result topk_rule(void *data, const void *params, const kp_output *out, const kp_impl *impl, cJSON *check,
                            kp_evidence *ev, kp_error *err) {
     topk_data *d = data;
+    const topk_params *p = params;
     const kp_topk_judgement *j = judge(d, params, out, err);
     if (!j) return KP_FAILED;
     int64_t strict = 0, tie = 0, dropped = 0, dropped_rows = 0, bad_order = 0, malformed = 0;
@@ -217,13 +238,27 @@ static kp_result topk_rule(void *data, const void *params, const kp_output *out,
         cJSON *row = cJSON_CreateObject();
         cJSON_AddItemToArray(rows, row);
         kp_json_add_int(row, "row", r);
-        ref_row_json(d, r, cJSON_AddObjectToObject(row, "reference"));
+        ref_row_json(d, p->nan, r, cJSON_AddObjectToObject(row, "reference"));
         if (row_json(j, r, cJSON_AddObjectToObject(row, "impl"), ev, impl->name, err)) return KP_FAILED;
     }
-    char summary[300];
-    snprintf(summary, sizeof summary, "%lld/%lld rows meet the rule; %lld strict, %lld tie; %lld dropped in %lld rows; "
-             "%lld out of order; %lld malformed", (long long)j->rows_rule_ok, (long long)j->rows, (long long)strict,
-             (long long)tie, (long long)dropped, (long long)dropped_rows, (long long)bad_order, (long long)malformed);
+    char summary[600];
+    int n = snprintf(summary, sizeof summary, "%lld/%lld rows meet the rule; %lld strict, %lld tie; %lld dropped in %lld "
+                     "rows; %lld out of order; %lld malformed", (long long)j->rows_rule_ok, (long long)j->rows,
+                     (long long)strict, (long long)tie, (long long)dropped, (long long)dropped_rows, (long long)bad_order,
+                     (long long)malformed);
+    /* rows that fail with NaN in their window, named: where a NaN rank convention (nan: below or above) may be why */
+    cJSON *nan_rows = NULL;
+    for (int64_t r = 0; r < j->rows; r++) {
+        if (j->row[r].rule_ok || !d->ref[p->nan].row[r].nan_count) continue;
+        if (!nan_rows) {
+            nan_rows = cJSON_AddArrayToObject(f, "rows_failing_with_nan");
+            if (n > 0 && (size_t)n < sizeof summary)
+                n += snprintf(summary + n, sizeof summary - n, "; rows failing with NaN in their window (NaN ranked %s "
+                              "every number):", kp_topk_nan_name(p->nan));
+        }
+        cJSON_AddItemToArray(nan_rows, kp_json_int(r));
+        if (n > 0 && (size_t)n < sizeof summary) n += snprintf(summary + n, sizeof summary - n, " %lld", (long long)r);
+    }
     cJSON_AddStringToObject(check, "summary", summary);
     return j->rows_rule_ok == j->rows ? KP_PASSED : KP_INCORRECT;
 }
@@ -238,7 +273,7 @@ static int topk_explain_exact(void *data, const void *params, const kp_impl *con
     for (int64_t q = 0; q < nrows; q++) {
         const int64_t r = rows[q];
         cJSON *row = cJSON_GetArrayItem(rows_json, (int)q);
-        ref_row_json(d, r, cJSON_AddObjectToObject(row, "reference"));
+        ref_row_json(d, ((const topk_params *)params)->nan, r, cJSON_AddObjectToObject(row, "reference"));
         if (row_json(ja, r, cJSON_AddObjectToObject(row, impls[0]->name), ev, impls[0]->name, err) ||
             row_json(jb, r, cJSON_AddObjectToObject(row, impls[1]->name), ev, impls[1]->name, err))
             return err->code;
@@ -254,8 +289,8 @@ static int topk_has_defect(void *data, const kp_output *out, const char *defect,
     *rows_with = 0;
     kp_error err = {0};
     kp_reference unused;
-    const topk_params params = {KP_TOPK_TIES_ANY, KP_TOPK_ORDER_ANY};
-    if (strcmp(defect, "dropped_values") || (!d->have_ref && topk_reference(d, NULL, &unused, &err))) return 0;
+    const topk_params params = {KP_TOPK_TIES_ANY, KP_TOPK_ORDER_ANY, KP_TOPK_NAN_BELOW};
+    if (strcmp(defect, "dropped_values") || (!d->have_ref[KP_TOPK_NAN_BELOW] && topk_reference(d, NULL, &unused, &err))) return 0;
     const kp_topk_judgement *j = judge(d, &params, out, &err);
     for (int64_t r = 0; j && r < j->rows; r++) *rows_with += j->row[r].dropped > 0;
     return *rows_with > 0;
@@ -286,8 +321,11 @@ static const char *const bench_cases[] = {
 };
 static const char *const defects[] = {"dropped_values", NULL};
 
+static const char *const output_names[] = {"indices", "values", NULL};
+
 const kp_family kp_topk_family = {
     .name = "topk",
+    .output_names = output_names,
     .cases = &kp_topk_case_family,
     .reference_provider = "reference.topk@host",
     .reference_rule = "the min(k, window) entries first in (value desc, index asc) over the row's window; -0 == +0; "

@@ -307,8 +307,11 @@ static const char *const bench_cases[] = {
 };
 static const char *const defects[] = {"all_neginf", NULL}; /* every row masked entirely: the seed's defect */
 
+static const char *const output_names[] = {"out", NULL};
+
 const kp_family kp_topp_family = {
     .name = "topp",
+    .output_names = output_names,
     .cases = &kp_topp_case_family,
     .reference_provider = "reference.topp@host-f64",
     .reference_rule = "keep t iff mass strictly before t in (p desc, index asc) order < top_p; at least one; "

@@ -55,6 +55,15 @@ int kp_impl_register_outside(const kp_impl *impl, const char *origin, const char
  * given none for, which a batch check records as not given rather than as a failed run. */
 int kp_impl_is_judged(const kp_impl *impl);
 
+/* Outputs an impl does not produce (FlashMLA's decode has no max_logits): declared once, before any run, and
+ * honoured by every check, which leaves the output out and says so instead of judging a stand-in. The registry
+ * keeps the names only: kp_family_declare_absent (harness/kp_harness.h) checks the name is an output of the
+ * impl's family first, and is what a config or command line should call. KP_EXIT_USAGE for an empty or overlong
+ * name (at most 63 bytes), KP_EXIT_ENV out of memory; declaring a name twice is one declaration. */
+int kp_impl_declare_absent(const kp_impl *impl, const char *output_name, kp_error *err);
+/* Whether impl declared output_name absent (0 for NULL arguments). */
+int kp_impl_output_absent(const kp_impl *impl, const char *output_name);
+
 /* Whether this build has CUDA impls compiled in. */
 int kp_registry_has_cuda(void);
 

@@ -242,3 +242,30 @@ int kp_impl_is_judged(const kp_impl *impl) {
         if (plugin_entries[i].impl == impl) return plugin_entries[i].judged;
     return 0;
 }
+
+/* Declared-absent outputs, (impl, output name) pairs: few, and set at startup like the plugin entries. */
+typedef struct absent_entry {
+    const kp_impl *impl;
+    char output[64];
+} absent_entry;
+static absent_entry *absent_entries;
+static int absent_count;
+
+int kp_impl_declare_absent(const kp_impl *impl, const char *output_name, kp_error *err) {
+    if (!impl || !output_name || !output_name[0] || strlen(output_name) >= sizeof absent_entries->output)
+        return kp_fail(err, KP_EXIT_USAGE, "%s: an absent output needs a name of 1 to %zu bytes",
+                       impl && impl->name ? impl->name : "(no impl)", sizeof absent_entries->output - 1);
+    if (kp_impl_output_absent(impl, output_name)) return 0;
+    absent_entry *grown = realloc(absent_entries, (size_t)(absent_count + 1) * sizeof *grown);
+    if (!grown) return kp_fail(err, KP_EXIT_ENV, "out of host memory declaring %s's output %s absent", impl->name, output_name);
+    absent_entries = grown;
+    absent_entries[absent_count].impl = impl;
+    snprintf(absent_entries[absent_count++].output, sizeof absent_entries->output, "%s", output_name);
+    return 0;
+}
+
+int kp_impl_output_absent(const kp_impl *impl, const char *output_name) {
+    for (int i = 0; impl && output_name && i < absent_count; i++)
+        if (absent_entries[i].impl == impl && !strcmp(absent_entries[i].output, output_name)) return 1;
+    return 0;
+}

@@ -8,17 +8,20 @@
 
 /* ---- the total order ---------------------------------------------------------------------- */
 
-/* Larger key, earlier in the order: -0 is +0, NaN is below -inf (key 0). */
-static uint32_t order_key(float v) {
+/* Larger key, earlier in the order: -0 is +0; NaN (any sign or payload: one value) below -inf (key 0), or with
+ * KP_TOPK_NAN_ABOVE above +inf (key 0xffffffff, past +inf's 0xff800000). */
+static uint32_t order_key(float v, kp_topk_nan nan) {
     uint32_t b;
     memcpy(&b, &v, sizeof b);
-    if ((b & 0x7fffffffu) > 0x7f800000u) return 0;
+    if ((b & 0x7fffffffu) > 0x7f800000u) return nan == KP_TOPK_NAN_ABOVE ? 0xffffffffu : 0;
     if (b == 0x80000000u) b = 0;
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
 /* (key, index) as one integer: larger first means value descending, then index ascending. */
-static uint64_t item(float v, int32_t i) { return (uint64_t)order_key(v) << 32 | (uint32_t)(0xffffffffu - (uint32_t)i); }
+static uint64_t item(float v, int32_t i, kp_topk_nan nan) {
+    return (uint64_t)order_key(v, nan) << 32 | (uint32_t)(0xffffffffu - (uint32_t)i);
+}
 static int32_t item_index(uint64_t it) { return (int32_t)(0xffffffffu - (uint32_t)it); }
 
 /* Move the n_top largest of items[0, n) to the front (in no particular order): quickselect, median of three. */
@@ -67,7 +70,10 @@ static void ref_row(void *ctx, int64_t r) {
         atomic_store(&job->failed, 1);
         return;
     }
-    for (int32_t i = 0; i < row->len; i++) items[i] = item(x[row->start + i], row->start + i);
+    for (int32_t i = 0; i < row->len; i++) {
+        items[i] = item(x[row->start + i], row->start + i, ref->nan);
+        row->nan_count += x[row->start + i] != x[row->start + i];
+    }
     if (row->count > 0 && row->len > 0) {
         select_top(items, row->len, row->count);
         uint64_t boundary = UINT64_MAX;
@@ -78,7 +84,7 @@ static void ref_row(void *ctx, int64_t r) {
         row->boundary_key = (uint32_t)(boundary >> 32);
         row->boundary_value = x[item_index(boundary)];
         for (int32_t i = 0; i < row->len; i++) {
-            const uint32_t key = order_key(x[row->start + i]);
+            const uint32_t key = order_key(x[row->start + i], ref->nan);
             row->above += key > row->boundary_key;
             row->group_size += key == row->boundary_key;
         }
@@ -97,14 +103,17 @@ static void ref_row(void *ctx, int64_t r) {
 }
 
 int kp_topk_reference(const float *scores, int64_t rows, int64_t width, int64_t stride, const int32_t *starts,
-                      const int32_t *ends, int32_t k, int32_t index_base, int32_t fill, kp_topk_ref *out, kp_error *err) {
+                      const int32_t *ends, int32_t k, int32_t index_base, int32_t fill, kp_topk_nan nan, kp_topk_ref *out,
+                      kp_error *err) {
     memset(out, 0, sizeof *out);
     if (rows < 1 || width < 1 || width > INT32_MAX || stride < width)
         return kp_fail(err, KP_EXIT_USAGE, "topk reference: rows %lld, width %lld, stride %lld", (long long)rows,
                        (long long)width, (long long)stride);
     if (k < 1 || k > 8192 || (fill != -1 && fill != INT32_MAX) || (index_base != 0 && index_base != 1))
         return kp_fail(err, KP_EXIT_USAGE, "topk reference: k %d, fill %d or index base %d", k, fill, index_base);
-    out->rows = rows, out->k = k, out->index_base = index_base, out->fill = fill;
+    if (nan != KP_TOPK_NAN_BELOW && nan != KP_TOPK_NAN_ABOVE)
+        return kp_fail(err, KP_EXIT_USAGE, "topk reference: NaN rank %d is unknown", (int)nan);
+    out->rows = rows, out->k = k, out->index_base = index_base, out->fill = fill, out->nan = nan;
     out->row = kp_calloc((size_t)rows, sizeof *out->row, "topk reference rows", err);
     out->indices = kp_calloc((size_t)rows * (size_t)k, sizeof *out->indices, "topk reference indices", err);
     out->values = kp_calloc((size_t)rows * (size_t)k, sizeof *out->values, "topk reference values", err);
@@ -135,6 +144,7 @@ void kp_topk_ref_free(kp_topk_ref *ref) {
 
 /* ---- the judge ----------------------------------------------------------------------------- */
 
+const char *kp_topk_nan_name(kp_topk_nan n) { return n == KP_TOPK_NAN_ABOVE ? "above" : "below"; }
 const char *kp_topk_ties_name(kp_topk_ties t) { return t == KP_TOPK_TIES_ANY ? "any" : "lowest_index"; }
 const char *kp_topk_order_name(kp_topk_order o) {
     return o == KP_TOPK_ORDER_INDEX ? "index" : o == KP_TOPK_ORDER_VALUE ? "value" : "any";
@@ -199,7 +209,7 @@ static void judge_row(void *ctx, int64_t r) {
     for (int32_t q = 0; q < rr->count; q++) theirs[want[q] - (ref->index_base == 1 ? 0 : rr->start)] = 1;
     for (int32_t w = 0; w < rr->len; w++) {
         if (mine[w] == theirs[w]) continue;
-        const uint32_t key = order_key(x[rr->start + w]);
+        const uint32_t key = order_key(x[rr->start + w], ref->nan);
         if (key == rr->boundary_key) tie[rj->tie_count++] = rr->start + w;
         else strict[rj->strict_count++] = rr->start + w;
         if (theirs[w]) missing[rj->missing_count++] = rr->start + w;
@@ -207,7 +217,7 @@ static void judge_row(void *ctx, int64_t r) {
     }
     rj->order_ok = true;
     for (int64_t q = 1; q < rj->valid && job->j->order != KP_TOPK_ORDER_ANY; q++) {
-        const uint64_t a = item(x[order[q - 1]], order[q - 1]), b = item(x[order[q]], order[q]);
+        const uint64_t a = item(x[order[q - 1]], order[q - 1], ref->nan), b = item(x[order[q]], order[q], ref->nan);
         rj->order_ok &= job->j->order == KP_TOPK_ORDER_INDEX ? order[q - 1] < order[q] : a > b;
     }
     qsort(sorted, (size_t)rj->valid, sizeof *sorted, cmp_i32); /* the set's digest: int32 LE, ascending */

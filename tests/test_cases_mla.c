@@ -592,3 +592,32 @@ Test(cases_mla, digests_are_pinned) {
     }
     drop(&g), drop(&gp), drop(&gb);
 }
+
+/* topk_length=request: one length a request (FlashMLA's decode interface), its first row's, on each of its s_q rows;
+ * the indices and every other tensor are topk_length=on's, whose lengths differ within a request. A request is the
+ * same whatever the batch it is made in, and the name round-trips. */
+Test(cases_mla, topk_length_request_gives_each_request_one_length) {
+    char canonical[KP_CASE_NAME_MAX];
+    const char *name = "mla(batch=4,h_q=64,profile=mixed,s_kv=1024,s_q=2,scale=pow2,seed=9,topk=640,topk_length=request)";
+    const kp_mla_case req = read_case("mla(topk_length=request,seed=09,profile=mixed,batch=4,s_q=2,h_q=64,topk=640,s_kv=1024,"
+                                      "scale=pow2)", canonical);
+    cr_assert_str_eq(canonical, name);
+    cr_assert_eq(req.topk_length, KP_MLA_TOPK_LENGTH_REQUEST);
+    const kp_mla_case on = read_case("mla(batch=4,h_q=64,profile=mixed,s_kv=1024,s_q=2,scale=pow2,seed=9,topk=640,topk_length=on)",
+                                     canonical);
+    cr_assert_eq(on.topk_length, KP_MLA_TOPK_LENGTH_ROW);
+    gen a = make(&req, 0, 4), b = make(&on, 0, 4), part = make(&req, 1, 2);
+    int differ_within = 0;
+    for (int64_t r = 0; r < 4; r++) {
+        for (int64_t i = 0; i < 2; i++) {
+            cr_assert_eq(a.b.topk_length[2 * r + i], b.b.topk_length[2 * r], "request %lld row %lld: its first row's length",
+                         (long long)r, (long long)i);
+            if (r >= 1 && r < 3) cr_assert_eq(part.b.topk_length[2 * (r - 1) + i], a.b.topk_length[2 * r + i]);
+        }
+        differ_within |= b.b.topk_length[2 * r] != b.b.topk_length[2 * r + 1];
+    }
+    cr_assert(differ_within, "with on, some request's rows have lengths of their own (else this test shows nothing)");
+    cr_assert_eq(memcmp(a.b.indices, b.b.indices, a.s.indices_bytes), 0, "the indices are on's");
+    cr_assert_eq(memcmp(a.b.q, b.b.q, a.s.q_bytes), 0);
+    drop(&a), drop(&b), drop(&part);
+}

@@ -106,6 +106,9 @@ Test(family_seam, the_row_is_in_the_tables_and_a_bad_row_is_refused) {
     cr_assert_eq(kp_family_register(&broken, &err), KP_EXIT_USAGE, "a required hook is missing");
     cr_assert(strstr(err.msg, "required hook"), "%s", err.msg);
     broken.fill_args = kpt_scale_family.fill_args;
+    broken.output_names = NULL; /* what an impl may declare absent */
+    cr_assert_eq(kp_family_register(&broken, &err), KP_EXIT_USAGE, "no output names");
+    broken.output_names = kpt_scale_family.output_names;
     broken.defects = (const char *const[]){"x", NULL};
     cr_assert_eq(kp_family_register(&broken, &err), KP_EXIT_USAGE, "defects without has_defect");
     broken.defects = NULL;

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../cases/kp_sha256.h"
 #include "../receipts/kp_npy.h"
 #include "kp_test_util.h"
 
@@ -128,8 +129,8 @@ static char *load_npy(const char *name, kp_npy_info *info, size_t *len) {
  * (on this case: row 2, 7,022 kept where the rule keeps 7,021); which row and token is found here from the files
  * alone (its mask against the reference's keep mask that export writes), and the receipt must name exactly that:
  * the row, both kept counts, the one strict index, every other row meeting the rule. Repeat (the same file twice)
- * and batch (row 0 alone, from the batch-1 case's run) pass; a kept element of another row dropped is caught at its
- * row and token; two different runs make repeat INCORRECT. */
+ * passes; batch (row 0 alone, from the batch-1 case's run) compares that probe only, so it is NOT_RUN; a kept
+ * element of another row dropped is caught at its row and token; two different runs make repeat INCORRECT. */
 Test(judge, a_numpy_top_p_is_judged_and_a_flipped_element_is_caught) {
     export_case(ORDINARY, "ex", NULL);
     export_case("topp(batch=1,profile=ordinary,seed=58231,top_p=0.95,vocab=131072)", "ex1", NULL);
@@ -187,9 +188,11 @@ Test(judge, a_numpy_top_p_is_judged_and_a_flipped_element_is_caught) {
     cr_assert(cJSON_IsFalse(at(bad, "conformance.minimal")), "a token too many: not minimal");
     cr_assert_str_eq(at(rep, "result")->valuestring, "PASSED", "%s", at(rep, "summary")->valuestring);
     cr_assert_eq(at(rep, "params.runs")->valuedouble, 2, "repeat runs = the files given");
-    cr_assert_str_eq(at(bat, "result")->valuestring, "PASSED", "%s", at(bat, "summary")->valuestring);
-    cr_assert(strstr(at(bat, "summary")->valuestring, "had no outputs given and were not compared"), "%s",
+    /* only alone.row0 was given: its agreement is no verdict on the probes that were not */
+    cr_assert_str_eq(at(bat, "result")->valuestring, "NOT_RUN", "%s", at(bat, "summary")->valuestring);
+    cr_assert(strstr(at(bat, "summary")->valuestring, "had no outputs given: no verdict on the rest"), "%s",
               at(bat, "summary")->valuestring);
+    cr_assert_eq(at(bat, "findings.probes_compared")->valuedouble, 1, "%s", at(bat, "summary")->valuestring);
     cr_assert_eq(at(bat, "findings.probes.0.rows_probed")->valuedouble, 1, "alone.row0 was compared");
     cJSON_Delete(rec), free(err);
 
@@ -277,4 +280,341 @@ Test(judge, an_empty_array_of_a_huge_shape_is_refused_naming_the_whole_shape) {
     cr_assert_eq(judge(ORDINARY, "huge", impls, NULL, &err), 2, "%s", err);
     cr_assert(strstr(err, want), "%s", err);
     free(a), free(err), free(path);
+}
+
+/* ---- an mla case judged: bf16 bits as <i2, outputs declared absent ---------------------------------------------- */
+
+#define MLA_CASE "mla(batch=2,h_q=64,profile=uniform,s_kv=1024,scale=pow2,seed=1,topk=640)"
+#define MLA_EXPORT "mx/mla.split_size@host."
+
+/* kparity judge MLA_CASE with `checks` (a JSON array) under FlashMLA's decode tolerances (ci/gates/sparse-mla.json),
+ * the candidate mla.split_size@host as role "candidate", and the arguments args (NULL-terminated); the exit code,
+ * the first receipt (exit 0 or 1) and stderr. */
+static int judge_mla(const char *checks, const char *out, const char *const *args, cJSON **receipt, char **errout) {
+    char *cfg = in_dir("judge-mla.json"), *dir = in_dir(out), *argv[40], *o, *e, *body;
+    cr_assert(asprintf(&body, "{\"schema\":\"kparity.gate/v1\",\"name\":\"judge-mla\",\"impls\":{\"candidate\":"
+                       "\"mla.split_size@host\"},\"defaults\":{\"tensors\":{"
+                       "\"out\":{\"atol\":0.001,\"rtol\":0.015703125,\"cosine\":5e-06,\"element_rule\":\"both\","
+                       "\"round_reference\":true},"
+                       "\"lse\":{\"atol\":1e-06,\"rtol\":0.0001222229,\"element_rule\":\"both\",\"round_reference\":true},"
+                       "\"max_logits\":{\"atol\":1e-06,\"rtol\":0.0001222229,\"element_rule\":\"both\",\"round_reference\":"
+                       "true}}},\"cases\":[{\"case\":\"" MLA_CASE "\",\"checks\":%s}]}", checks) > 0);
+    cr_assert_eq(kpt_write(cfg, body, strlen(body)), 0);
+    int k = 0;
+    argv[k++] = kpt_binary(), argv[k++] = "judge", argv[k++] = MLA_CASE;
+    for (int i = 0; args[i]; i++) argv[k++] = (char *)args[i];
+    argv[k++] = "--config", argv[k++] = cfg, argv[k++] = "--out", argv[k++] = dir, argv[k++] = "--quiet", argv[k] = NULL;
+    const int rc = kpt_run(argv, &o, &e);
+    if (receipt) *receipt = rc <= 1 || rc == 77 ? kpt_receipt(dir, 1) : NULL;
+    if (errout) *errout = e;
+    else free(e);
+    free(o), free(cfg), free(dir), free(body);
+    return rc;
+}
+
+/* The exported file of output `name` rewritten under kpt_dir as `to` with dtype `descr` (2 bytes an element: the
+ * same bits from a 2-byte dtype, an int32 narrowed), or with every element times `scale` (f32, descr NULL). */
+static char *rewrite_npy(const char *name, const char *descr, float scale, const char *to) {
+    char from[128];
+    snprintf(from, sizeof from, MLA_EXPORT "%s.npy", name);
+    kp_npy_info info;
+    size_t len;
+    char *buf = load_npy(from, &info, &len), *path = in_dir(to);
+    unsigned char *data = (unsigned char *)buf + info.data_offset;
+    const size_t n = info.data_bytes / info.itemsize;
+    kp_error kerr = {0};
+    if (descr) {
+        int16_t *narrow = malloc(2 * n + 2);
+        cr_assert_not_null(narrow);
+        for (size_t i = 0; i < n; i++) {
+            int32_t v;
+            if (info.itemsize == 2) memcpy(&narrow[i], data + 2 * i, 2);
+            else memcpy(&v, data + 4 * i, 4), narrow[i] = (int16_t)v;
+        }
+        cr_assert_eq(kp_npy_write(path, descr, info.ndim, info.shape, narrow, 2 * n, &kerr), 0, "%s", kerr.msg);
+        free(narrow);
+    } else {
+        cr_assert_str_eq(info.descr, "<f4");
+        for (size_t i = 0; i < n; i++) ((float *)data)[i] *= scale;
+        cr_assert_eq(kp_npy_write(path, "<f4", info.ndim, info.shape, data, info.data_bytes, &kerr), 0, "%s", kerr.msg);
+    }
+    free(buf);
+    return path;
+}
+
+/* "NAME=FILE,FILE..." of exported outputs (names separated by ','), and files under kpt_dir given whole. */
+static char *files_arg(const char *role, const char *outputs) {
+    char *text = NULL, *list = strdup(outputs), *save = NULL;
+    cr_assert(asprintf(&text, "%s=", role) > 0);
+    for (char *o = strtok_r(list, ",", &save); o; o = strtok_r(NULL, ",", &save)) {
+        char *grown;
+        const int whole = strchr(o, '.') != NULL; /* a file of the test's own */
+        cr_assert(asprintf(&grown, "%s%s%s/%s%s%s", text, text[strlen(text) - 1] == '=' ? "" : ",", kpt_dir,
+                           whole ? "" : MLA_EXPORT, o, whole ? "" : ".npy") > 0);
+        free(text), text = grown;
+    }
+    free(list);
+    return kpt_scratch(text);
+}
+
+/* torch's natural view of bf16 bits is int16 (t.view(torch.int16).numpy() saves <i2): judge takes a bf16 output as
+ * <u2 or <i2, the same bytes judged the same; an i32 output narrowed to <i2 is still refused. */
+Test(judge, bf16_bits_saved_as_int16_are_judged_like_uint16) {
+    export_case(MLA_CASE, "mx", "mla.split_size@host");
+    kpt_scratch(rewrite_npy("out", "<i2", 1, "out_i2.npy")), kpt_scratch(rewrite_npy("splits", "<i2", 1, "splits_i2.npy"));
+    const char *checks = "[{\"check\":\"tolerance\",\"impl\":\"outside\"}]";
+    const char *u2[] = {"--impl", files_arg("outside", "out,lse,max_logits"), NULL};
+    const char *i2[] = {"--impl", files_arg("outside", "out_i2.npy,lse,max_logits"), NULL};
+    const char *bad[] = {"--impl", files_arg("outside", "out,lse,max_logits,splits_i2.npy"), NULL};
+    cJSON *a, *b;
+    char *err;
+    cr_assert_eq(judge_mla(checks, "u2", u2, &a, NULL), 0, "<u2");
+    cr_assert_eq(judge_mla(checks, "i2", i2, &b, &err), 0, "<i2: %s", err);
+    free(err);
+    cr_assert_str_eq(at(b, "checks.0.result")->valuestring, "PASSED", "%s", at(b, "checks.0.summary")->valuestring);
+    char *fa = cJSON_PrintUnformatted(at(a, "checks.0.findings")), *fb = cJSON_PrintUnformatted(at(b, "checks.0.findings"));
+    cr_assert_str_eq(fa, fb, "<u2 and <i2 bits judged differently");
+    cr_assert_str_eq(at(a, "impls.0.output_sha256")->valuestring, at(b, "impls.0.output_sha256")->valuestring);
+    cr_assert_eq(judge_mla(checks, "bad", bad, NULL, &err), 2, "an int32 output as <i2: %s", err);
+    cr_assert(strstr(err, "splits_i2.npy: dtype <i2; the family's output 'splits' is <i4"), "%s", err);
+    free(fa), free(fb), free(err);
+    cJSON_Delete(a), cJSON_Delete(b);
+}
+
+/* FlashMLA's decode gives no max_logits: declared absent (--absent outside=max_logits), out and lse from kparity's
+ * own candidate are judged and max_logits is never compared with the stand-in judge fills in; tolerance is PASSED
+ * over out and lse with max_logits NOT_RUN and named, and lse scaled by 0.9 is still caught. repeat and exact leave it
+ * out and say so; the receipt's impl entry lists it. Without the declaration a missing max_logits file is refused,
+ * and a name that is no output of mla is exit 2 naming it. Every compared output absent: NOT_RUN. */
+Test(judge, an_output_declared_absent_is_left_out_and_named) {
+    export_case(MLA_CASE, "mx", "mla.split_size@host");
+    kpt_scratch(rewrite_npy("lse", NULL, 0.9f, "lse_scaled.npy"));
+    const char *checks = "[{\"check\":\"tolerance\",\"impl\":\"outside\"},{\"check\":\"repeat\",\"impl\":\"outside\"},"
+                         "{\"check\":\"exact\",\"impls\":[\"outside\",\"candidate\"]},"
+                         "{\"check\":\"tolerance\",\"impl\":\"scaled\"},{\"check\":\"batch\",\"impl\":\"outside\"}]";
+    char *two = files_arg("outside", "out,lse");
+    const char *args[] = {"--absent", "outside=max_logits", "--impl", two, "--impl", two, "--absent", "scaled=max_logits",
+                          "--impl", files_arg("scaled", "out,lse_scaled.npy"), NULL};
+    cJSON *rec;
+    char *err;
+    cr_assert_eq(judge_mla(checks, "absent", args, &rec, &err), 1, "scaled's lse is INCORRECT: %s", err);
+    free(err);
+    const char *why = "max_logits: declared absent by mla.judged_outside@file, not judged";
+    const cJSON *tol = at(rec, "checks.0");
+    cr_assert_str_eq(at(tol, "result")->valuestring, "PASSED", "%s", at(tol, "summary")->valuestring);
+    cr_assert_str_eq(at(tol, "findings.tensors.0.tensor")->valuestring, "out");
+    cr_assert_str_eq(at(tol, "findings.tensors.0.result")->valuestring, "PASSED");
+    cr_assert_str_eq(at(tol, "findings.tensors.1.tensor")->valuestring, "lse");
+    cr_assert_str_eq(at(tol, "findings.tensors.1.result")->valuestring, "PASSED");
+    cr_assert_str_eq(at(tol, "findings.tensors.2.tensor")->valuestring, "max_logits");
+    cr_assert_str_eq(at(tol, "findings.tensors.2.result")->valuestring, "NOT_RUN");
+    cr_assert_str_eq(at(tol, "findings.tensors.2.reason")->valuestring, why);
+    cr_assert(strstr(at(tol, "summary")->valuestring, why), "%s", at(tol, "summary")->valuestring);
+    cr_assert_null(cJSON_GetObjectItemCaseSensitive(at(tol, "findings.tensors.2"), "metrics"), "never compared");
+    for (int c = 1; c <= 2; c++) { /* repeat and exact: left out, said so */
+        char key[32];
+        snprintf(key, sizeof key, "checks.%d", c);
+        const cJSON *chk = at(rec, key);
+        cr_assert_str_eq(at(chk, "result")->valuestring, "PASSED", "%s: %s", at(chk, "check")->valuestring,
+                         at(chk, "summary")->valuestring);
+        cr_assert_str_eq(at(chk, "findings.absent.0")->valuestring,
+                         "max_logits: declared absent by mla.judged_outside@file, left out");
+        cr_assert(strstr(at(chk, "summary")->valuestring, "max_logits: declared absent"), "%s", at(chk, "summary")->valuestring);
+    }
+    const cJSON *scaled = at(rec, "checks.3");
+    cr_assert_str_eq(at(scaled, "result")->valuestring, "INCORRECT", "%s", at(scaled, "summary")->valuestring);
+    cr_assert_str_eq(at(scaled, "findings.tensors.0.result")->valuestring, "PASSED");
+    cr_assert_str_eq(at(scaled, "findings.tensors.1.result")->valuestring, "INCORRECT", "lse at 0.9x");
+    cr_assert_str_eq(at(scaled, "findings.tensors.2.result")->valuestring, "NOT_RUN");
+    /* batch: no sub-batch given, so no probe compared (NOT_RUN), and max_logits named as left out all the same */
+    cr_assert_str_eq(at(rec, "checks.4.result")->valuestring, "NOT_RUN", "%s", at(rec, "checks.4.summary")->valuestring);
+    cr_assert_str_eq(at(rec, "checks.4.findings.absent.0")->valuestring,
+                     "max_logits: declared absent by mla.judged_outside@file, left out");
+    cr_assert_str_eq(at(rec, "impls.0.name")->valuestring, "mla.judged_outside@file");
+    cr_assert_str_eq(at(rec, "impls.0.absent_outputs.0")->valuestring, "max_logits");
+    cr_assert_eq(cJSON_GetArraySize(at(rec, "impls.0.absent_outputs")), 1);
+    /* its output digest is of out, lse and splits (not given: judge's -1s) row by row, not of judge's stand-in for
+       max_logits */
+    kp_npy_info oi, li;
+    size_t len;
+    char *ob = load_npy(MLA_EXPORT "out.npy", &oi, &len), *lb = load_npy(MLA_EXPORT "lse.npy", &li, &len), hex[KP_SHA256_HEX_LEN];
+    kp_sha256 h;
+    kp_error kerr = {0};
+    cr_assert_eq(kp_sha256_init(&h, &kerr), 0);
+    for (int64_t r = 0; r < oi.shape[0]; r++) {
+        kp_sha256_update(&h, ob + oi.data_offset + r * (oi.data_bytes / (size_t)oi.shape[0]), oi.data_bytes / (size_t)oi.shape[0]);
+        kp_sha256_update(&h, lb + li.data_offset + r * (li.data_bytes / (size_t)li.shape[0]), li.data_bytes / (size_t)li.shape[0]);
+        kp_sha256_update(&h, &(int32_t){-1}, 4);
+    }
+    kp_sha256_final_hex(&h, hex);
+    cr_assert_str_eq(at(rec, "impls.0.output_sha256")->valuestring, hex);
+    free(ob), free(lb);
+    cr_assert_str_eq(at(rec, "impls.1.name")->valuestring, "mla.split_size@host");
+    cr_assert_null(cJSON_GetObjectItemCaseSensitive(at(rec, "impls.1"), "absent_outputs"), "the candidate gives every output");
+    cJSON_Delete(rec);
+
+    /* without the declaration, a missing max_logits file is refused */
+    const char *undeclared[] = {"--impl", two, "--impl", two, NULL};
+    cr_assert_eq(judge_mla(checks, "undeclared", undeclared, NULL, &err), 2, "%s", err);
+    cr_assert(strstr(err, "2 files; mla outputs are, in order: out, lse, max_logits, splits (may be left out)"), "%s", err);
+    free(err);
+    /* a name that is not an output of mla */
+    const char *unknown[] = {"--absent", "outside=max_logit", "--impl", two, "--impl", two, NULL};
+    cr_assert_eq(judge_mla(checks, "unknown", unknown, NULL, &err), 2, "%s", err);
+    cr_assert(strstr(err, "'max_logit' is not an output of mla (its outputs: out, lse, max_logits, splits)"), "%s", err);
+    free(err);
+    /* every output of the answer absent (only splits given): tolerance and exact have nothing to compare */
+    const char *none[] = {"--absent", "outside=out,lse,max_logits", "--impl", files_arg("outside", "splits"), NULL};
+    cr_assert_eq(judge_mla("[{\"check\":\"tolerance\",\"impl\":\"outside\"},{\"check\":\"exact\",\"impls\":[\"outside\","
+                           "\"candidate\"]}]", "none", none, &rec, &err), 77, "%s", err);
+    free(err);
+    for (int c = 0; c < 2; c++) {
+        const cJSON *chk = cJSON_GetArrayItem(at(rec, "checks"), c);
+        cr_assert_str_eq(at(chk, "result")->valuestring, "NOT_RUN", "%s: %s", at(chk, "check")->valuestring,
+                         at(chk, "summary")->valuestring);
+    }
+    cr_assert(strstr(at(rec, "checks.1.summary")->valuestring, "nothing to compare"), "%s", at(rec, "checks.1.summary")->valuestring);
+    cJSON_Delete(rec);
+}
+
+/* A rule check reads the whole answer: a top-k output without its values is NOT_RUN, not judged on the indices; exact
+ * compares the indices alone, saying so. */
+Test(judge, a_rule_check_of_an_absent_output_is_not_run) {
+    const char *tk = "topk(k=16,profile=randn,rows=4,seed=1,width=100)";
+    export_case(tk, "tx", "topk.radix_exact@host");
+    char *cfg = in_dir("topk.json"), *dir = in_dir("tj"), *impl, *o, *e;
+    const char *body = "{\"schema\":\"kparity.gate/v1\",\"name\":\"judge-topk\",\"impls\":{\"candidate\":"
+                       "\"topk.radix_exact@host\"},\"cases\":[{\"case\":\"topk(k=16,profile=randn,rows=4,seed=1,width=100)\","
+                       "\"checks\":[{\"check\":\"rule\",\"impl\":\"outside\",\"ties\":\"lowest_index\",\"order\":\"any\"},"
+                       "{\"check\":\"exact\",\"impls\":[\"outside\",\"candidate\"]}]}]}";
+    cr_assert_eq(kpt_write(cfg, body, strlen(body)), 0);
+    cr_assert(asprintf(&impl, "outside=%s/tx/topk.radix_exact@host.indices.npy", kpt_dir) > 0);
+    char *argv[] = {kpt_binary(), "judge", (char *)tk, "--absent", "outside=values", "--impl", impl, "--config", cfg,
+                    "--out", dir, "--quiet", NULL};
+    cr_assert_eq(kpt_run(argv, &o, &e), 77, "a check NOT_RUN and none broken: %s", e);
+    cJSON *rec = kpt_receipt(dir, 1);
+    cr_assert_str_eq(at(rec, "checks.0.result")->valuestring, "NOT_RUN", "%s", at(rec, "checks.0.summary")->valuestring);
+    cr_assert(strstr(at(rec, "checks.0.summary")->valuestring, "values: declared absent by topk.judged_outside@file"), "%s",
+              at(rec, "checks.0.summary")->valuestring);
+    cr_assert_str_eq(at(rec, "checks.1.result")->valuestring, "PASSED", "%s", at(rec, "checks.1.summary")->valuestring);
+    cr_assert_str_eq(at(rec, "checks.1.findings.absent.0")->valuestring,
+                     "values: declared absent by topk.judged_outside@file, left out");
+    free(cfg), free(dir), free(impl), free(o), free(e);
+    cJSON_Delete(rec);
+}
+
+/* ---- top-k's NaN rank: a rule parameter ------------------------------------------------------------------------ */
+
+#define NAN_CASE "topk(k=16,profile=nan,rows=8,seed=5,width=100)"
+
+static const float *g_scores; /* the row being ordered, for nan_first */
+/* torch.topk's order, written here from its documentation: NaN above every number (every NaN one value, so by
+ * index), then value descending (-0 == +0), then index ascending. */
+static int nan_first(const void *a, const void *b) {
+    const int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+    const float x = g_scores[i], y = g_scores[j];
+    if (isnan(x) != isnan(y)) return isnan(x) ? -1 : 1;
+    if (!isnan(x) && x != y) return x > y ? -1 : 1;
+    return (i > j) - (i < j);
+}
+static int ascending(const void *a, const void *b) {
+    const int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+    return (i > j) - (i < j);
+}
+
+/* An output that ranks NaN above every number, as torch.topk does, is held to the rule under nan: "above" and
+ * breaks it under the default "below" on exactly the rows whose window holds NaN, which the check names; kparity's
+ * own candidate (NaN below) is the other way round. */
+Test(judge, nan_ranked_above_passes_under_nan_above_and_fails_below_naming_the_nan_rows) {
+    export_case(NAN_CASE, "nx", "topk.radix_exact@host");
+    kp_npy_info si, ii, vi;
+    size_t len;
+    char *sbuf = load_npy("nx/scores.npy", &si, &len), *ibuf = load_npy("nx/topk.radix_exact@host.indices.npy", &ii, &len);
+    char *vbuf = load_npy("nx/topk.radix_exact@host.values.npy", &vi, &len);
+    const int64_t rows = si.shape[0], width = si.shape[1], k = ii.shape[1];
+    const float *x = (const float *)(sbuf + si.data_offset);
+    int32_t *idx = (int32_t *)(ibuf + ii.data_offset), order[100];
+    float *val = (float *)(vbuf + vi.data_offset);
+    cr_assert_eq(width, 100);
+    int nan_row[8] = {0}, nnan = 0;
+    for (int64_t r = 0; r < rows; r++) { /* the full window [0, 100): NaN ranked first, the first k by index */
+        for (int64_t i = 0; i < width; i++) nan_row[r] |= isnan(x[r * width + i]), order[i] = (int32_t)i;
+        nnan += nan_row[r];
+        g_scores = x + r * width;
+        qsort(order, (size_t)width, sizeof *order, nan_first);
+        qsort(order, (size_t)k, sizeof *order, ascending);
+        for (int64_t q = 0; q < k; q++) idx[r * k + q] = order[q], val[r * k + q] = g_scores[order[q]];
+    }
+    cr_assert(nnan > 0 && nnan < rows, "some rows hold NaN and some do not (%d of %lld)", nnan, (long long)rows);
+    kp_error kerr = {0};
+    char *ti = in_dir("torch_indices.npy"), *tv = in_dir("torch_values.npy"), *cfg = in_dir("nan.json"), *dir = in_dir("nj");
+    cr_assert_eq(kp_npy_write(ti, "<i4", 2, ii.shape, idx, ii.data_bytes, &kerr), 0, "%s", kerr.msg);
+    cr_assert_eq(kp_npy_write(tv, "<f4", 2, vi.shape, val, vi.data_bytes, &kerr), 0, "%s", kerr.msg);
+    const char *body = "{\"schema\":\"kparity.gate/v1\",\"name\":\"nan\",\"impls\":{},\"defaults\":{\"ties\":\"lowest_index\","
+                       "\"order\":\"any\"},\"cases\":[{\"case\":\"" NAN_CASE "\",\"checks\":["
+                       "{\"check\":\"rule\",\"impl\":\"torch\"},{\"check\":\"rule\",\"impl\":\"torch\",\"nan\":\"above\"},"
+                       "{\"check\":\"rule\",\"impl\":\"mine\",\"nan\":\"below\"},{\"check\":\"rule\",\"impl\":\"mine\",\"nan\":"
+                       "\"above\"}]}]}";
+    cr_assert_eq(kpt_write(cfg, body, strlen(body)), 0);
+    char *torch, *mine, *o, *e;
+    cr_assert(asprintf(&torch, "torch=%s,%s", ti, tv) > 0);
+    cr_assert(asprintf(&mine, "mine=%s/nx/topk.radix_exact@host.indices.npy,%s/nx/topk.radix_exact@host.values.npy", kpt_dir,
+                       kpt_dir) > 0);
+    char *argv[] = {kpt_binary(), "judge", NAN_CASE, "--impl", torch, "--impl", mine, "--config", cfg, "--out", dir,
+                    "--quiet", NULL};
+    cr_assert_eq(kpt_run(argv, &o, &e), 1, "%s", e);
+    cJSON *rec = kpt_receipt(dir, 1);
+    const char *want[4] = {"INCORRECT", "PASSED", "PASSED", "INCORRECT"}, *rank[4] = {"below", "above", "below", "above"};
+    for (int c = 0; c < 4; c++) {
+        const cJSON *chk = cJSON_GetArrayItem(at(rec, "checks"), c);
+        const char *summary = at(chk, "summary")->valuestring;
+        cr_assert_str_eq(at(chk, "params.nan")->valuestring, rank[c], "the receipt records the NaN rank");
+        cr_assert_str_eq(at(chk, "result")->valuestring, want[c], "check %d: %s", c, summary);
+        if (!strcmp(want[c], "PASSED")) continue;
+        /* it names exactly the rows with NaN, in its findings and its summary */
+        const cJSON *named = at(chk, "findings.rows_failing_with_nan");
+        cr_assert_eq(cJSON_GetArraySize(named), nnan, "%s", summary);
+        char list[128] = "";
+        int i = 0;
+        for (int64_t r = 0; r < rows; r++) {
+            const size_t n = strlen(list);
+            if (nan_row[r]) snprintf(list + n, sizeof list - n, " %lld", (long long)r);
+            cr_assert_eq(!cJSON_IsTrue(at(cJSON_GetArrayItem(at(chk, "findings.per_row"), (int)r), "impl.meets_rule")),
+                         nan_row[r], "check %d row %lld", c, (long long)r);
+            if (nan_row[r]) cr_assert_eq(cJSON_GetArrayItem(named, i++)->valuedouble, (double)r);
+        }
+        char needle[200];
+        snprintf(needle, sizeof needle, "rows failing with NaN in their window (NaN ranked %s every number):%s", rank[c], list);
+        cr_assert(strstr(summary, needle), "%s\nlooked for: %s", summary, needle);
+    }
+    cJSON_Delete(rec);
+    free(sbuf), free(ibuf), free(vbuf), free(ti), free(tv), free(cfg), free(dir), free(torch), free(mine), free(o), free(e);
+}
+
+/* An order output declared absent (mla's splits): a batch probe does not describe the work order from the stand-in
+ * judge fills in (no "splits" in its entry), where an order output merely not given is still described (from -1s,
+ * as before); the answer's rows are compared as usual. */
+Test(judge, a_batch_probe_reads_no_order_output_declared_absent) {
+    export_case(MLA_CASE, "mx", "mla.split_size@host");
+    export_case("mla(batch=1,h_q=64,profile=uniform,s_kv=1024,scale=pow2,seed=1,topk=640)", "m1", "mla.split_size@host");
+    const char *checks = "[{\"check\":\"batch\",\"impl\":\"outside\"}]";
+    char *one;
+    cr_assert(asprintf(&one, "outside@1=%s/m1/mla.split_size@host.out.npy,%s/m1/mla.split_size@host.lse.npy", kpt_dir, kpt_dir) > 0);
+    const char *declared[] = {"--absent", "outside=max_logits,splits", "--impl", files_arg("outside", "out,lse"), "--impl", one,
+                              NULL};
+    char *with_ml;
+    cr_assert(asprintf(&with_ml, "%s,%s/m1/mla.split_size@host.max_logits.npy", one, kpt_dir) > 0);
+    const char *not_given[] = {"--impl", files_arg("outside", "out,lse,max_logits"), "--impl", with_ml, NULL};
+    for (int v = 0; v < 2; v++) {
+        cJSON *rec;
+        char *err;
+        cr_assert_eq(judge_mla(checks, v ? "ng" : "decl", v ? not_given : declared, &rec, &err), 77, "%s", err);
+        const cJSON *probe = at(rec, "checks.0.findings.probes.0");
+        cr_assert_str_eq(at(probe, "probe")->valuestring, "alone.row0");
+        cr_assert_eq(at(probe, "rows_probed")->valuedouble, 1, "compared");
+        cr_assert_eq(cJSON_GetArraySize(at(probe, "rows_differ")), 0);
+        cr_assert_eq(cJSON_HasObjectItem(probe, "splits"), v == 1, "%s", v ? "not given: described" : "absent: not described");
+        cJSON_Delete(rec), free(err);
+    }
+    free(one), free(with_ml);
 }

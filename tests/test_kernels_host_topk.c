@@ -67,7 +67,8 @@ static int64_t judged(const kp_topk_case *tc, const float *x, const int32_t *s, 
     kp_topk_ref ref;
     kp_topk_judgement j;
     kp_error err = {0};
-    cr_assert_eq(kp_topk_reference(x, tc->rows, tc->width, tc->stride, s, e, tc->k, tc->index_base, tc->fill, &ref, &err), 0);
+    cr_assert_eq(kp_topk_reference(x, tc->rows, tc->width, tc->stride, s, e, tc->k, tc->index_base, tc->fill,
+                                   KP_TOPK_NAN_BELOW, &ref, &err), 0);
     cr_assert_eq(kp_topk_judge(&ref, x, tc->stride, idx, val, ties, order, &j, &err), 0);
     const int64_t ok = j.rows_rule_ok;
     if (dropped_rows) {

@@ -330,3 +330,24 @@ Test(mla_checks, splits_that_change_between_calls_fail_repeat_with_the_order_cha
     cJSON_Delete(rec);
     free(cfg), free(bundle);
 }
+
+/* topk_length=request (one length a request, as FlashMLA's decode takes it) with two query rows a request: the
+ * built-in candidate is within FlashMLA's tolerances on the host, and the receipt's case says which lengths it has. */
+Test(mla_checks, a_case_with_one_topk_length_a_request_passes_the_candidates_tolerance) {
+    const char *name = "mla(batch=3,h_q=64,profile=mixed,s_kv=1024,s_q=2,scale=pow2,seed=9,topk=640,topk_length=request)";
+    char *body, *path;
+    cr_assert(asprintf(&body, "{\"schema\":\"kparity.gate/v1\",\"name\":\"t\",\"impls\":{\"mla.candidate\":"
+                              "\"mla.split_size@host\"},\"defaults\":{" TOLERANCES "},\"cases\":[{\"case\":\"%s\","
+                              "\"checks\":[{\"check\":\"tolerance\",\"impl\":\"candidate\"}]}]}", name) > 0);
+    cr_assert(asprintf(&path, "%s/request.json", kpt_dir) > 0);
+    cr_assert_eq(kpt_write(path, body, strlen(body)), 0);
+    char *bundle = gate(path, "request", 0);
+    cJSON *rec = kpt_receipt(bundle, 1);
+    cr_assert_str_eq(str(at(rec, "case"), "name"), name);
+    cr_assert_str_eq(str(at(at(rec, "case"), "params"), "topk_length"), "request");
+    const cJSON *chk = check_of(rec, 0);
+    cr_assert_str_eq(str(chk, "result"), "PASSED", "%s", str(chk, "summary"));
+    tensor_passes(chk, "out"), tensor_passes(chk, "lse"), tensor_passes(chk, "max_logits");
+    cJSON_Delete(rec);
+    free(body), free(path), free(bundle);
+}

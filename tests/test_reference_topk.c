@@ -11,8 +11,9 @@
 #include "../reference/topk_ref.h"
 #include "kp_test_util.h"
 
+static int g_nan_above; /* NaN ranks above every number (torch.topk's convention), else below */
 static uint32_t key_of(float v) { /* written again here from the rule, independent of the reference's */
-    if (isnan(v)) return 0;
+    if (isnan(v)) return g_nan_above ? UINT32_MAX : 0;
     if (v == 0.0f) v = 0.0f;
     uint32_t b;
     memcpy(&b, &v, sizeof b);
@@ -31,7 +32,8 @@ static int by_index(const void *a, const void *b) { return (*(const int32_t *)a 
 static void must_ref(const float *x, int64_t rows, int64_t width, const int32_t *s, const int32_t *e, int32_t k, int32_t base,
                      int32_t fill, kp_topk_ref *ref) {
     kp_error err = {0};
-    cr_assert_eq(kp_topk_reference(x, rows, width, width, s, e, k, base, fill, ref, &err), 0, "%s", err.msg);
+    cr_assert_eq(kp_topk_reference(x, rows, width, width, s, e, k, base, fill,
+                                   g_nan_above ? KP_TOPK_NAN_ABOVE : KP_TOPK_NAN_BELOW, ref, &err), 0, "%s", err.msg);
 }
 
 static kp_topk_judgement must_judge(const kp_topk_ref *ref, const float *x, int64_t width, const int32_t *idx, const float *val,
@@ -53,7 +55,9 @@ Test(reference_topk, matches_a_full_sort_on_rows_with_ties_zeros_nan_and_infinit
              : (float)(int)(kpt_unit(&seed) * 8) / 4.0f; /* few distinct values: ties everywhere */
     }
     for (int r = 0; r < R; r++) s[r] = r % 5, e[r] = W - (r * 29) % W / 2;
-    for (int base = 0; base < 2; base++) {
+    for (int run = 0; run < 4; run++) { /* each index base, NaN below and above */
+        const int base = run & 1;
+        g_nan_above = run >> 1;
         kp_topk_ref ref;
         const int32_t k = 300;
         must_ref(x, R, W, s, e, k, base, -1, &ref);
@@ -65,12 +69,19 @@ Test(reference_topk, matches_a_full_sort_on_rows_with_ties_zeros_nan_and_infinit
             qsort(order, (size_t)count, sizeof *order, by_index);
             for (int q = 0; q < k; q++) {
                 const int32_t want = q < count ? order[q] - (base ? s[r] : 0) : -1;
-                cr_assert_eq(ref.indices[r * k + q], want, "row %d entry %d (base %d)", r, q, base);
+                cr_assert_eq(ref.indices[r * k + q], want, "row %d entry %d (base %d, NaN %s)", r, q, base,
+                             g_nan_above ? "above" : "below");
             }
             cr_assert_eq(ref.row[r].group_needed, count - ref.row[r].above);
+            int nan_window = 0, nan_taken = 0; /* above: every NaN of the window is taken (k is past their count) */
+            for (int i = s[r]; i < e[r]; i++) nan_window += isnan(x[r * W + i]);
+            for (int q = 0; q < count; q++) nan_taken += isnan(x[r * W + order[q]]);
+            cr_assert_eq(ref.row[r].nan_count, nan_window, "row %d", r);
+            if (g_nan_above) cr_assert(nan_window > 0 && nan_taken == nan_window, "row %d: %d of %d NaN", r, nan_taken, nan_window);
         }
         kp_topk_ref_free(&ref);
     }
+    g_nan_above = 0;
     free(x);
 }
 
@@ -169,8 +180,9 @@ Test(reference_topk, bad_shapes_and_conventions_are_refused) {
     kp_topk_ref ref;
     kp_error err = {0};
     int32_t s[1] = {3}, e[1] = {2};
-    cr_assert_eq(kp_topk_reference(row10, 1, 10, 10, s, e, 4, 0, -1, &ref, &err), KP_EXIT_USAGE, "a window that ends first");
+    cr_assert_eq(kp_topk_reference(row10, 1, 10, 10, s, e, 4, 0, -1, KP_TOPK_NAN_BELOW, &ref, &err), KP_EXIT_USAGE,
+                 "a window that ends first");
     cr_assert(strstr(err.msg, "window"), "%s", err.msg);
-    cr_assert_eq(kp_topk_reference(row10, 1, 10, 10, ws, we, 4, 0, 7, &ref, &err), KP_EXIT_USAGE, "fill 7");
-    cr_assert_eq(kp_topk_reference(row10, 1, 10, 10, ws, we, 0, 0, -1, &ref, &err), KP_EXIT_USAGE, "k 0");
+    cr_assert_eq(kp_topk_reference(row10, 1, 10, 10, ws, we, 4, 0, 7, KP_TOPK_NAN_BELOW, &ref, &err), KP_EXIT_USAGE, "fill 7");
+    cr_assert_eq(kp_topk_reference(row10, 1, 10, 10, ws, we, 0, 0, -1, KP_TOPK_NAN_BELOW, &ref, &err), KP_EXIT_USAGE, "k 0");
 }
