@@ -73,11 +73,11 @@ void kp_exec_decl_free(kp_exec_decl *decl) {
 int kp_exec_parse(const cJSON *obj, const char *role, const char *where, kp_exec_decl *decl, kp_error *err) {
     memset(decl, 0, sizeof *decl);
     for (const cJSON *m = obj->child; m; m = m->next) {
-        static const char *const allowed[] = {"exec", "impl", "family", "sha256", "timeout_s"};
+        static const char *const allowed[] = {"exec", "impl", "family", "absent", "sha256", "timeout_s"};
         int ok = 0;
         for (size_t i = 0; i < sizeof allowed / sizeof *allowed; i++) ok |= !strcmp(m->string, allowed[i]);
         if (!ok)
-            return kp_fail(err, KP_EXIT_USAGE, "%s.%s: unknown field (an outside program is exec, impl, family, sha256, timeout_s)",
+            return kp_fail(err, KP_EXIT_USAGE, "%s.%s: unknown field (an outside program is exec, impl, family, absent, sha256, timeout_s)",
                            where, m->string);
     }
     const cJSON *argv = cJSON_GetObjectItemCaseSensitive(obj, "exec");
@@ -120,6 +120,11 @@ int kp_exec_parse(const cJSON *obj, const char *role, const char *where, kp_exec
     if (!kp_family_find(decl->family)) {
         kp_exec_decl_free(decl);
         return kp_fail(err, KP_EXIT_USAGE, "%s: '%s' is no family", where, decl->family);
+    }
+    decl->absent = cJSON_GetObjectItemCaseSensitive(obj, "absent");
+    if (decl->absent && !cJSON_IsArray(decl->absent)) {
+        kp_exec_decl_free(decl);
+        return kp_fail(err, KP_EXIT_USAGE, "%s.absent: expected an array of output names", where);
     }
     decl->pins = cJSON_GetObjectItemCaseSensitive(obj, "sha256");
     if (decl->pins && !cJSON_IsObject(decl->pins)) {
@@ -233,6 +238,11 @@ int kp_exec_register(const kp_exec_decl *decl, const char *where, const kp_impl 
     snprintf(origin, sizeof origin, "exec: %s", x->command);
     if (kp_impl_register_outside(&x->impl, origin, x->identity, 0, err)) return err->code;
     g_nexec++;
+    int i = 0;
+    for (const cJSON *a = decl->absent ? decl->absent->child : NULL; a; a = a->next, i++) {
+        if (!cJSON_IsString(a)) return kp_fail(err, KP_EXIT_USAGE, "%s.absent[%d]: expected an output's name", where, i);
+        if (kp_family_declare_absent(&x->impl, a->valuestring, err)) return kp_error_prefix(err, "%s.absent[%d]: ", where, i), err->code;
+    }
     *out = &x->impl;
     return 0;
 }
@@ -549,13 +559,6 @@ static cJSON *case_json(const kp_case *c) {
     return o;
 }
 
-static int is_order_output(const char *family, const char *name) {
-    const kp_family *fam = kp_family_find(family);
-    for (int i = 0; fam && fam->order_outputs && fam->order_outputs[i]; i++)
-        if (!strcmp(fam->order_outputs[i], name)) return 1;
-    return 0;
-}
-
 static int serve(const void *args, char *message, size_t len, int slot) {
     (void)args;
     exec_impl *x = &g_exec[slot];
@@ -609,6 +612,7 @@ static int serve(const void *args, char *message, size_t len, int slot) {
     size_t out_at[KP_MAX_TENSORS], out_cap[KP_MAX_TENSORS];
     for (int k = 0; k < v->nout && !rc; k++) {
         const kp_tensor *t = &v->outs[k];
+        if (kp_impl_output_absent(&x->impl, t->name)) continue; /* declared: not asked for */
         unsigned char header[KP_NPY_HEADER_MAX];
         size_t hb, db;
         kp_error e = {0};
@@ -633,6 +637,9 @@ static int serve(const void *args, char *message, size_t len, int slot) {
         cJSON_AddItemToArray(outs, o);
         at = align64(at + out_cap[k]);
     }
+    cJSON *absent = cJSON_AddArrayToObject(req, "absent"); /* declared: the program is not asked for them */
+    for (int k = 0; k < v->nout; k++)
+        if (kp_impl_output_absent(&x->impl, v->outs[k].name)) cJSON_AddItemToArray(absent, cJSON_CreateString(v->outs[k].name));
     kp_json_add_int(req, "shm_bytes", (int64_t)x->map_bytes);
     char *text = rc ? NULL : cJSON_PrintUnformatted(req);
     cJSON_Delete(req);
@@ -683,13 +690,14 @@ static int serve(const void *args, char *message, size_t len, int slot) {
         const size_t es = kp_dtype_size(t->dtype);
         const int64_t cols = kp_tensor_cols(t), stride = kp_tensor_stride(t), sub = kp_tensor_rows(t);
         unsigned char *dst = v->out[k];
-        if (!w && is_order_output(x->family, t->name)) { /* an order output not given: -1 */
+        if (kp_impl_output_absent(&x->impl, t->name)) { /* declared absent: a stand-in no check reads, -1 bytes */
             for (int64_t r = 0; r < sub; r++) memset(dst + (size_t)(r * stride) * es, 0xff, (size_t)cols * es);
             continue;
         }
         if (!cJSON_IsNumber(w) || w->valuedouble < 10 || w->valuedouble > (double)out_cap[k]) {
-            snprintf(message, len, "%s: output '%s' was not written (the reply gives %s bytes of it; at most %zu fit)", x->name,
-                     t->name, cJSON_IsNumber(w) ? "a count out of range of" : "no", out_cap[k]);
+            snprintf(message, len, "%s: output '%s' was not written (the reply gives %s bytes of it; at most %zu fit)%s", x->name,
+                     t->name, cJSON_IsNumber(w) ? "a count out of range of" : "no", out_cap[k],
+                     w ? "" : "; an output the program does not produce is declared in the config: \"absent\": [NAME]");
             rc = KP_RUN_FAILED;
             break;
         }

@@ -12,7 +12,7 @@
  *     not serve the impl the config names, or serves it for another family.
  *   - One request per launch (every full-batch run, every repeat, every batch probe):
  *     {"op": "run", "id": N, "impl": NAME, "case": {"name", "family", "fields": {...}}, "rows": [case rows run, in
- *     order], "nrows": N, "time": bool, "shm_bytes": size of the shared file now,
+ *     order], "nrows": N, "time": bool, "shm_bytes": size of the shared file now, "absent": [outputs not asked for],
  *     "inputs": [{"name", "offset", "bytes"}], "outputs": [{"name", "offset", "capacity", "dtype", "shape"}]}.
  *     Each input is a whole .npy (header and data) at its offset, in the family's names, dtypes and layouts (bf16 as
  *     '<u2' bits; a batched input holds the run's rows only). A shared (not batched) input that is, byte for byte and at
@@ -23,7 +23,7 @@
  *     "device_us": its own timing of the call (optional), "note": free text (optional), "context_lost": true (with
  *     an error whose CUDA context is gone: kparity ends the program and starts a fresh one for the next launch)}.
  *     kparity reads every output's header itself: a wrong dtype or shape fails the case whatever the reply says.
- *     An output the family records the work order in (an order output) may be left unwritten.
+ *     An output the config declares absent is not asked for (not in "outputs"); any other left unwritten fails.
  *   - End: kparity closes fd 0 and the program exits. A crash, a reply that is not the protocol, no reply within the
  *     impl's timeout: the case FAILS with the program's stderr tail, the program is ended, and the next launch
  *     starts it afresh. */
@@ -37,10 +37,12 @@
 #define KP_EXEC_PROTOCOL "kparity.exec/1"
 
 /* An outside program as a config declares it: impls.ROLE = {"exec": [argv...], "impl": NAME (absent: the one impl the
- * program serves), "family": F (when the role does not name it), "sha256": {"FILE": hex, ...} (pins), "timeout_s":
- * seconds a request may take}. */
+ * program serves), "family": F (when the role does not name it), "absent": [outputs it does not produce, e.g.
+ * FlashMLA decode's max_logits or an order output], "sha256": {"FILE": hex, ...} (pins), "timeout_s": seconds a
+ * request may take}. */
 typedef struct kp_exec_decl {
     char family[16];
+    const cJSON *absent;   /* outputs it does not produce (an array of names), or NULL */
     char program_impl[64]; /* the name the program serves, e.g. "torch.topk"; "": the one impl it serves */
     char role[64];         /* names the impl when program_impl is "" */
     char **argv;           /* NULL-terminated */

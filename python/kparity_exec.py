@@ -147,6 +147,8 @@ def serve(impls, family=None, device="cpu"):
             written = {}
             for name, value in outputs.items():
                 spec = specs.get(name)
+                if spec is None and name in req.get("absent", ()):
+                    continue  # the config declares it absent: not asked for
                 if spec is None:
                     raise KeyError("output %r is not one of this family's: %s" % (name, ", ".join(specs)))
                 arr = _to_numpy(value, spec["dtype"])

@@ -311,3 +311,23 @@ Test(exec, shared_inputs_reach_the_program_once_a_case) {
     cr_assert_geq(requests, 2 * (3 + 7), "a full run, 2 repeats and the batch probes a case: %d requests", requests);
     free(log), free(fixture), free(logpath), free(path), free(body);
 }
+
+/* An output the program does not produce: left unwritten it fails the case, naming the remedy; declared absent in the
+ * config it is not asked for, checks that need it say NOT_RUN and why, and the others judge what is there. */
+Test(exec, an_output_not_produced_fails_unless_declared_absent) {
+    char *bundle;
+    cr_assert_eq(gate(config("novalues", one_case(), NULL), "undeclared", &bundle, NULL), 3);
+    cJSON *rec = kpt_receipt(bundle, 1);
+    cr_assert_str_eq(result_of(rec, 1), "FAILED");
+    cr_assert(strstr(summary_of(rec, 1), "output 'values' was not written") && strstr(summary_of(rec, 1), "\"absent\""), "%s",
+              summary_of(rec, 1));
+    cJSON_Delete(rec);
+    cr_assert_eq(gate(config("novalues", one_case(), ",\"absent\":[\"values\"]"), "declared", &bundle, NULL), 77);
+    rec = kpt_receipt(bundle, 1);
+    cr_assert_str_eq(result_of(rec, 0), "NOT_RUN", "the rule needs the values: %s", summary_of(rec, 0));
+    cr_assert_str_eq(result_of(rec, 1), "PASSED", "repeat on the indices: %s", summary_of(rec, 1));
+    cr_assert_str_eq(result_of(rec, 2), "PASSED", "batch on the indices: %s", summary_of(rec, 2));
+    cr_assert(strstr(summary_of(rec, 1), "values"), "repeat names what it left out: %s", summary_of(rec, 1));
+    cr_assert_str_eq(at(rec, "impls.0.absent_outputs.0")->valuestring, "values");
+    cJSON_Delete(rec);
+}

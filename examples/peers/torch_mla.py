@@ -8,7 +8,7 @@ bytes in fp8_ds_mla (512 e4m3 NoPE codes, 4 f32 scales one a 128-value tile, 64 
 V is the first 512 columns. Out: out bf16 [batch, s_q, h_q, 512] = sum_j p_j v_j / (sum_j p_j + exp(sink - max)),
 lse f32 (natural log, without the sink), max_logits f32 (the largest scaled score); a row with no counted slot gives
 out 0, lse +inf, max_logits -inf; duplicate slots count twice. kparity's `splits` output (how a kernel cut the work)
-is left unwritten. Scores and weights are float32 here (FlashMLA's are bf16 products with f32 sums, P in bf16).
+it does not produce: torch_mla.json declares it absent. Scores and weights are float32 here (FlashMLA's are bf16 products with f32 sums, P in bf16).
 Case fields left out of case["fields"] are kparity's defaults (cases/mla_case.c): sm_scale 0.135234."""
 import os
 import sys
