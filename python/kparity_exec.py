@@ -39,6 +39,8 @@ class NotSupported(Exception):
 
 def _versions(device):
     v = {"python": platform.python_version(), "numpy": np.__version__, "client": PROTOCOL}
+    if device != "cuda" and "torch" not in sys.modules:
+        return v  # importing torch takes seconds: only for a program that uses it
     try:
         import torch  # optional
 
