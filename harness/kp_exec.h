@@ -43,7 +43,7 @@
 typedef struct kp_exec_decl {
     char family[16];
     const cJSON *absent;   /* outputs it does not produce (an array of names), or NULL */
-    char program_impl[64]; /* the name the program serves, e.g. "torch.topk"; "": the one impl it serves */
+    char program_impl[64]; /* the name the program serves, e.g. "mylib.filter_v2"; "": the one impl it serves */
     char role[64];         /* names the impl when program_impl is "" */
     char **argv;           /* NULL-terminated */
     const cJSON *pins;     /* object FILE: hex, or NULL */
