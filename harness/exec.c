@@ -127,10 +127,7 @@ int kp_exec_register(const kp_exec_decl *decl, const char *where, const kp_impl 
                                  decl->argv[a]);
         if (used >= sizeof x->command) used = sizeof x->command - 1;
     }
-    /* every file the command names, hashed; pins first checked */
-    kp_sha256 h;
-    if (kp_sha256_init(&h, err)) return err->code;
-    kp_sha256_update(&h, x->command, strlen(x->command) + 1);
+    /* every file the command names, hashed; pins checked; then the identity over the command and those digests */
     for (int a = 0; a < argc && x->nfiles < MAX_FILES; a++) {
         char path[1024];
         if (a == 0) program_path(x->argv[0], path, sizeof path);
@@ -138,7 +135,6 @@ int kp_exec_register(const kp_exec_decl *decl, const char *where, const kp_impl 
         if (!is_regular(path)) continue;
         snprintf(x->files[x->nfiles], sizeof x->files[0], "%s", path);
         if (kp_sha256_file_hex(path, x->file_sha[x->nfiles], err)) return kp_error_prefix(err, "%s: ", where), err->code;
-        kp_sha256_update(&h, x->file_sha[x->nfiles], KP_SHA256_HEX_LEN);
         x->nfiles++;
     }
     for (const cJSON *pin = decl->pins ? decl->pins->child : NULL; pin; pin = pin->next) {
@@ -153,6 +149,10 @@ int kp_exec_register(const kp_exec_decl *decl, const char *where, const kp_impl 
         if (!found)
             return kp_fail(err, KP_EXIT_USAGE, "%s.sha256: %s is pinned but the command names no such file", where, pin->string);
     }
+    kp_sha256 h; /* begun only now: a refusal above leaves no hash context behind */
+    if (kp_sha256_init(&h, err)) return err->code;
+    kp_sha256_update(&h, x->command, strlen(x->command) + 1);
+    for (int f = 0; f < x->nfiles; f++) kp_sha256_update(&h, x->file_sha[f], KP_SHA256_HEX_LEN);
     kp_sha256_final_hex(&h, x->identity);
     x->impl = (kp_impl){KP_ABI_VERSION, x->family, x->name, KP_MEMORY_HOST, NULL, NULL, runners[g_nexec]};
     char origin[1200];
