@@ -94,6 +94,44 @@ RUNNER(8) RUNNER(9) RUNNER(10) RUNNER(11) RUNNER(12) RUNNER(13) RUNNER(14) RUNNE
 static int (*const runners[MAX_EXEC])(const void *, char *, size_t) = {
     run_0, run_1, run_2, run_3, run_4, run_5, run_6, run_7, run_8, run_9, run_10, run_11, run_12, run_13, run_14, run_15};
 
+/* Every file the command names (the program found on PATH first) hashed, the pins checked against them, then the
+ * impl's identity: SHA-256 over the command and those digests. */
+static int hash_files(exec_impl *x, int argc, const cJSON *pins, const char *where, kp_error *err) {
+    for (int a = 0; a < argc && x->nfiles < MAX_FILES; a++) {
+        char path[1024];
+        if (a == 0) program_path(x->argv[0], path, sizeof path);
+        else snprintf(path, sizeof path, "%s", x->argv[a]);
+        if (!is_regular(path)) continue;
+        snprintf(x->files[x->nfiles], sizeof x->files[0], "%s", path);
+        if (kp_sha256_file_hex(path, x->file_sha[x->nfiles], err)) return kp_error_prefix(err, "%s: ", where), err->code;
+        x->nfiles++;
+    }
+    for (const cJSON *pin = pins ? pins->child : NULL; pin; pin = pin->next) {
+        int found = 0;
+        for (int f = 0; f < x->nfiles; f++)
+            if (!strcmp(x->files[f], pin->string) || !strcmp(x->argv[0], pin->string)) {
+                found = 1;
+                if (!cJSON_IsString(pin) || strcmp(pin->valuestring, x->file_sha[f]))
+                    return kp_fail(err, KP_EXIT_USAGE, "%s.sha256: %s has SHA-256 %s, not the pinned %s: refused before it runs", where,
+                                   pin->string, x->file_sha[f], cJSON_IsString(pin) ? pin->valuestring : "(not a string)");
+            }
+        if (!found)
+            return kp_fail(err, KP_EXIT_USAGE, "%s.sha256: %s is pinned but the command names no such file", where, pin->string);
+    }
+    kp_sha256 h; /* begun only now: a refusal above leaves no hash context behind */
+    if (kp_sha256_init(&h, err)) return err->code;
+    kp_sha256_update(&h, x->command, strlen(x->command) + 1);
+    for (int f = 0; f < x->nfiles; f++) kp_sha256_update(&h, x->file_sha[f], KP_SHA256_HEX_LEN);
+    kp_sha256_final_hex(&h, x->identity);
+    return 0;
+}
+
+static void drop_argv(exec_impl *x) {
+    for (int a = 0; x->argv && x->argv[a]; a++) free(x->argv[a]);
+    free(x->argv);
+    x->argv = NULL;
+}
+
 int kp_exec_register(const kp_exec_decl *decl, const char *where, const kp_impl **out, kp_error *err) {
     char name[128];
     int n = snprintf(name, sizeof name, "%s.%s@exec", decl->family, decl->program_impl[0] ? decl->program_impl : decl->role);
@@ -118,7 +156,7 @@ int kp_exec_register(const kp_exec_decl *decl, const char *where, const kp_impl 
     x->timeout_s = decl->timeout_s > 0 ? decl->timeout_s : 300;
     int argc = 0;
     while (decl->argv[argc]) argc++;
-    x->argv = calloc((size_t)argc + 1, sizeof *x->argv);
+    x->argv = calloc((size_t)argc + 1, sizeof *x->argv); /* the slot is not taken until the end: a refusal frees it */
     if (!x->argv) return kp_fail(err, KP_EXIT_ENV, "out of host memory");
     size_t used = 0;
     for (int a = 0; a < argc; a++) {
@@ -127,37 +165,11 @@ int kp_exec_register(const kp_exec_decl *decl, const char *where, const kp_impl 
                                  decl->argv[a]);
         if (used >= sizeof x->command) used = sizeof x->command - 1;
     }
-    /* every file the command names, hashed; pins checked; then the identity over the command and those digests */
-    for (int a = 0; a < argc && x->nfiles < MAX_FILES; a++) {
-        char path[1024];
-        if (a == 0) program_path(x->argv[0], path, sizeof path);
-        else snprintf(path, sizeof path, "%s", x->argv[a]);
-        if (!is_regular(path)) continue;
-        snprintf(x->files[x->nfiles], sizeof x->files[0], "%s", path);
-        if (kp_sha256_file_hex(path, x->file_sha[x->nfiles], err)) return kp_error_prefix(err, "%s: ", where), err->code;
-        x->nfiles++;
-    }
-    for (const cJSON *pin = decl->pins ? decl->pins->child : NULL; pin; pin = pin->next) {
-        int found = 0;
-        for (int f = 0; f < x->nfiles; f++)
-            if (!strcmp(x->files[f], pin->string) || !strcmp(x->argv[0], pin->string)) {
-                found = 1;
-                if (!cJSON_IsString(pin) || strcmp(pin->valuestring, x->file_sha[f]))
-                    return kp_fail(err, KP_EXIT_USAGE, "%s.sha256: %s has SHA-256 %s, not the pinned %s: refused before it runs", where,
-                                   pin->string, x->file_sha[f], cJSON_IsString(pin) ? pin->valuestring : "(not a string)");
-            }
-        if (!found)
-            return kp_fail(err, KP_EXIT_USAGE, "%s.sha256: %s is pinned but the command names no such file", where, pin->string);
-    }
-    kp_sha256 h; /* begun only now: a refusal above leaves no hash context behind */
-    if (kp_sha256_init(&h, err)) return err->code;
-    kp_sha256_update(&h, x->command, strlen(x->command) + 1);
-    for (int f = 0; f < x->nfiles; f++) kp_sha256_update(&h, x->file_sha[f], KP_SHA256_HEX_LEN);
-    kp_sha256_final_hex(&h, x->identity);
+    if (hash_files(x, argc, decl->pins, where, err)) return drop_argv(x), err->code;
     x->impl = (kp_impl){KP_ABI_VERSION, x->family, x->name, KP_MEMORY_HOST, NULL, NULL, runners[g_nexec]};
     char origin[1200];
     snprintf(origin, sizeof origin, "exec: %s", x->command);
-    if (kp_impl_register_outside(&x->impl, origin, x->identity, 0, err)) return err->code;
+    if (kp_impl_register_outside(&x->impl, origin, x->identity, 0, err)) return drop_argv(x), err->code;
     g_nexec++;
     int i = 0;
     for (const cJSON *a = decl->absent ? decl->absent->child : NULL; a; a = a->next, i++) {
