@@ -281,34 +281,30 @@ static int replay(const char *b, char **out, char **err) {
     return run_cli(argv, out, err);
 }
 
+/* Receipt `index` of a fresh bundle forged by `edit` (re-chained, manifest rewritten): verify --replay must be exit 1
+ * with a message that begins "receipts/NNNN.json (CASE): " followed by `what`, and holds `also` (when not NULL). */
+static void replay_refuses(const char *tag, int index, void (*edit)(cJSON *receipt), const char *what, const char *also) {
+    char *b = make_bundle(tag), *out, *err;
+    const char *name = forge_receipt(b, index, edit);
+    cr_assert_eq(replay(b, &out, &err), 1, "a forged receipt %d replayed: %s%s", index, out, err);
+    char want[600];
+    snprintf(want, sizeof want, "receipts/%04d.json (%s): %s", index, name, what);
+    cr_assert(strstr(err, want) && (!also || strstr(err, also)), "%s", err);
+}
+
 /* An input digest that does not regenerate: exit 1 naming the receipt's file, its case and the tensor. */
 Test(cli, replay_fails_an_input_digest_that_does_not_regenerate) {
-    char *b = make_bundle("fi"), *out, *err;
-    const char *name = forge_receipt(b, 2, forge_logits);
-    cr_assert_eq(replay(b, &out, &err), 1, "a forged input digest replayed: %s%s", out, err);
-    char want[600];
-    snprintf(want, sizeof want, "receipts/0002.json (%s): input 'logits' regenerates to ", name);
-    cr_assert(strstr(err, want) && strstr(err, ", the receipt records "), "%s", err);
+    replay_refuses("fi", 2, forge_logits, "input 'logits' regenerates to ", ", the receipt records ");
 }
 
 /* A reference digest that does not regenerate (the inputs do): exit 1 naming the receipt's file and its case. */
 Test(cli, replay_fails_a_reference_digest_that_does_not_regenerate) {
-    char *b = make_bundle("fr"), *out, *err;
-    const char *name = forge_receipt(b, 3, forge_reference);
-    cr_assert_eq(replay(b, &out, &err), 1, "a forged reference digest replayed: %s%s", out, err);
-    char want[600];
-    snprintf(want, sizeof want, "receipts/0003.json (%s): the reference regenerates to ", name);
-    cr_assert(strstr(err, want) && strstr(err, ", the receipt records "), "%s", err);
+    replay_refuses("fr", 3, forge_reference, "the reference regenerates to ", ", the receipt records ");
 }
 
 /* A receipt whose checks ran but that records no inputs cannot be replayed: an error naming it, not a skip. */
 Test(cli, replay_fails_a_receipt_of_checks_that_ran_without_inputs) {
-    char *b = make_bundle("ni"), *out, *err;
-    const char *name = forge_receipt(b, 1, drop_inputs);
-    cr_assert_eq(replay(b, &out, &err), 1, "a receipt without inputs was passed over: %s%s", out, err);
-    char want[600];
-    snprintf(want, sizeof want, "receipts/0001.json (%s): the receipt records no inputs, yet its result is ", name);
-    cr_assert(strstr(err, want), "%s", err);
+    replay_refuses("ni", 1, drop_inputs, "the receipt records no inputs, yet its result is ", NULL);
 }
 
 /* ---- files derived from the receipts that contradict them (issue 26, point 8) ----
