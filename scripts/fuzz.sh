@@ -42,7 +42,13 @@ if [ "${1:-}" = --run-one ]; then
   exit 0
 fi
 
+if [ "${1:-}" = --install-clang ]; then
+  install_clang_only=1
+else
+  install_clang_only=0
+fi
 seconds=${1:-60}
+[ $install_clang_only = 1 ] && seconds=0
 case $seconds in '' | *[!0-9]*) echo "fuzz.sh: SECONDS must be a whole number, not '$seconds'" >&2; exit 2;; esac
 [ $# -gt 0 ] && shift
 targets=${*:-config case_name npy judge_output bundle merge}
@@ -54,20 +60,27 @@ case $build in /*) ;; *) build="$root/$build";; esac
 jobs=${KPARITY_FUZZ_JOBS:-$(nproc)}
 
 # clang with libFuzzer's runtime (Debian: clang, libclang-rt-dev), installed like setup.sh installs the rest
-probe=$(mktemp -d)
-trap 'rm -rf "$probe"' EXIT
-echo 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n) { (void)d; (void)n; return 0; }' >"$probe/p.c"
-if ! clang -fsanitize=fuzzer,address,undefined "$probe/p.c" -o "$probe/p" >/dev/null 2>&1; then
-  echo "fuzz.sh: installing: clang libclang-rt-dev" >&2
-  sudo=""
-  [ "$(id -u)" = 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq clang libclang-rt-dev >/dev/null ||
-    { echo "fuzz.sh: apt-get could not install clang; libFuzzer needs clang with compiler-rt" >&2; exit 3; }
-fi
+install_clang() {
+  probe=$(mktemp -d)
+  echo 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n) { (void)d; (void)n; return 0; }' >"$probe/p.c"
+  if ! clang -fsanitize=fuzzer,address,undefined "$probe/p.c" -o "$probe/p" >/dev/null 2>&1; then
+    echo "fuzz.sh: installing: clang libclang-rt-dev" >&2
+    sudo=""
+    [ "$(id -u)" = 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq clang libclang-rt-dev >/dev/null ||
+      { rm -rf "$probe"; echo "fuzz.sh: apt-get could not install clang; libFuzzer needs clang with compiler-rt" >&2; exit 3; }
+  fi
+  rm -rf "$probe"
+}
+install_clang
+[ $install_clang_only = 0 ] || exit 0
 
 mkdir -p "$build"
-if ! { CC=clang cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKP_FUZZ=ON -DKP_TESTS=OFF &&
+# a folder configured with the tests (test.sh's build-asan) keeps them; a fresh one builds the targets only
+tests=OFF
+grep -q "^KP_TESTS:BOOL=ON" "$build/CMakeCache.txt" 2>/dev/null && tests=ON
+if ! { CC=clang cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKP_FUZZ=ON -DKP_SANITIZE=ON -DKP_TESTS="${KPARITY_FUZZ_TESTS:-$tests}" &&
        cmake --build "$build" -j"$(nproc)"; } >"$build/build.log" 2>&1; then
   cat "$build/build.log" >&2
   echo "fuzz.sh: the build failed (log above, also in $build/build.log)" >&2

@@ -3,5 +3,5 @@
 # impls when a GPU is present, their host ports otherwise. Extra arguments go to `kparity gate`.
 set -eu
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
+KPARITY_SETUP_TARGET=kparity ./scripts/setup.sh # the binary only: the tests are test.sh's
 exec "${KPARITY_BUILD_DIR:-build}/kparity" gate --config ci/gates/default.json "$@"
