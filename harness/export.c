@@ -256,50 +256,26 @@ static void drop_previous(const char *dir, const previous *pv) {
                 "the export (%s)\n", dir, strerror(errno));
 }
 
-static int rename_step(const char *from, const char *to) {
+/* Move the finished export at tmp to out: one rename onto a missing or empty folder; a previous export is swapped with
+ * it in one step (RENAME_EXCHANGE, so out is at every moment the old export or the new one) and then removed. */
+static int install(const char *tmp, const char *out, const previous *pv, kp_error *err) {
     const int fault = kp_fault_point(1);
     if (fault) errno = fault;
-    return fault ? -1 : rename(from, to);
-}
-
-/* Move the finished export at tmp to out: one rename onto a missing or empty folder; a previous export is swapped
- * with it in one step (RENAME_EXCHANGE; where the file system cannot, two renames, the old put back if the second
- * fails) and then removed. */
-static int install(const char *tmp, const char *out, const previous *pv, kp_error *err) {
     if (!pv->replacing) {
-        if (rename_step(tmp, out))
+        if (fault || rename(tmp, out))
             return kp_fail(err, errno == ENOTEMPTY || errno == EEXIST ? KP_EXIT_USAGE : KP_EXIT_ENV,
                            "--out %s: cannot move the export into place: %s%s", out, strerror(errno),
                            errno == ENOTEMPTY || errno == EEXIST ? " (something was written there during the export)" : "");
         sync_parent(out);
         return 0;
     }
-    int fault = kp_fault_point(1);
-    if (!fault && !renameat2(AT_FDCWD, tmp, AT_FDCWD, out, RENAME_EXCHANGE)) {
-        sync_parent(out);
-        drop_previous(tmp, pv); /* tmp now holds the previous export */
-        return 0;
-    }
-    const int e = fault ? fault : errno;
-    if (e != EINVAL && e != ENOSYS)
-        return kp_fail(err, KP_EXIT_ENV, "--out %s: cannot swap the export into place: %s", out, strerror(e));
-    char *old = folder_beside(out, "kparity-old", err);
-    if (!old) return err->code;
-    int rc = 0;
-    if (rename_step(out, old)) {
-        rc = kp_fail(err, KP_EXIT_ENV, "--out %s: cannot move the previous export aside: %s", out, strerror(errno));
-        rmdir(old);
-    } else if (rename_step(tmp, out)) {
-        rc = kp_fail(err, KP_EXIT_ENV, "--out %s: cannot move the export into place: %s (the previous export is put "
-                     "back)", out, strerror(errno));
-        if (rename(old, out))
-            kp_error_prefix(err, "the previous export is left at %s: ", old);
-    } else {
-        sync_parent(out);
-        drop_previous(old, pv);
-    }
-    free(old);
-    return rc;
+    if (fault || renameat2(AT_FDCWD, tmp, AT_FDCWD, out, RENAME_EXCHANGE))
+        return kp_fail(err, KP_EXIT_ENV, "--out %s: cannot swap the export into place: %s%s", out, strerror(errno),
+                       errno == EINVAL ? " (this file system cannot swap two folders in one step: remove the previous "
+                                         "export, or export to a new folder)" : "");
+    sync_parent(out);
+    drop_previous(tmp, pv); /* tmp now holds the previous export */
+    return 0;
 }
 
 /* ---- writing ------------------------------------------------------------------------------------------------ */
@@ -441,7 +417,7 @@ static int export_impl(export_run *run, kp_prepared *p, const kp_impl *impl, con
             err->msg[0] = '\0', err->code = 0;
             return 0;
         }
-        kp_error_prefix(err, "--impl %s: %s, so nothing was exported: ", impl->name, kp_result_name(st));
+        kp_error_prefix(err, "--impl %s: %s: ", impl->name, kp_result_name(st));
         err->code = st == KP_NOT_SUPPORTED ? KP_EXIT_USAGE : KP_EXIT_ENV;
         return err->code;
     }
@@ -564,6 +540,7 @@ int kp_export_case(const kp_export_options *opt, int *nfiles, kp_error *err) {
     if (!rc) {
         run->dir = tmp;
         rc = write_export(run, fam, &c, canonical, &fields, impls, declared, nimpls, opt->nimpls > 0, err);
+        if (rc) kp_error_prefix(err, "nothing exported to %s: ", out);
     }
     if (!rc) rc = install(tmp, out, &pv, err);
     if (tmp && rc) remove_made(tmp);
