@@ -245,12 +245,15 @@ static void sync_parent(const char *out) {
     free(parent);
 }
 
-/* The previous export's entries (each named by its case.json when it was checked) out of `dir`, then dir itself. */
+/* The previous export's entries (each named by its case.json when it was checked) out of `dir`, then dir itself. Each
+ * removal is a file operation KPARITY_FAULT counts, for its kill (removing needs no room: a full disk fails none). */
 static void drop_previous(const char *dir, const previous *pv) {
     for (size_t i = 0; i < pv->n; i++) {
         char *path;
+        kp_fault_point(1);
         if (asprintf(&path, "%s/%s", dir, pv->entries[i]) >= 0) unlink(path), free(path);
     }
+    kp_fault_point(1);
     if (rmdir(dir))
         fprintf(stderr, "kparity: export: the previous export's folder is left at %s: something was added to it during "
                 "the export (%s)\n", dir, strerror(errno));

@@ -436,24 +436,34 @@ Test(export, a_failure_leaves_nothing_behind) {
     cr_assert_geq(failed, 30, "only %d operations: the fault never reached the files", failed);
     const char *impl[] = {"topp.split_prob@host", NULL};
     cr_assert_null(export_problem(dir, name, impl), "%s", export_problem(dir, name, impl));
+    cr_assert_eq(sh(printf_scratch("cp -r '%s' '%s'", dir, in(kpt_dir, "saved")), NULL, NULL), 0);
 
-    /* killed while replacing it: the previous export stays whole (a hidden folder beside may be left) */
-    char *old = kpt_scratch(kpt_read(in(dir, "case.json"), NULL)), *with_export = listing(parent);
+    /* killed at any operation while replacing it, the folder holds the previous export or the new one, whole (a hidden
+       folder beside, what the kill interrupted, may be left); both are seen: kills before and after the swap */
+    char *with_export = listing(parent), *old = kpt_scratch(kpt_read(in(dir, "case.json"), NULL)), *fresh = NULL;
     const char *other = "topp(batch=2,profile=ordinary,seed=2,top_p=0.5,vocab=64)";
+    int kept_old = 0, got_new = 0;
     for (n = 1;; n++) {
+        cr_assert_eq(sh(printf_scratch("rm -rf '%s' '%s'/.ex.kparity-export-* && cp -r '%s' '%s'", dir, parent,
+                                       in(kpt_dir, "saved"), dir), NULL, NULL), 0); /* the previous export, each time */
         setenv("KPARITY_FAULT", printf_scratch("kill@%d", n), 1);
         const int rc = kparity(NULL, &e, "export", other, "--out", dir, "--force", "--impl", "topp.split_prob@host", NULL);
         unsetenv("KPARITY_FAULT");
         if (!rc) break;
         cr_assert_eq(rc, 128 + 9, "kill@%d: exit %d: %s", n, rc, e);
-        cr_assert_str_eq(kpt_scratch(kpt_read(in(dir, "case.json"), NULL)), old, "kill@%d: the previous export changed", n);
-        cr_assert_null(export_problem(dir, name, impl), "kill@%d: %s", n, export_problem(dir, name, impl));
+        const int is_old = !strcmp(kpt_scratch(kpt_read(in(dir, "case.json"), NULL)), old);
+        const char *holds = is_old ? name : other;
+        cr_assert_null(export_problem(dir, holds, impl), "kill@%d: %s", n, export_problem(dir, holds, impl));
+        kept_old += is_old, got_new += !is_old;
         cr_assert_eq(sh(printf_scratch("rm -rf '%s'/.ex.kparity-export-*", parent), NULL, NULL), 0);
         cr_assert_str_eq(listing(parent), with_export, "kill@%d", n);
         cr_assert_lt(n, 200);
     }
-    cr_assert_gt(n, 30, "the kills never reached the files");
+    fresh = kpt_scratch(kpt_read(in(dir, "case.json"), NULL));
+    cr_assert_str_neq(fresh, old);
     cr_assert_null(export_problem(dir, other, impl), "%s", export_problem(dir, other, impl));
+    cr_assert(kept_old > 30 && got_new >= 3, "kills before the swap %d, after it %d: the kills never reached both",
+              kept_old, got_new);
 }
 
 /* --impl NAME@auto is what a gate config's @auto is: @cuda where a GPU answers, else @host. */
