@@ -524,8 +524,8 @@ int kp_cmd_judge(int argc, char **argv) {
         case_name = g_export.case_name;
     }
     if (!case_name || !(nimpl || g_nexec_args || export_dir) || !config || !out) {
-        kp_fail(&err, KP_EXIT_USAGE, "judge needs a case, at least one --impl NAME=FILE.npy or --exec ROLE=COMMAND, --config FILE "
-                "and --out B");
+        kp_fail(&err, KP_EXIT_USAGE, "judge needs a case and at least one --impl NAME=FILE.npy or --exec ROLE=COMMAND (or a "
+                "kparity export's folder), --config FILE and --out B");
         return fail_usage(&err);
     }
     kp_case c;

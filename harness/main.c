@@ -45,7 +45,7 @@ static const struct {
     {"merge", "kparity merge B1 B2 ... --out B                shards of one config into one bundle (one verdict, re-chained)"},
     {"judge", "kparity judge CASE --impl NAME=FILE.npy[,...] [--impl NAME@N=...] [--exec ROLE=CMD] --config FILE --out B\n"
               "                                             judge outputs made elsewhere by the config's checks for CASE\n"
-              "kparity judge DIR --config FILE --out B [--impl ...]\n"
+              "  kparity judge DIR --config FILE --out B [--impl ...]\n"
               "                                             the same for a kparity export's folder: its case, and each\n"
               "                                             exported impl's outputs as the config role naming that impl"},
     {"rates", "kparity rates --a K/N [--b K/N] [--alpha A] [--power P] [--json]\n"
