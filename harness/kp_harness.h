@@ -8,8 +8,9 @@
  *                               compensated sums), and its judge where the family has a rule check.
  *   3. kernels/kparity_kernel.h a kp_F_args struct; kernels/host/F_*.c and kernels/cuda/F_*.cu the
  *                               impls, each listed in kernels/registry.c's builtin_impls.
- *   4. harness/F_family.c       the kp_family record below: its tensors, fill_args, reference arrays
- *                               and whichever optional hooks apply; listed in harness/families.c.
+ *   4. harness/F_family.c       the kp_family record below: its tensors, fill_args, reference arrays,
+ *                               array_docs (what an export says of each array) and whichever optional
+ *                               hooks apply; listed in harness/families.c.
  *   5. tests/test_reference_F.c, tests/test_kernels_host_F.c, tests/test_gpu_F_kernels.c, a defect
  *                               plugin under tests/fixtures/, and gate configs under ci/gates/.
  * The harness owns everything else: buffers with guard regions on the host or the device, gathering
