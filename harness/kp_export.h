@@ -1,5 +1,6 @@
 /* kp_export.h: `kparity export`, one case as .npy files and a case.json (schema kparity.export/1) that says what each
- * file is, and the reader with which `kparity judge DIR` takes such a folder back (harness/export.c). */
+ * file is (harness/export.c), and the reader with which `kparity judge DIR` takes such a folder back
+ * (harness/export_index.c). */
 #ifndef KP_EXPORT_H
 #define KP_EXPORT_H
 
@@ -34,6 +35,15 @@ int kp_export_check_docs(kp_prepared *p, kp_error *err);
 
 /* `kparity export --help`'s list of the files an export may write, per family, from the families' array docs. */
 void kp_export_help(FILE *to);
+
+/* Every file dir/case.json names (inputs, reference, extras, each impl's files) with the SHA-256 it records, each a
+ * plain name in the folder and a 64-digit digest, none twice (harness/export_index.c); the strings point into *doc
+ * (cJSON_Delete it, free *files). KP_EXIT_USAGE naming case.json and the field: no such file, not JSON, another schema. */
+typedef struct kp_export_file {
+    const char *file, *sha256;
+    char where[96]; /* its JSON path, for messages */
+} kp_export_file;
+int kp_export_index(const char *dir, cJSON **doc, kp_export_file **files, size_t *n, kp_error *err);
 
 /* An export read back: its case and each exported impl's output files (dir/file), in the family's output order.
  * Every file case.json names was checked against the SHA-256 it records. */
