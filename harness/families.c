@@ -41,6 +41,12 @@ void kp_family_output_list(const kp_family *fam, char *buf, size_t len) {
     }
 }
 
+const kp_array_doc *kp_family_array_doc(const kp_family *fam, kp_array_kind kind, const char *name) {
+    for (const kp_array_doc *d = fam->array_docs; d && d->name; d++)
+        if (d->kind == kind && !strcmp(d->name, name)) return d;
+    return NULL;
+}
+
 int kp_family_declare_absent(const kp_impl *impl, const char *name, kp_error *err) {
     const kp_family *fam = impl && impl->family ? kp_family_find(impl->family) : NULL;
     if (!fam)

@@ -10,12 +10,16 @@
  * is the SHA-256 of its files' digests, each file named with its own. Every file is checked against the family's
  * output dtype and shape before anything runs: wrong dtype, shape, a truncated or non-.npy file is exit 2 naming
  * the file and what is wrong. A bf16 output may come as <u2 or <i2 bits. --exec ROLE=COMMAND binds a role to an
- * outside program instead (kp_exec.h), which then gets every launch the checks make, batch probes included. */
+ * outside program instead (kp_exec.h), which then gets every launch the checks make, batch probes included.
+ * `kparity judge DIR` takes a `kparity export` folder instead of CASE: its case.json gives the case, every file it
+ * names must have the SHA-256 it records (else exit 2 naming the file), and each exported impl's outputs are bound, as
+ * an --impl ROLE=FILE,... set given first, to every role of the config that names that impl (or its @auto form). */
 #define _GNU_SOURCE
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -23,9 +27,11 @@
 #include "../receipts/kp_json.h"
 #include "../receipts/kp_npy.h"
 #include "kp_exec.h"
+#include "kp_export.h"
 #include "kp_judge.h"
 #include "kp_launch.h"
 #include "kp_runner.h"
+#include "kp_worker.h"
 
 #define MAX_JUDGED 8
 #define MAX_SETS 64 /* runs and sub-batches of one judged impl */
@@ -51,6 +57,9 @@ static judged g_judged[MAX_JUDGED];
 static int g_njudged;
 static char *g_exec_args[MAX_JUDGED]; /* --exec ROLE=COMMAND: outside programs bound to roles */
 static int g_nexec_args;
+static kp_export_folder g_export;     /* judge DIR: the export read back */
+static char *g_bound[MAX_JUDGED];      /* its impls' outputs as --impl ROLE=FILE,... arguments */
+static int g_nbound;
 
 /* Copy a given set's rows into the run's output buffers, honouring each tensor's row stride. */
 static void serve(const file_set *s, const kp_launch_view *v) {
@@ -416,6 +425,69 @@ static int judge_config(const char *config_path, const char *case_name, const kp
     return 0;
 }
 
+/* judge DIR: each impl exported there, bound to every role of the config that names it (the config's impls, as
+ * "<family>.ROLE" or "ROLE": the impl's own name, or its "@auto" form whichever device it was exported from), as an
+ * --impl ROLE=FILE,... argument in g_bound. KP_EXIT_USAGE when no role names any. */
+static int bind_exported(const char *dir, const char *config_path, const kp_family *fam, int announce, kp_error *err) {
+    if (strchr(dir, ','))
+        return kp_fail(err, KP_EXIT_USAGE, "judge %s: a folder whose path holds ',' cannot be judged (an output set's "
+                       "files are separated by ','): move or link it", dir);
+    char *text;
+    size_t len;
+    int rc = kp_read_file(config_path, &text, &len, err);
+    if (rc) return rc;
+    cJSON *doc = cJSON_ParseWithLength(text, len);
+    free(text);
+    if (!cJSON_IsObject(doc)) {
+        cJSON_Delete(doc);
+        return kp_fail(err, KP_EXIT_USAGE, "config %s: not a JSON object", config_path);
+    }
+    const cJSON *impls = cJSON_GetObjectItemCaseSensitive(doc, "impls"), *m;
+    const size_t flen = strlen(fam->name);
+    char roles[512] = "", exported[512] = "";
+    for (int i = 0; !rc && i < g_export.nimpls; i++) {
+        const kp_export_impl *e = &g_export.impls[i];
+        snprintf(exported + strlen(exported), sizeof exported - strlen(exported), "%s%s", i ? ", " : "", e->name);
+        const char *e_at = strrchr(e->name, '@');
+        cJSON_ArrayForEach(m, impls) {
+            const char *v = cJSON_GetStringValue(m), *role = m->string;
+            if (!v || !role) continue;
+            if (!i) snprintf(roles + strlen(roles), sizeof roles - strlen(roles), "%s%s = %s", roles[0] ? ", " : "", role, v);
+            if (!strncmp(role, fam->name, flen) && role[flen] == '.') role += flen + 1;
+            else if (strchr(role, '.')) continue; /* another family's role */
+            const char *at = strrchr(v, '@');
+            const int names = !strcmp(v, e->name) || (at && e_at && !strcmp(at, "@auto") && at - v == e_at - e->name &&
+                                                       !strncmp(v, e->name, (size_t)(at - v)));
+            int seen = !names || !role_name_ok(role);
+            for (int b = 0; !seen && b < g_nbound; b++)
+                seen = !strncmp(g_bound[b], role, strlen(role)) && g_bound[b][strlen(role)] == '=';
+            if (seen) continue;
+            if (g_nbound == MAX_JUDGED) {
+                rc = kp_fail(err, KP_EXIT_USAGE, "judge %s: more than %d roles to bind", dir, MAX_JUDGED);
+                break;
+            }
+            char *arg = NULL;
+            size_t alen = 0;
+            FILE *f = open_memstream(&arg, &alen);
+            if (!f) {
+                rc = kp_fail(err, KP_EXIT_ENV, "out of host memory");
+                break;
+            }
+            fprintf(f, "%s=", role);
+            for (int k = 0; k < e->nfiles; k++) fprintf(f, "%s%s", k ? "," : "", e->files[k]);
+            fclose(f);
+            g_bound[g_nbound++] = arg;
+            if (announce) fprintf(stderr, "kparity: judge: role %s takes %s's outputs exported in %s\n", role, e->name, dir);
+        }
+    }
+    cJSON_Delete(doc);
+    if (!rc && !g_nbound)
+        rc = kp_fail(err, KP_EXIT_USAGE, "judge %s: no role of config %s names an impl exported there (exported: %s; the "
+                     "config's roles: %s): a role judges an export's outputs when it names that impl (or its @auto form)",
+                     dir, config_path, exported[0] ? exported : "none", roles[0] ? roles : "none");
+    return rc;
+}
+
 int kp_cmd_judge(int argc, char **argv) {
     kp_error err = {0};
     const char *case_name = NULL, *config = NULL, *out = NULL;
@@ -444,9 +516,16 @@ int kp_cmd_judge(int argc, char **argv) {
             return fail_usage(&err);
         }
     }
-    if (!case_name || !(nimpl || g_nexec_args) || !config || !out) {
-        kp_fail(&err, KP_EXIT_USAGE, "judge needs a case, at least one --impl NAME=FILE.npy or --exec ROLE=COMMAND, --config FILE "
-                "and --out B");
+    /* judge DIR: a kparity export's folder gives the case and, bound below, the outputs */
+    struct stat st;
+    const char *export_dir = case_name && !stat(case_name, &st) && S_ISDIR(st.st_mode) ? case_name : NULL;
+    if (export_dir) {
+        if (kp_export_read(export_dir, &g_export, &err)) return fail_usage(&err);
+        case_name = g_export.case_name;
+    }
+    if (!case_name || !(nimpl || g_nexec_args || export_dir) || !config || !out) {
+        kp_fail(&err, KP_EXIT_USAGE, "judge needs a case and at least one --impl NAME=FILE.npy or --exec ROLE=COMMAND (or a "
+                "kparity export's folder), --config FILE and --out B");
         return fail_usage(&err);
     }
     kp_case c;
@@ -460,6 +539,17 @@ int kp_cmd_judge(int argc, char **argv) {
     if (kp_case_format(&c, canonical, sizeof canonical) < 0) {
         kp_fail(&err, KP_EXIT_USAGE, "judge: the case name is too long");
         return fail_usage(&err);
+    }
+    if (export_dir) {
+        if (bind_exported(export_dir, config, fam, !quiet && !kp_worker_is_one(), &err)) return fail_usage(&err);
+        if (nimpl + g_nbound > 64) {
+            kp_fail(&err, KP_EXIT_USAGE, "judge: at most 64 output sets, %d bound from %s among them", g_nbound, export_dir);
+            return fail_usage(&err);
+        }
+        for (int i = 0; i < g_nbound; i++) { /* the exported outputs first, then --impl's */
+            memmove(impl_args + 1, impl_args, sizeof *impl_args * (size_t)nimpl++);
+            impl_args[0] = g_bound[g_nbound - 1 - i];
+        }
     }
     /* As gate and run do: the checks run in a worker process (this command line again), so a plugin's impl that
      * crashes or hangs fails the case instead of ending judge; this process loads no plugin and reads no output. */

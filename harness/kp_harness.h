@@ -8,8 +8,9 @@
  *                               compensated sums), and its judge where the family has a rule check.
  *   3. kernels/kparity_kernel.h a kp_F_args struct; kernels/host/F_*.c and kernels/cuda/F_*.cu the
  *                               impls, each listed in kernels/registry.c's builtin_impls.
- *   4. harness/F_family.c       the kp_family record below: its tensors, fill_args, reference arrays
- *                               and whichever optional hooks apply; listed in harness/families.c.
+ *   4. harness/F_family.c       the kp_family record below: its tensors, fill_args, reference arrays,
+ *                               array_docs (what an export says of each array) and whichever optional
+ *                               hooks apply; listed in harness/families.c.
  *   5. tests/test_reference_F.c, tests/test_kernels_host_F.c, tests/test_gpu_F_kernels.c, a defect
  *                               plugin under tests/fixtures/, and gate configs under ci/gates/.
  * The harness owns everything else: buffers with guard regions on the host or the device, gathering
@@ -255,6 +256,17 @@ typedef struct kp_threshold {
 } kp_threshold;
 #define KP_THRESHOLDS_MAX 16 /* of one case */
 
+/* What `kparity export` says of one array in its case.json and in `kparity export --help`: a family declares one row
+ * per input, output, reference array and export extra, as data (its array_docs, ended by a row with a NULL name).
+ * Reference arrays go by their own names ("keep", "out@unquantized"); their files are reference_<name>.npy. */
+typedef enum kp_array_kind { KP_ARRAY_INPUT = 0, KP_ARRAY_OUTPUT, KP_ARRAY_REFERENCE, KP_ARRAY_EXTRA } kp_array_kind;
+typedef struct kp_array_doc {
+    kp_array_kind kind;
+    const char *name;
+    const char *layout;  /* its dims in order and what indexes them: "[batch, vocab]: row r is the case's row r" */
+    const char *meaning; /* one line: what it holds (and when it is there, where a field decides) */
+} kp_array_doc;
+
 /* One family: a declaration plus hooks. The harness reads the tables; hooks marked (optional) may be
  * NULL, and then a check that needs one is refused when the config loads, naming the family. */
 typedef struct kp_family {
@@ -330,6 +342,16 @@ typedef struct kp_family {
     /* Bytes moved and FLOPs of one run of nrows, for GB/s and TFLOP/s in bench (NULL: not reported). */
     double (*bytes_moved)(const void *data, int64_t nrows);
     double (*flops)(const void *data, int64_t nrows);
+
+    /* --- what an export says (harness/export.c) --- */
+    /* Every array export writes, documented (kp_array_doc). Required to export: a family with an array it does not
+     * document is refused by `kparity export`, naming the array. */
+    const kp_array_doc *array_docs;
+    /* (optional) Arrays past the inputs that a program reading the export without kparity needs (a page table, the
+     * values before quantization), at most KP_MAX_TENSORS into t, each written as <name>.npy (dense, shape[0] slices)
+     * and documented as KP_ARRAY_EXTRA; and facts about the inputs' layout into `layout` (case.json's "layout":
+     * which cache pages are whose). Returns how many arrays. NULL: none. */
+    int (*export_extras)(const void *data, kp_tensor *t, cJSON *layout);
 } kp_family;
 
 /* The family table (harness/families.c): the family of a name (or NULL), the i-th, every name for errors. */
@@ -348,6 +370,8 @@ void kp_family_output_list(const kp_family *fam, char *buf, size_t len);
 int kp_family_declare_absent(const kp_impl *impl, const char *name, kp_error *err);
 /* Whether a record is complete and consistent (required hooks, sizes, hooks that come in pairs). */
 int kp_family_check(const kp_family *fam, kp_error *err);
+/* The family's row for array `name` of this kind (kp_array_doc), or NULL when it documents none. */
+const kp_array_doc *kp_family_array_doc(const kp_family *fam, kp_array_kind kind, const char *name);
 /* Add a family after the built-in rows (a test's own family), with its case family; KP_EXIT_USAGE for a
  * clash or an incomplete record. */
 int kp_family_register(const kp_family *fam, kp_error *err);

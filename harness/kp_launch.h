@@ -27,9 +27,6 @@ void kp_describe_inputs(const kp_prepared *p, cJSON *inputs);
  * its digest started on a worker thread; desc (when not NULL and not described yet) gets the provider,
  * the digest, the rule, seconds and threads. */
 int kp_reference_run(kp_prepared *p, const void *params, cJSON *desc, kp_error *err);
-/* Inputs, the reference arrays and each impl's output as .npy files under dir. */
-int kp_export_npy(kp_prepared *p, const char *dir, const kp_impl *const *impls, kp_output *const *outs, int nimpls,
-                  kp_error *err);
 
 /* launch.c */
 /* Room in the per-impl buffer cache for this many impls (the config's count, at load); it grows past

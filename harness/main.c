@@ -7,12 +7,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "kp_bench.h"
 #include "kp_exec.h"
+#include "kp_export.h"
 #include "kp_checks.h"
 #include "kp_device.h"
 #include "kp_harness.h"
@@ -37,12 +37,17 @@ static const struct {
     {"sign", "kparity sign DIR --key KEY.pem               sign a bundle that verifies: DIR/" KP_SIGN_ENVELOPE "\n"
              "                                             (an in-toto statement of every file's SHA-256 and the verdict,\n"
              "                                             Ed25519 in a DSSE envelope; openssl genpkey -algorithm ed25519)"},
-    {"export", "kparity export CASE --out DIR [--impl NAME]...  inputs, reference and outputs as .npy"},
+    {"export", "kparity export CASE --out DIR [--impl NAME]... [--force]\n"
+               "                                             inputs, reference and outputs as .npy, and a case.json\n"
+               "                                             that says what each file is"},
     {"bench", "kparity bench [--impl NAME]... [--exec FAMILY:IMPL=CMD]... [--case CASE]... [--reps N]\n"
               "                                             time impls (CUDA events on a GPU) and outside programs"},
     {"merge", "kparity merge B1 B2 ... --out B                shards of one config into one bundle (one verdict, re-chained)"},
     {"judge", "kparity judge CASE --impl NAME=FILE.npy[,...] [--impl NAME@N=...] [--exec ROLE=CMD] --config FILE --out B\n"
-              "                                             judge outputs made elsewhere by the config's checks for CASE"},
+              "                                             judge outputs made elsewhere by the config's checks for CASE\n"
+              "  kparity judge DIR --config FILE --out B [--impl ...]\n"
+              "                                             the same for a kparity export's folder: its case, and each\n"
+              "                                             exported impl's outputs as the config role naming that impl"},
     {"rates", "kparity rates --a K/N [--b K/N] [--alpha A] [--power P] [--json]\n"
               "                                             Wilson intervals; whether two rates differ; trials needed"},
 };
@@ -241,78 +246,14 @@ static int cmd_sign(const char *dir, const char *keyfile) {
     return rc ? fail(&err) : 0;
 }
 
-static int cmd_export(const char *name, const char *out, const char **impl_names, int nimpl) {
+static int cmd_export(const char *name, const char *out, const char **impl_names, int nimpl, int force) {
     kp_error err = {0};
     if (!name || !out) return usage("export needs a case name and --out DIR");
-    kp_case c;
-    if (kp_case_parse(name, &c, &err) || kp_case_normalize(&c, &err)) return fail(&err);
-    const kp_family *fam = kp_family_find(c.family);
-    if (!fam) {
-        kp_fail(&err, KP_EXIT_USAGE, "%s: family %s has no harness family", name, c.family);
-        return fail(&err);
-    }
-    if (mkdir(out, 0777) && errno != EEXIST) {
-        kp_fail(&err, KP_EXIT_USAGE, "--out %s: cannot create: %s", out, strerror(errno));
-        return fail(&err);
-    }
-    const kp_impl *impls[16];
-    int n = 0;
-    for (int i = 0; i < nimpl && n < 16; i++) {
-        if (!(impls[n] = kp_impl_find(impl_names[i]))) {
-            kp_fail(&err, KP_EXIT_USAGE, "--impl %s: unknown impl", impl_names[i]);
-            return fail(&err);
-        }
-        if (strcmp(impls[n]->family, c.family)) {
-            kp_fail(&err, KP_EXIT_USAGE, "--impl %s: of family %s, the case is %s", impl_names[i], impls[n]->family, c.family);
-            return fail(&err);
-        }
-        n++;
-    }
-    if (!nimpl)
-        for (int i = 0; i < kp_impl_count() && n < 16; i++)
-            if (!strcmp(kp_impl_at(i)->family, c.family) &&
-                (kp_impl_at(i)->memory == KP_MEMORY_HOST || kp_device_count() > 0))
-                impls[n++] = kp_impl_at(i);
-    kp_prepared p;
-    if (kp_prepare(fam, &c, 0, &p, &err)) return fail(&err);
-    int64_t batch = p.v.batch, *rows = malloc(sizeof *rows * (size_t)batch);
-    if (!rows) {
-        kp_prepared_release(&p);
-        kp_fail(&err, KP_EXIT_ENV, "out of host memory");
-        return fail(&err);
-    }
-    for (int64_t r = 0; r < batch; r++) rows[r] = r;
-    kp_output *outs[16];
-    int ran = 0, rc = 0;
-    for (int i = 0; i < n; i++) {
-        kp_output *o = NULL;
-        kp_result st = kp_run_rows(&p, impls[i], rows, batch, &o, NULL, &err);
-        if (st != KP_PASSED) {
-            fprintf(stderr, "kparity: %s: %s (%s); not exported\n", impls[i]->name, err.msg, kp_result_name(st));
-            rc = KP_EXIT_ENV;
-            continue;
-        }
-        impls[ran] = impls[i];
-        outs[ran++] = o;
-    }
-    if (kp_export_npy(&p, out, impls, outs, ran, &err)) {
-        rc = fail(&err);
-    } else {
-        char inputs[256] = "", refs[256] = "";
-        for (int k = 0; k < p.v.ninputs; k++) {
-            size_t l = strlen(inputs);
-            snprintf(inputs + l, sizeof inputs - l, "%s%s", k ? ", " : "", p.v.inputs[k].name);
-        }
-        for (int k = 0; k < p.ref.narrays; k++) {
-            size_t l = strlen(refs);
-            snprintf(refs + l, sizeof refs - l, "%s%s", k ? ", " : "", p.ref.arrays[k].name);
-        }
-        printf("%s: inputs (%s), reference (%s) and %d impl outputs written to %s\n", name, inputs, refs, ran, out);
-    }
-    for (int i = 0; i < ran; i++) kp_output_free(outs[i]);
-    kp_prepared_release(&p);
-    free(rows);
-    return rc;
+    const kp_export_options opt = {.case_name = name, .out = out, .impls = impl_names, .nimpls = nimpl, .force = force};
+    int nfiles;
+    if (kp_export_case(&opt, &nfiles, &err)) return fail(&err);
+    printf("%s: %d files written to %s (%s says what each is)\n", name, nfiles, out, KP_EXPORT_INDEX);
+    return 0;
 }
 
 int main(int argc, char **argv) {
@@ -330,7 +271,7 @@ int main(int argc, char **argv) {
         return kp_cmd_judge(argc - 2, argv + 2); /* NAME=FILE arguments */
     const char *config = NULL, *out = NULL, *filter = NULL, *positional = NULL, *key = NULL, *pubkey = NULL;
     const char *impls[32], *cases[32], *plugins[32], *execs[16];
-    int nimpl = 0, ncase = 0, nplugin = 0, nexec = 0, quiet = 0, json = 0, replay = 0, reps = 0, help = 0;
+    int nimpl = 0, ncase = 0, nplugin = 0, nexec = 0, quiet = 0, json = 0, replay = 0, reps = 0, help = 0, force = 0;
     const char *shard = NULL;
     double timeout = 0;
     char **command = NULL;
@@ -361,6 +302,7 @@ int main(int argc, char **argv) {
         } else if (!strcmp(a, "--quiet")) quiet = 1;
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--replay")) replay = 1;
+        else if (!strcmp(a, "--force")) force = 1;
         else if (!strcmp(a, "--help") || !strcmp(a, "-h")) help = 1;
         else if (a[0] == '-') {
             char msg[300];
@@ -376,8 +318,10 @@ int main(int argc, char **argv) {
     for (int i = 0; help && i < NCOMMANDS; i++)
         if (!strcmp(cmd, commands[i].name)) {
             print_usage(stdout, cmd);
+            if (!strcmp(cmd, "export")) kp_export_help(stdout);
             return 0;
         }
+    if (force && strcmp(cmd, "export")) return usage("--force is for export (replace a previous export's folder)");
     const kp_plugin_list pl = {plugins, nplugin};
     if (!strcmp(cmd, "run")) return cmd_run(0, config, out, filter, shard, timeout, quiet, json, NULL, &pl);
     if (!strcmp(cmd, "gate")) {
@@ -395,7 +339,7 @@ int main(int argc, char **argv) {
         if (pubkey) return usage("sign takes the private key as --key KEY.pem; --pubkey is for verify");
         return cmd_sign(positional, key);
     }
-    if (!strcmp(cmd, "export")) return cmd_export(positional, out, impls, nimpl);
+    if (!strcmp(cmd, "export")) return cmd_export(positional, out, impls, nimpl, force);
     if (!strcmp(cmd, "bench")) {
         for (int i = 0; i < nexec; i++) { /* outside programs, benched beside the impls */
             kp_exec_decl decl;

@@ -1,12 +1,11 @@
 /* prepared.c: one case, prepared for every check: the family generates its inputs; here they are
- * described and hashed, the reference is computed once and hashed, and all of it can be exported. */
+ * described and hashed, and the reference is computed once and hashed (harness/export.c writes it all out). */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../receipts/kp_json.h"
-#include "../receipts/kp_npy.h"
 #include "kp_launch.h"
 
 static uint64_t g_generation;
@@ -102,40 +101,4 @@ int kp_reference_run(kp_prepared *p, const void *params, cJSON *desc, kp_error *
         kp_json_add_int(desc, "threads", kp_thread_count());
     }
     return 0;
-}
-
-/* t's first n slices of dim 0, densely, as dir/name.npy. */
-static int write_npy(const char *dir, const char *name, const kp_tensor *t, int64_t n, kp_error *err) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s.npy", dir, name);
-    kp_tensor dense = *t;
-    dense.shape[0] = n;
-    dense.row_stride = 0;
-    const size_t bytes = kp_tensor_slice_bytes(&dense) * (size_t)n;
-    void *buf = kp_alloc(bytes, "export", err);
-    if (!buf) return err->code;
-    kp_tensor_copy_dense(t, 0, n, buf);
-    int rc = kp_npy_write(path, kp_dtype_npy(t->dtype), t->ndim, dense.shape, buf, bytes, err);
-    free(buf);
-    return rc;
-}
-
-int kp_export_npy(kp_prepared *p, const char *dir, const kp_impl *const *impls, kp_output *const *outs, int nimpls,
-                  kp_error *err) {
-    int rc = 0;
-    for (int k = 0; !rc && k < p->v.ninputs; k++) rc = write_npy(dir, p->v.inputs[k].name, &p->v.inputs[k], p->v.inputs[k].shape[0], err);
-    if (!rc) rc = kp_reference_run(p, NULL, NULL, err);
-    for (int k = 0; !rc && k < p->ref.narrays; k++) {
-        char name[96];
-        snprintf(name, sizeof name, "reference_%s", p->ref.arrays[k].name);
-        rc = write_npy(dir, name, &p->ref.arrays[k], p->ref.arrays[k].shape[0], err);
-    }
-    for (int i = 0; !rc && i < nimpls; i++)
-        for (int k = 0; !rc && k < outs[i]->ntensors; k++) {
-            char name[256];
-            if (outs[i]->ntensors == 1) snprintf(name, sizeof name, "%s", impls[i]->name);
-            else snprintf(name, sizeof name, "%s.%s", impls[i]->name, outs[i]->t[k].name);
-            rc = write_npy(dir, name, &outs[i]->t[k], outs[i]->nrows, err);
-        }
-    return rc;
 }

@@ -323,6 +323,21 @@ static const char *const defects[] = {"dropped_values", NULL};
 
 static const char *const output_names[] = {"indices", "values", NULL};
 
+/* What an export says of each array (kparity export, case.json). */
+static const kp_array_doc array_docs[] = {
+    {KP_ARRAY_INPUT, "scores", "[rows, width]: row r is the case's row r (dense: a stride field's padding is left out)",
+     "the scores; outside a row's window they hold the NaN 0x7fc0dead, which no impl may read"},
+    {KP_ARRAY_INPUT, "starts", "[rows]", "where each row's window starts: row r selects from scores[r, starts[r]:ends[r]]"},
+    {KP_ARRAY_INPUT, "ends", "[rows]", "where each row's window ends (exclusive)"},
+    {KP_ARRAY_OUTPUT, "indices", "[rows, k]", "the min(k, window length) selected entries' indices (of the row, or of the "
+     "window with base=window), in the impl's order, then the fill (-1, or INT32_MAX with fill=int32_max)"},
+    {KP_ARRAY_OUTPUT, "values", "[rows, k]: as indices", "the selected entries' scores bit for bit, then -inf"},
+    {KP_ARRAY_REFERENCE, "indices", "[rows, k]", "the rule's selection: the first min(k, window length) entries in (value "
+     "desc, index asc) over the window, -0 == +0, NaN below every number; ascending, in the case's base, then the fill"},
+    {KP_ARRAY_REFERENCE, "values", "[rows, k]: as indices", "the selected entries' scores bit for bit, then -inf"},
+    {0, NULL, NULL, NULL},
+};
+
 const kp_family kp_topk_family = {
     .name = "topk",
     .output_names = output_names,
@@ -352,4 +367,5 @@ const kp_family kp_topk_family = {
     .has_defect = topk_has_defect,
     .canonical_row = topk_canonical_row,
     .bytes_moved = topk_bytes_moved,
+    .array_docs = array_docs,
 };

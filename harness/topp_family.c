@@ -309,6 +309,23 @@ static const char *const defects[] = {"all_neginf", NULL}; /* every row masked e
 
 static const char *const output_names[] = {"out", NULL};
 
+/* What an export says of each array (kparity export, case.json). */
+static const kp_array_doc array_docs[] = {
+    {KP_ARRAY_INPUT, "logits", "[batch, vocab]: row r is the case's row r (dense: a stride field's padding is left out)",
+     "the logits each row filters (the case's profile says how they were drawn)"},
+    {KP_ARRAY_INPUT, "top_p", "[batch]: one per row", "each row's top_p: keep the shortest prefix, in (p desc, index asc), "
+     "whose mass reaches it (>= 1 keeps every finite token)"},
+    {KP_ARRAY_OUTPUT, "out", "[batch, vocab]: as logits", "the filtered logits: a kept token's logit bit for bit, a dropped "
+     "one -inf"},
+    {KP_ARRAY_REFERENCE, "keep", "[batch, vocab]: as logits", "1 where the rule keeps the token, else 0 (the boundary tie "
+     "group's lowest indices first: minimal_index)"},
+    {KP_ARRAY_REFERENCE, "prob", "[batch, vocab]: as logits", "each token's probability exp(x - max) / Z in float64 (0 for "
+     "-inf and NaN)"},
+    {KP_ARRAY_REFERENCE, "mass_before", "[batch, vocab]: as logits", "C_t, the float64 mass strictly before the token in "
+     "rule order (the rule keeps it iff C_t < top_p); NaN for a non-finite logit"},
+    {0, NULL, NULL, NULL},
+};
+
 const kp_family kp_topp_family = {
     .name = "topp",
     .output_names = output_names,
@@ -337,4 +354,5 @@ const kp_family kp_topp_family = {
     .explain_exact = topp_explain_exact,
     .has_defect = topp_has_defect,
     .bytes_moved = topp_bytes_moved,
+    .array_docs = array_docs,
 };
