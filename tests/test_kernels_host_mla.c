@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../cases/kp_sha256.h"
 #include "../cases/mla_case.h"
 #include "../kernels/kp_registry.h"
 #include "../kernels/mla_plan.h"
@@ -207,4 +208,74 @@ Test(kernels_host_mla, bad_args_are_refused) {
     cr_assert(strstr(msg, "indices[5]"), "%s", msg);
     free(a.workspace);
     drop(&g);
+}
+
+/* The bits of both ports' outputs, pinned: SHA-256 of out (bf16), lse, max_logits (f32) and splits (int32),
+ * little-endian, per case and impl (each case's whole batch, then request 0 alone), computed with the scalar ports
+ * of 340885f. A host port may be rewritten for speed only if every product and sum keeps its order (and its two
+ * roundings: no contraction to FMA), so these must never move. The cases: the host gate's fp8 caches with raw
+ * f32 and power-of-two scales, a bf16 cache, holes, duplicates, short and invalid rows, topk_length, s_q 2 and
+ * both sinks (on, +inf); split_count alone (many splits) and in a batch of 20 (fewer). */
+Test(kernels_host_mla, every_ports_output_has_its_pinned_digest) {
+    static const struct {
+        const char *name;
+        const char *hex[4]; /* split_count batch, split_count alone, split_size batch, split_size alone */
+    } pins[] = {
+        {"mla(batch=20,h_q=64,profile=uniform,s_kv=1024,scale=pow2,seed=1,topk=640)",
+         {"47f7d153c6bec095ca17128dfd2996d5d93950fe76dae748d5881e8eca92810d",
+          "3d43794771cfe43c3d7ff6132cef5c9e82e6342151629b391b488f21b3f988dc",
+          "d86ea69277164a2b2a6f4ca510ea40105571205c358699a181d1508f2decb202",
+          "0dae23b90aa7fd15cbe01ba9fc05e2e2afe8711e9ebfbf0bd5ac089ab1251afb"}},
+        {"mla(batch=3,h_q=128,profile=holes,s_kv=1024,seed=2,topk=640)",
+         {"e7005ed0ab2eba8b72458f25a446311b8c33248087473680ea49c709edfecc34",
+          "7e8f5f077e168401cb29e8442466ad583c47831c433b0bc2ab1006fac19362b1",
+          "4cd6132731bb1717436ac3d1180ca1bfb6d8055d4169b892f0743ffcca3001ef",
+          "a66e354e91795512719e0d77bc1dd8acb5fdb5f7474327f91d9a25d216724648"}},
+        {"mla(batch=5,cache=bf16,h_q=64,profile=mixed,s_kv=2048,s_q=2,seed=3,sink=inf,topk=1088,topk_length=on)",
+         {"c7d79a6323d42a40d1ca074198c1077c9128e66500dc206369a18c00ced70174",
+          "728b84f17f2ffff83cf812ce04a329561d10c1713adb0c7d1c0a8f2706be2a8f",
+          "28439467eb3220f6f2b47e2468ac574b6e2f91c37aed2533da2639517ca01cb1",
+          "20fde27d557e0069fd0c819fe6f522edf14906607f3c077a88e29cc1ad65b6d5"}},
+        {"mla(batch=2,h_q=128,profile=dup,s_kv=2048,s_q=2,scale=pow2,seed=4,sink=on,topk=1088)",
+         {"a77f0ad1b973f90e9ae824ab2220ed3b6d6fd1fdbf32e7fa0084580b16eeb3f7",
+          "5866d580601ae389b4150b5b84b063a04fcf48305165283b5a1378a31e102ca9",
+          "fbca3db150cb95945954c9981f948c2e9f6eb3a157c60fed968eb884961ebda5",
+          "6b2ed498bd344f4a0b1afbdfb71539943fefc627e0423ab767cc3fa9ca3d2235"}},
+        {"mla(batch=4,h_q=64,profile=short,s_kv=1024,scale=pow2,seed=5,topk=640,topk_length=on)",
+         {"d18e3b74809df2bd87327bc2d9c09fd538a9bdb52bbc0e4cb1131b01184f8d1a",
+          "da4a8b814bcde3dbee7c974d33298d421ee2a8bd34cb77bda4a0d156f1a7929c",
+          "907e4e81b7fa12948f22fb48a1986bc599afca646a6b8c3bad3a5550c1846605",
+          "da4a8b814bcde3dbee7c974d33298d421ee2a8bd34cb77bda4a0d156f1a7929c"}},
+        {"mla(batch=1,h_q=64,profile=invalid,s_kv=1024,scale=pow2,seed=6,topk=640)",
+         {"04755745b7269bbf747185cf42d5d87b54bfa63754a0293f10cb52970a20f5f2",
+          "04755745b7269bbf747185cf42d5d87b54bfa63754a0293f10cb52970a20f5f2",
+          "49d46101fa0190b00a5a32e26da06909ba33e5844c610e2a9ecfa10b85aa5e56",
+          "49d46101fa0190b00a5a32e26da06909ba33e5844c610e2a9ecfa10b85aa5e56"}},
+    };
+    const kp_impl *impls[] = {&kp_mla_split_count_host, &kp_mla_split_size_host};
+    int wrong = 0;
+    for (size_t c = 0; c < sizeof pins / sizeof *pins; c++) {
+        gen g = make(pins[c].name);
+        for (int k = 0; k < 4; k++) {
+            const int64_t n = k % 2 ? 1 : g.mc.batch, heads = n * g.mc.s_q * g.mc.h_q;
+            run_out o = run(impls[k / 2], &g, 0, n);
+            kp_sha256 h;
+            kp_error err = {0};
+            char hex[KP_SHA256_HEX_LEN];
+            cr_assert_eq(kp_sha256_init(&h, &err), 0, "%s", err.msg);
+            kp_sha256_update(&h, o.out, sizeof(uint16_t) * (size_t)(heads * KP_MLA_D_V));
+            kp_sha256_update(&h, o.lse, sizeof(float) * (size_t)heads);
+            kp_sha256_update(&h, o.max, sizeof(float) * (size_t)heads);
+            kp_sha256_update(&h, o.splits, sizeof(int32_t) * (size_t)n);
+            kp_sha256_final_hex(&h, hex);
+            if (strcmp(hex, pins[c].hex[k])) {
+                fprintf(stderr, "%s on %s (%lld requests): output digest %s, pinned %s\n", impls[k / 2]->name, pins[c].name,
+                        (long long)n, hex, pins[c].hex[k]);
+                wrong++;
+            }
+            run_free(&o);
+        }
+        drop(&g);
+    }
+    cr_assert_eq(wrong, 0, "%d outputs are not the pinned bits (each named above)", wrong);
 }

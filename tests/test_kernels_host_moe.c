@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../cases/kp_sha256.h"
 #include "../cases/moe_case.h"
 #include "../kernels/kp_registry.h"
 #include "../kernels/moe_plan.h"
@@ -434,4 +435,65 @@ Test(kernels_host_moe, bad_args_are_refused_and_a_short_workspace_fails) {
         args_free(&good);
     }
     drop(in);
+}
+
+/* (g) The bits of every port's output, pinned: SHA-256 of out (f32) then slots (int32), little-endian, per case
+ * and impl, computed with the scalar ports of 340885f. A host port may be rewritten for speed only if every
+ * product and sum keeps its order (and its two roundings: no contraction to FMA), so these must never move.
+ * The cases: atomic order with stream-K cuts at both tile shapes (bsm 8: n 128 / k 128; bsm 32 and 64: n 256 /
+ * k 64), a K and an N that are not whole tiles (192, 320, 80, 96), gemv32's f32 path and its crossing,
+ * token order (glm47 below 1024 slots), relu^2 and the multiply direction. The incumbents' arrival order is
+ * seeded by the number of calls in the process (moe_host_run's counter), so the order of runs below is part of
+ * the pins; Criterion runs each test in a process of its own. */
+Test(kernels_host_moe, every_ports_output_has_its_pinned_digest) {
+    static const struct {
+        const char *name;
+        const char *hex[NIMPLS]; /* invariant, marlin_like, marlin_gemv32 */
+    } pins[] = {
+        {"moe(hidden=256,inter=128,m=800,model=glm53,profile=uniform,seed=1)",
+         {"b1517f4033469831c0561859a0d631d1b66edac0e73899ee3e3b215f52630570",
+          "7a87c5141f13ca6c80c306ba745718b00cbaf1c99bfdbc599b08c0827b2cd227",
+          "7bd4c28ba14a5473997431e4a7ff2d767854a9706fb31fa9649086003b659db3"}},
+        {"moe(hidden=128,inter=64,m=2304,model=glm53,profile=uniform,seed=2)",
+         {"aa9776a2056efbdac9fdf46c06977d4dee4a538c81b5c3e00a1ec174dca5af77",
+          "903da327f38185f692bc4bf9434cb296befda6ee94df6e7e5faed41a460bc3e7",
+          "f8fef0aa38d6acfd543bd8333e6277f7ca0c35792bcb95d882be202265a052de"}},
+        {"moe(hidden=256,inter=128,m=33,model=glm53,profile=straddle,seed=5)",
+         {"8e8875ca6128cf93f46aedec163d75680c401e18c3f606366ffb85d1b447ac28",
+          "104ac85a03349e25fa961e1088b85b670952ac7dbe60eeae01fadb6777c296f2",
+          "53c0185c415d9d83e93865a13fef79ea194de059cc331a542e10b76fbd4a2711"}},
+        {"moe(hidden=256,inter=128,m=200,model=glm47,profile=uniform,seed=4)",
+         {"4780a1ac7918176f9e695ac5ebc4c6a3db81673268b17863e395e0181e3f8d1f",
+          "7feddce2c7b4df68c2a32e131068a1ba21b4c434a424c821f05bc1ce05189b39",
+          "7b5f4f023099db366699adfcee36568e0c5448286484840a0681c7826380c84d"}},
+        {"moe(hidden=192,inter=80,m=120,model=nemotron,profile=hot,scale_dir=multiply,seed=21)",
+         {"19af5d4f621df186fefce3890cf4b1685c67e2979dd48ccd4c14c99dd1990f77",
+          "e9432f790940eb91df8375dfc0d3acb11eac078b272f549ae5aa96a61961094d",
+          "1cca5188f73dd472c55cbeb56c8b8032dea5307975af7ed623b867f9026eb425"}},
+        {"moe(hidden=320,inter=96,m=1000,model=qwen3,profile=uniform,scale_dir=multiply,seed=22)",
+         {"2cba605338232c50a46cfffcd8a8466dcbc70f443cbd0fbf6bed62ff39bd22f5",
+          "120c9169d3e0810808d99bf910954fe890edbc879203223205a5e991b502c3c1",
+          "c2b07895a5d4894847a78d89d5306df8b0e5e3fa4a7542170070bf3e087a0cd3"}},
+    };
+    int wrong = 0;
+    for (size_t c = 0; c < sizeof pins / sizeof *pins; c++) {
+        moe_in *in = load(pins[c].name);
+        for (size_t k = 0; k < NIMPLS; k++) {
+            run_out o = run_first(impls[k], in, in->mc.m);
+            kp_sha256 h;
+            kp_error err = {0};
+            char hex[KP_SHA256_HEX_LEN];
+            cr_assert_eq(kp_sha256_init(&h, &err), 0, "%s", err.msg);
+            kp_sha256_update(&h, o.out, sizeof(float) * (size_t)(in->mc.m * in->mc.hidden));
+            kp_sha256_update(&h, o.slots, sizeof(int32_t) * (size_t)(in->mc.m * in->mc.topk));
+            kp_sha256_final_hex(&h, hex);
+            if (strcmp(hex, pins[c].hex[k])) {
+                fprintf(stderr, "%s on %s: output digest %s, pinned %s\n", impls[k]->name, pins[c].name, hex, pins[c].hex[k]);
+                wrong++;
+            }
+            run_free(&o);
+        }
+        drop(in);
+    }
+    cr_assert_eq(wrong, 0, "%d outputs are not the pinned bits (each named above)", wrong);
 }

@@ -13,7 +13,6 @@
 #include "../moe_plan.h"
 
 enum { ALGO_INVARIANT = 0, ALGO_MARLIN = 1, ALGO_MARLIN_GEMV = 2 };
-#define PAIR_GROUP 4 /* pairs whose dot products run side by side: independent f32 chains, same order each */
 
 typedef struct moe_plan_host {
     const kp_moe_args *a;
@@ -81,67 +80,93 @@ static void route(moe_plan_host *p, uint64_t call, int64_t *count) {
     p->iters2 = kp_marlin_iters(p->k_tiles2, p->n_tiles2, blocks, grid);
 }
 
-/* Weight row n of an NVFP4 tensor [N, K] into w (exact: e2m1 * sf). */
-static void dequant_row(const uint8_t *codes, const uint8_t *scales, int64_t n, int64_t K, float *w) {
-    const uint8_t *c = codes + n * (K / 2), *s = scales + n * (K / 16);
-    for (int64_t b = 0; b < K / 16; b++) {
-        const float sf = kp_e4m3_decode(s[b]);
-        for (int64_t i = 0; i < 8; i++) {
-            w[b * 16 + 2 * i] = kp_moe_e2m1(c[b * 8 + i] & 15u) * sf;
-            w[b * 16 + 2 * i + 1] = kp_moe_e2m1(c[b * 8 + i] >> 4) * sf;
+/* The GEMMs' inner loop runs across weight rows: LANES rows of one expert side by side, each lane one output's
+ * own f32 chain over k in ascending order, a product then a sum (two roundings: -std=c11 keeps gcc from
+ * contracting them to an FMA), so each output's bits are the scalar chain's. Rows, not pairs, fill the lanes
+ * because an expert has any number of pairs (one, in a batch probe) but always N >= 16 rows. LANES = 32 divides
+ * both of marlin's tile_n (128, 256), so a chunk of rows sits in one n tile and a pair's stream-K cut at a k tile
+ * is one decision for the whole chunk. PAIRS pairs share each chunk's weight loads: 2 x 4 vectors of 8 lanes are
+ * 8 independent accumulators, enough to cover an add's latency, and they leave AVX2's 16 registers room for
+ * the weights. The AVX2 clone is chosen at run time (the same bits as the default one: same per-lane order). */
+#define LANES 32
+#define PAIRS 2
+typedef float lanes8 __attribute__((vector_size(32)));
+typedef float lanes8u __attribute__((vector_size(32), aligned(4), may_alias)); /* a view of floats */
+
+#if defined(__x86_64__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define MOE_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef MOE_CLONES
+#define MOE_CLONES
+#endif
+
+/* Rows r0 .. r0 + nr - 1 of an NVFP4 tensor [N, K], transposed into wt[k * LANES + l] (exact: e2m1 * sf); lanes
+ * past nr are zero. */
+static void dequant_chunk(const uint8_t *codes, const uint8_t *scales, int64_t r0, int64_t nr, int64_t K, float *wt) {
+    float e2m1[16];
+    for (uint32_t c = 0; c < 16; c++) e2m1[c] = kp_moe_e2m1(c);
+    if (nr < LANES) memset(wt, 0, sizeof *wt * (size_t)(K * LANES));
+    for (int64_t l = 0; l < nr; l++) {
+        const uint8_t *c = codes + (r0 + l) * (K / 2), *s = scales + (r0 + l) * (K / 16);
+        for (int64_t b = 0; b < K / 16; b++) {
+            const float sf = kp_e4m3_decode(s[b]);
+            float *w = wt + b * 16 * LANES + l;
+            for (int64_t i = 0; i < 8; i++) {
+                w[(2 * i) * LANES] = e2m1[c[b * 8 + i] & 15u] * sf;
+                w[(2 * i + 1) * LANES] = e2m1[c[b * 8 + i] >> 4] * sf;
+            }
         }
     }
 }
 
-/* The f32 dot products of weight row w with the inputs in[g] (g < ng), each one chain in ascending k;
- * where `cut` is given, a new partial sum starts at every k tile it names for that input (marlin's
- * stream-K), and each partial is added to the bf16 running total in f32 and rounded to bf16 again. */
-typedef struct cuts {
-    const moe_plan_host *p;
-    int64_t block[PAIR_GROUP], nt, n_tiles, k_tiles, iters;
-} cuts;
-
-static void dots(const float *w, const float *const *in, int ng, int64_t K, const cuts *cut, float *out) {
-    float part[PAIR_GROUP] = {0}, total[PAIR_GROUP] = {0};
-    const int64_t step = cut ? cut->p->tile_k : K;
-    for (int64_t k0 = 0; k0 < K; k0 += step) {
-        if (cut && k0 > 0)
-            for (int g = 0; g < ng; g++)
-                if (kp_marlin_cut(cut->block[g], cut->nt, k0 / step, cut->n_tiles, cut->k_tiles, cut->iters))
-                    total[g] = kp_bf16_round(total[g] + part[g]), part[g] = 0.0f;
-        const int64_t k1 = k0 + step < K ? k0 + step : K;
-        if (ng == PAIR_GROUP)
-            for (int64_t k = k0; k < k1; k++) {
-                part[0] += in[0][k] * w[k];
-                part[1] += in[1][k] * w[k];
-                part[2] += in[2][k] * w[k];
-                part[3] += in[3][k] * w[k];
-            }
-        else
-            for (int g = 0; g < ng; g++)
-                for (int64_t k = k0; k < k1; k++) part[g] += in[g][k] * w[k];
+/* acc[p * LANES + l] += x_p[k] * wt[k * LANES + l] for k in [k0, k1), ascending (p < PAIRS; x_1 may repeat x_0).
+ * The accumulators are named vectors, not an array filled by memcpy, so they stay in registers. */
+MOE_CLONES static void chunk_span(const float *restrict wt, const float *restrict x0, const float *restrict x1, int64_t k0,
+                                  int64_t k1, float *restrict acc) {
+    lanes8u *const a = (lanes8u *)acc;
+    lanes8 a00 = a[0], a01 = a[1], a02 = a[2], a03 = a[3], a10 = a[4], a11 = a[5], a12 = a[6], a13 = a[7];
+    for (int64_t k = k0; k < k1; k++) {
+        const lanes8u *w = (const lanes8u *)(wt + k * LANES);
+        const lanes8 w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
+        const float b0 = x0[k], b1 = x1[k];
+        a00 += b0 * w0, a01 += b0 * w1, a02 += b0 * w2, a03 += b0 * w3;
+        a10 += b1 * w0, a11 += b1 * w1, a12 += b1 * w2, a13 += b1 * w3;
     }
-    for (int g = 0; g < ng; g++) out[g] = cut ? kp_bf16_round(total[g] + part[g]) : part[g];
+    a[0] = a00, a[1] = a01, a[2] = a02, a[3] = a03, a[4] = a10, a[5] = a11, a[6] = a12, a[7] = a13;
 }
 
 static float silu(float g) { return g / (1.0f + expf(-g)); }
 
-/* One GEMM of expert e for its n pairs: sum[q * N + r] = the dot of weight row r of the NVFP4 tensor
- * (codes, scales) [N, K] with in[q], PAIR_GROUP pairs at a time, with marlin's cuts of GEMM `gemm` (1 or 2)
- * where `cut`. w is scratch for one dequantized row. */
+/* One GEMM of expert e for its n pairs: sum[q * N + r] = the f32 dot of weight row r of the NVFP4 tensor
+ * (codes, scales) [N, K] with in[q], one chain in ascending k; where `cut` (GEMM `gemm`, 1 or 2, of marlin), a
+ * new partial sum starts at every k tile marlin's stream-K cuts for the pair's block and the row's n tile, and
+ * each partial is added to the bf16 running total in f32 and rounded to bf16 again. wt is scratch for LANES
+ * transposed weight rows, [K, LANES]. */
 static void expert_gemm(const moe_plan_host *p, int64_t e, const uint8_t *codes, const uint8_t *scales, int64_t N,
-                        int64_t K, const float *const *in, int64_t n, int gemm, int cut, float *w, float *sum) {
-    cuts c = {.p = p, .n_tiles = gemm == 1 ? p->n_tiles1 : p->n_tiles2, .k_tiles = gemm == 1 ? p->k_tiles1 : p->k_tiles2,
-              .iters = gemm == 1 ? p->iters1 : p->iters2};
-    for (int64_t r = 0; r < N; r++) {
-        dequant_row(codes, scales, r, K, w);
-        c.nt = r / p->tile_n;
-        for (int64_t q0 = 0; q0 < n; q0 += PAIR_GROUP) {
-            const int ng = (int)(n - q0 < PAIR_GROUP ? n - q0 : PAIR_GROUP);
-            float out[PAIR_GROUP];
-            for (int g = 0; g < ng; g++) c.block[g] = p->block0[e] + (q0 + g) / p->bsm;
-            dots(w, in + q0, ng, K, cut ? &c : NULL, out);
-            for (int g = 0; g < ng; g++) sum[(q0 + g) * N + r] = out[g];
+                        int64_t K, const float *const *in, int64_t n, int gemm, int cut, float *wt, float *sum) {
+    const int64_t n_tiles = gemm == 1 ? p->n_tiles1 : p->n_tiles2, k_tiles = gemm == 1 ? p->k_tiles1 : p->k_tiles2;
+    const int64_t iters = gemm == 1 ? p->iters1 : p->iters2, step = cut ? p->tile_k : K;
+    for (int64_t r0 = 0; r0 < N; r0 += LANES) {
+        const int64_t nr = N - r0 < LANES ? N - r0 : LANES, nt = r0 / p->tile_n;
+        dequant_chunk(codes, scales, r0, nr, K, wt);
+        for (int64_t q0 = 0; q0 < n; q0 += PAIRS) {
+            const int np = (int)(n - q0 < PAIRS ? n - q0 : PAIRS);
+            float part[PAIRS * LANES] = {0}, total[PAIRS * LANES] = {0};
+            for (int64_t k0 = 0; k0 < K; k0 += step) {
+                if (cut && k0 > 0)
+                    for (int g = 0; g < np; g++)
+                        if (kp_marlin_cut(p->block0[e] + (q0 + g) / p->bsm, nt, k0 / step, n_tiles, k_tiles, iters))
+                            for (int l = 0; l < LANES; l++) {
+                                total[g * LANES + l] = kp_bf16_round(total[g * LANES + l] + part[g * LANES + l]);
+                                part[g * LANES + l] = 0.0f;
+                            }
+                chunk_span(wt, in[q0], in[q0 + np - 1], k0, k0 + step < K ? k0 + step : K, part);
+            }
+            for (int g = 0; g < np; g++)
+                for (int64_t l = 0; l < nr; l++)
+                    sum[(q0 + g) * N + r0 + l] = cut ? kp_bf16_round(total[g * LANES + l] + part[g * LANES + l]) : part[g * LANES + l];
         }
     }
 }
@@ -157,7 +182,7 @@ static void expert_item(void *ctx, int64_t e) {
     const int32_t *pairs = p->order + p->first[e];
     const float alpha13 = kp_moe_alpha(a->g13[e], a->scale_dir), alpha2 = kp_moe_alpha(a->g2[e], a->scale_dir);
     const int64_t K_most = H > I ? H : I, N_most = R > H ? R : H;
-    float *w = malloc(sizeof *w * (size_t)K_most), *xin = malloc(sizeof *xin * (size_t)(n * H));
+    float *w = aligned_alloc(32, sizeof *w * (size_t)(K_most * LANES)), *xin = malloc(sizeof *xin * (size_t)(n * H));
     float *sum = malloc(sizeof *sum * (size_t)(n * N_most));
     const float **in = malloc(sizeof *in * (size_t)n);
     if (!w || !xin || !sum || !in) {
