@@ -7,8 +7,8 @@
  * extra boundary token outside the band and the tie group (top-p), one selected index swapped for an unselected one
  * of strictly lower score (top-k); one bit of one element (a bit-exact output: exact, repeat, batch). The clean
  * outputs are a host impl's that meets every such check (the family's candidate). Configs written for the GPU's full
- * shapes are judged on the same case with its sizes cut to what the host runs in seconds (shrink below); their checks
- * are the config's own. */
+ * shapes are judged on the same case with its sizes cut to what the host runs in a second or two (shrink below); their
+ * checks are the config's own. A case is exported once and judged in one call for all its checks (roles below). */
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
@@ -28,7 +28,10 @@ TestSuite(shipped_gates, .init = kpt_dir_setup, .fini = kpt_dir_teardown, .timeo
 /* What the test knows of each family: the host impl whose outputs are clean, its outputs in the family's order (order
  * outputs, which judge lets an outside impl leave out, are left out), which of them tolerance compares, and the case
  * fields to cut for the host with their largest value (a field absent from the name counts as larger: its default is
- * the full shape). */
+ * the full shape). The plants do not depend on a case's size, so the cuts are what keeps each export and judge call
+ * short: MLA's cache (every filler request's s_kv tokens, drawn and written whatever the batch), MoE's weights (every
+ * expert's hidden x inter). Fields whose values are the point stay: MLA's topk (its split count, 1088 in two splits),
+ * MoE's m and model (routed slots, rows an expert), top-k's widths up to 65536 (16384/16385 straddle the overflow). */
 typedef struct {
     const char *field, *host_value;
     long long most;
@@ -41,16 +44,20 @@ typedef struct {
     /* A batch check's probes can be given only for fewer rows than the case has: a one-row case's batch check is
      * judged on the case with two rows (and a one-row profile replaced). */
     const char *rows_field, *one_row_profile, *two_row_profile;
+    /* Whether batch checks get a judge call of their own: where a row is a whole vocabulary (top-p, top-k), the batch
+     * probes' rows, held for every role a call binds, are most of its memory, and the case costs little to prepare
+     * again; MoE and MLA cases cost their weights or cache to prepare, which one call shares. */
+    int batch_apart;
 } family_plan;
 
 static const family_plan plans[] = {
-    {"topp", "topp.split_prob@host", {"", NULL}, {0}, {{NULL, NULL, 0}}, "batch", NULL, NULL},
-    {"topk", "topk.radix_exact@host", {"indices", "values", NULL}, {0, 0}, {{"rows", "64", 64}, {NULL, NULL, 0}}, "rows", NULL,
-     NULL},
-    {"moe", "moe.invariant@host", {"out", NULL}, {1}, {{"hidden", "256", 256}, {"inter", "128", 128}, {NULL, NULL, 0}}, "m",
-     "single", "uniform"},
+    {"topp", "topp.split_prob@host", {"", NULL}, {0}, {{NULL, NULL, 0}}, "batch", NULL, NULL, 1},
+    {"topk", "topk.radix_exact@host", {"indices", "values", NULL}, {0, 0},
+     {{"rows", "64", 64}, {"width", "65536", 65536}, {NULL, NULL, 0}}, "rows", NULL, NULL, 1},
+    {"moe", "moe.invariant@host", {"out", NULL}, {1}, {{"hidden", "128", 128}, {"inter", "64", 64}, {NULL, NULL, 0}}, "m",
+     "single", "uniform", 0},
     {"mla", "mla.split_size@host", {"out", "lse", "max_logits", NULL}, {1, 1, 1},
-     {{"topk", "640", 1088}, {"s_kv", "1024", 1024}, {"batch", "8", 8}, {NULL, NULL, 0}}, "batch", NULL, NULL},
+     {{"topk", "640", 1088}, {"s_kv", "256", 256}, {"batch", "8", 8}, {NULL, NULL, 0}}, "batch", NULL, NULL, 0},
 };
 
 static const family_plan *plan_of(const char *family) {
@@ -326,10 +333,16 @@ typedef struct {
     const char *differing_probe; /* a batch check's probe that must have differing rows (the INCORRECT's source), or NULL */
 } expectation;
 
+/* One judge call on one case: the roles it binds (each a set of files, written once and read by every check that
+ * names it), the checks it judges and the result each must get. */
+#define MAX_ROLES 8 /* kparity judge binds at most 8 roles a call (MAX_JUDGED, harness/judge.c) */
 typedef struct {
     char *argv[96];
     int argc;
-    expectation want[64];
+    char roles[MAX_ROLES][24];
+    int nroles;
+    cJSON *derived; /* the checks, each on the roles it names */
+    expectation want[128];
     int nwant;
 } judge_call;
 
@@ -345,7 +358,7 @@ static void bind(judge_call *j, const char *role, char *const *files, int nfiles
     j->argv[j->argc++] = kpt_scratch(text);
 }
 
-/* The files of one role: `arrays` (one per output) written under dir as ROLE.K.npy, or their first row. */
+/* The files of one run of a role: `arrays` (one per output) written under dir as ROLE.K.npy, or their first row. */
 static void write_role(judge_call *j, const char *dir, const char *role, array *arrays, int n, int first_row_only) {
     static int runs; /* a role bound twice (repeat's runs) gets two sets of files */
     char *files[4];
@@ -362,7 +375,7 @@ static void write_role(judge_call *j, const char *dir, const char *role, array *
 }
 
 static void expect_result(judge_call *j, const char *role, const char *want, const char *what) {
-    cr_assert(j->nwant < 64);
+    cr_assert(j->nwant < (int)(sizeof j->want / sizeof *j->want));
     expectation *e = &j->want[j->nwant++];
     snprintf(e->role, sizeof e->role, "%s", role);
     e->want = want;
@@ -383,10 +396,10 @@ static cJSON *derived_check(const cJSON *check, const char *role, const char *ro
     return d;
 }
 
-/* Run one judge call: `derived` (owned) as the checks of a config with `defaults`; each check's result must be the
- * one its role expects. */
+/* Run one judge call on case `name`: its checks as the checks of a config with `defaults`; each check's result must
+ * be the one its role expects. The call is emptied for the next. */
 static void run_judge(const char *config_name, const cJSON *defaults, const char *name, const char *dir, judge_call *j,
-                      cJSON *derived, const char *family, int *judged) {
+                      const char *family, int *judged) {
     static int serial;
     char file[32];
     snprintf(file, sizeof file, "j%d", serial++);
@@ -400,16 +413,20 @@ static void run_judge(const char *config_name, const cJSON *defaults, const char
     if (defaults) cJSON_AddItemToObject(cfg, "defaults", cJSON_Duplicate(defaults, 1));
     cJSON *cases = cJSON_AddArrayToObject(cfg, "cases"), *entry = cJSON_CreateObject();
     cJSON_AddStringToObject(entry, "case", name);
-    cJSON_AddItemToObject(entry, "checks", derived);
+    cJSON_AddItemToObject(entry, "checks", j->derived);
     cJSON_AddItemToArray(cases, entry);
     char *text = cJSON_Print(cfg);
     cr_assert_eq(kpt_write(cfg_path, text, strlen(text)), 0);
     free(text);
     cJSON_Delete(cfg);
-    j->argv[j->argc++] = "--config", j->argv[j->argc++] = cfg_path, j->argv[j->argc++] = "--out", j->argv[j->argc++] = bundle;
-    j->argv[j->argc++] = "--quiet", j->argv[j->argc] = NULL;
+    char *argv[sizeof j->argv / sizeof *j->argv + 16];
+    int argc = 0;
+    argv[argc++] = kpt_binary(), argv[argc++] = "judge", argv[argc++] = (char *)name;
+    for (int i = 0; i < j->argc; i++) argv[argc++] = j->argv[i];
+    argv[argc++] = "--config", argv[argc++] = cfg_path, argv[argc++] = "--out", argv[argc++] = bundle;
+    argv[argc++] = "--quiet", argv[argc] = NULL;
     char *o, *e;
-    const int code = kpt_run(j->argv, &o, &e);
+    const int code = kpt_run(argv, &o, &e);
     cr_assert(code == 0 || code == 1, "%s: judge %s: exit %d: %s", config_name, name, code, e);
     free(o), free(e);
     cJSON *rec = kpt_receipt(bundle, 1);
@@ -437,6 +454,8 @@ static void run_judge(const char *config_name, const cJSON *defaults, const char
         (*judged)++;
     }
     cJSON_Delete(rec);
+    j->argc = j->nroles = j->nwant = 0;
+    j->derived = NULL;
 }
 
 /* A check of a family without its impl fields, printed: two checks of a config that differ only in whose outputs
@@ -457,9 +476,74 @@ typedef struct {
     int nseen, judged;
 } progress;
 
+/* ---- the roles: each a set of outputs, planted or clean ----
+ *   clean, cleanb      the clean outputs (cleanb: a second impl with the same outputs, exact's clean twin)
+ *   scaled_OUT         the clean outputs with OUT at 0.9x (tolerance)
+ *   rule               the rule plant (top-p, top-k)
+ *   bits               one bit off in row 0 (exact, against clean)
+ *   rbits, rclean      two runs: the clean outputs, then the bit plant or the clean outputs again (repeat)
+ *   bbits, bclean      the clean outputs, then row 0 alone one bit off or clean (batch's alone.row0 probe)
+ * A role is bound once a judge call and read by every check that names it; the checks of one case share one call,
+ * up to the roles one call binds. */
+typedef struct {
+    const family_plan *fp;
+    array *clean, *rule_out, *bit_out;
+    int nout;
+} case_outputs;
+
+/* The roles a check of `kind` reads, into names (at most 6); their count. */
+static int roles_of(const char *kind, const case_outputs *co, char names[6][24]) {
+    int n = 0;
+    if (!strcmp(kind, "tolerance")) {
+        for (int k = 0; k < co->nout; k++)
+            if (co->fp->tolerance[k]) snprintf(names[n++], sizeof names[0], "scaled_%s", co->fp->outputs[k]);
+        snprintf(names[n++], sizeof names[0], "clean");
+    } else if (!strcmp(kind, "rule")) {
+        snprintf(names[n++], sizeof names[0], "rule"), snprintf(names[n++], sizeof names[0], "clean");
+    } else if (!strcmp(kind, "exact")) {
+        snprintf(names[n++], sizeof names[0], "bits"), snprintf(names[n++], sizeof names[0], "clean");
+        snprintf(names[n++], sizeof names[0], "cleanb");
+    } else if (!strcmp(kind, "repeat")) {
+        snprintf(names[n++], sizeof names[0], "rbits"), snprintf(names[n++], sizeof names[0], "rclean");
+    } else if (!strcmp(kind, "batch")) {
+        snprintf(names[n++], sizeof names[0], "bbits"), snprintf(names[n++], sizeof names[0], "bclean");
+    }
+    return n;
+}
+
+static int is_bound(const judge_call *j, const char *role) {
+    for (int i = 0; i < j->nroles; i++)
+        if (!strcmp(j->roles[i], role)) return 1;
+    return 0;
+}
+
+/* Bind `role` to its outputs (written under dir) unless this call has. */
+static void need_role(judge_call *j, const char *dir, const char *role, const case_outputs *co) {
+    if (is_bound(j, role)) return;
+    cr_assert(j->nroles < MAX_ROLES);
+    snprintf(j->roles[j->nroles++], sizeof j->roles[0], "%.23s", role);
+    if (!strncmp(role, "scaled_", 7)) {
+        array scaled[4];
+        int k = 0;
+        while (k < co->nout && strcmp(co->fp->outputs[k], role + 7)) k++;
+        cr_assert(k < co->nout);
+        for (int m = 0; m < co->nout; m++) scaled[m] = m == k ? copy(&co->clean[m]) : co->clean[m];
+        scale_all(&scaled[k]);
+        write_role(j, dir, role, scaled, co->nout, 0);
+        free(scaled[k].buf);
+        return;
+    }
+    const int two_runs = role[0] == 'r' && strcmp(role, "rule"), alone = role[0] == 'b' && strcmp(role, "bits");
+    const int planted = !strcmp(role, "rule") || !strcmp(role, "bits") || !strcmp(role, "rbits") || !strcmp(role, "bbits");
+    array *last = !strcmp(role, "rule") ? co->rule_out : planted ? co->bit_out : co->clean;
+    if (two_runs || alone) write_role(j, dir, role, co->clean, co->nout, 0); /* the first run, or the full batch */
+    write_role(j, dir, role, last, co->nout, alone);
+}
+
 /* Judge one case with planted copies of each of `checks` (expect is skipped: a defect control's impl is meant to
- * fail), one judge call per distinct check, each with the clean twin of the same check. Returns 0 when every check
- * was judged, 1 when this case allows no plant one of them needs (the caller tries its next case). */
+ * fail), each with the clean twin of the same check, all in one judge call (more when they need more roles than one
+ * call binds). Returns 0 when every check was judged, 1 when this case allows no plant one of them needs (the caller
+ * tries its next case: the checks before that one were judged here). */
 static int judge_planted(const char *config_name, const cJSON *config, const char *case_text, const cJSON *checks,
                          progress *pr) {
     case_name c;
@@ -494,6 +578,7 @@ static int judge_planted(const char *config_name, const cJSON *config, const cha
         clean[nout] = load(path_in(ex, file));
         rule_out[nout] = copy(&clean[nout]), bit_out[nout] = copy(&clean[nout]);
     }
+    const case_outputs co = {fp, clean, rule_out, bit_out, nout};
     const int64_t rows = rows_of(&clean[0]);
     const cJSON *defaults = cJSON_GetObjectItemCaseSensitive(config, "defaults");
     const cJSON *band = defaults ? cJSON_GetObjectItemCaseSensitive(defaults, "band") : NULL;
@@ -507,6 +592,7 @@ static int judge_planted(const char *config_name, const cJSON *config, const cha
 
     int rc = 0;
     cJSON *two_rows = NULL; /* a one-row case's batch checks, judged on two rows */
+    judge_call calls[2] = {{.argc = 0}, {.argc = 0}}; /* the case's call, and its batch checks' where they are apart */
     for (const cJSON *ch = checks ? checks->child : NULL; ch && !rc; ch = ch->next) {
         const char *kind = cJSON_GetObjectItemCaseSensitive(ch, "check")->valuestring, *key = params_key(fp->family, ch);
         if (!strcmp(kind, "expect")) continue;
@@ -518,75 +604,61 @@ static int judge_planted(const char *config_name, const cJSON *config, const cha
             cJSON_AddItemToArray(two_rows, cJSON_Duplicate(ch, 1));
             continue;
         }
-        judge_call j = {.argc = 0};
-        j.argv[j.argc++] = kpt_binary(), j.argv[j.argc++] = "judge", j.argv[j.argc++] = (char *)name;
-        cJSON *derived = cJSON_CreateArray();
+        if (!strcmp(kind, "rule") && rule_row < 0) {
+            fprintf(stderr, "%s: %s allows no rule plant; trying the next case\n", config_name, name);
+            rc = 1;
+            break;
+        }
+        if ((!strcmp(kind, "exact") || !strcmp(kind, "repeat") || !strcmp(kind, "batch")) && bit_row != 0) {
+            /* batch gives row 0 alone: the plant must be there */
+            fprintf(stderr, "%s: %s allows no plant in row 0; trying the next case\n", config_name, name);
+            rc = 1;
+            break;
+        }
+        judge_call *jc = &calls[fp->batch_apart && !strcmp(kind, "batch")];
+        char roles[6][24];
+        const int nroles = roles_of(kind, &co, roles);
+        cr_assert(nroles > 0, "%s: a check of kind %s, which this test does not plant for", config_name, kind);
+        int fresh = 0;
+        for (int r = 0; r < nroles; r++) fresh += !is_bound(jc, roles[r]);
+        if (jc->nroles + fresh > MAX_ROLES) run_judge(config_name, defaults, name, dir, jc, fp->family, &pr->judged);
+        if (!jc->derived) jc->derived = cJSON_CreateArray();
+        for (int r = 0; r < nroles; r++) need_role(jc, dir, roles[r], &co);
         if (!strcmp(kind, "tolerance")) {
-            for (int k = 0; k < nout; k++) {
-                if (!fp->tolerance[k]) continue;
-                array scaled[4];
-                for (int m = 0; m < nout; m++) scaled[m] = m == k ? copy(&clean[m]) : clean[m];
-                scale_all(&scaled[k]);
-                char role[24], w[96];
-                snprintf(role, sizeof role, "scaled_%s", fp->outputs[k]);
-                write_role(&j, dir, role, scaled, nout, 0);
-                free(scaled[k].buf);
-                cJSON_AddItemToArray(derived, derived_check(ch, role, NULL));
-                snprintf(w, sizeof w, "tolerance with %s at 0.9x", fp->outputs[k]);
-                expect_result(&j, role, "INCORRECT", w);
+            for (int r = 0; r + 1 < nroles; r++) { /* each scaled output on its own, then the clean twin */
+                char w[96];
+                cJSON_AddItemToArray(jc->derived, derived_check(ch, roles[r], NULL));
+                snprintf(w, sizeof w, "tolerance with %s at 0.9x", roles[r] + 7);
+                expect_result(jc, roles[r], "INCORRECT", w);
             }
-            write_role(&j, dir, "clean", clean, nout, 0);
-            cJSON_AddItemToArray(derived, derived_check(ch, "clean", NULL));
+            cJSON_AddItemToArray(jc->derived, derived_check(ch, "clean", NULL));
         } else if (!strcmp(kind, "rule")) {
-            if (rule_row < 0) {
-                fprintf(stderr, "%s: %s allows no rule plant; trying the next case\n", config_name, name);
-                rc = 1;
-                cJSON_Delete(derived);
-                break;
-            }
-            write_role(&j, dir, "rule", rule_out, nout, 0);
-            cJSON_AddItemToArray(derived, derived_check(ch, "rule", NULL));
-            expect_result(&j, "rule", "INCORRECT", !strcmp(fp->family, "topp") ? "rule with one extra boundary token"
-                                                                               : "rule with one index swapped");
-            write_role(&j, dir, "clean", clean, nout, 0);
-            cJSON_AddItemToArray(derived, derived_check(ch, "clean", NULL));
-        } else if (!strcmp(kind, "exact") || !strcmp(kind, "repeat") || !strcmp(kind, "batch")) {
-            if (bit_row != 0) { /* batch gives row 0 alone: the plant must be there */
-                fprintf(stderr, "%s: %s allows no plant in row 0; trying the next case\n", config_name, name);
-                rc = 1;
-                cJSON_Delete(derived);
-                break;
-            }
-            if (!strcmp(kind, "exact")) { /* one bit off against the clean outputs; the clean twin against themselves */
-                write_role(&j, dir, "bits", bit_out, nout, 0);
-                write_role(&j, dir, "clean", clean, nout, 0);
-                write_role(&j, dir, "cleanb", clean, nout, 0);
-                cJSON_AddItemToArray(derived, derived_check(ch, "bits", "clean"));
-                expect_result(&j, "bits", "INCORRECT", "exact with one bit off");
-                cJSON_AddItemToArray(derived, derived_check(ch, "clean", "cleanb"));
-            } else { /* repeat: run 2 one bit off; batch: row 0 alone one bit off */
-                const int alone = !strcmp(kind, "batch");
-                write_role(&j, dir, "bits", clean, nout, 0);
-                write_role(&j, dir, "bits", bit_out, nout, alone);
-                write_role(&j, dir, "clean", clean, nout, 0);
-                write_role(&j, dir, "clean", clean, nout, alone);
-                cJSON_AddItemToArray(derived, derived_check(ch, "bits", NULL));
-                expect_result(&j, "bits", "INCORRECT", alone ? "batch with row 0 alone one bit off" : "repeat with one bit off in run 2");
-                if (alone) j.want[j.nwant - 1].differing_probe = "alone.row0";
-                cJSON_AddItemToArray(derived, derived_check(ch, "clean", NULL));
-            }
-        } else {
-            cr_assert_fail("%s: a check of kind %s, which this test does not plant for", config_name, kind);
+            cJSON_AddItemToArray(jc->derived, derived_check(ch, "rule", NULL));
+            expect_result(jc, "rule", "INCORRECT", !strcmp(fp->family, "topp") ? "rule with one extra boundary token"
+                                                                              : "rule with one index swapped");
+            cJSON_AddItemToArray(jc->derived, derived_check(ch, "clean", NULL));
+        } else if (!strcmp(kind, "exact")) { /* one bit off against the clean outputs; the clean twin against themselves */
+            cJSON_AddItemToArray(jc->derived, derived_check(ch, "bits", "clean"));
+            expect_result(jc, "bits", "INCORRECT", "exact with one bit off");
+            cJSON_AddItemToArray(jc->derived, derived_check(ch, "clean", "cleanb"));
+        } else { /* repeat: run 2 one bit off; batch: row 0 alone one bit off */
+            const int alone = !strcmp(kind, "batch");
+            cJSON_AddItemToArray(jc->derived, derived_check(ch, roles[0], NULL));
+            expect_result(jc, roles[0], "INCORRECT", alone ? "batch with row 0 alone one bit off" : "repeat with one bit off in run 2");
+            if (alone) jc->want[jc->nwant - 1].differing_probe = "alone.row0";
+            cJSON_AddItemToArray(jc->derived, derived_check(ch, roles[1], NULL));
         }
         char what[96];
         snprintf(what, sizeof what, "%s on the clean outputs", kind);
         /* batch is given row 0 alone: the other probes have no outputs, so no verdict on them (NOT_RUN) */
-        expect_result(&j, "clean", !strcmp(kind, "batch") ? "NOT_RUN" : "PASSED", what);
-        run_judge(config_name, defaults, name, dir, &j, derived, fp->family, &pr->judged);
+        const char *clean_role = !strcmp(kind, "repeat") || !strcmp(kind, "batch") ? roles[1] : "clean";
+        expect_result(jc, clean_role, !strcmp(kind, "batch") ? "NOT_RUN" : "PASSED", what);
         pr->seen = realloc(pr->seen, sizeof *pr->seen * (size_t)(pr->nseen + 1));
         cr_assert(pr->seen);
         pr->seen[pr->nseen++] = (char *)key;
     }
+    for (int k = 0; k < 2; k++)
+        if (calls[k].derived) run_judge(config_name, defaults, name, dir, &calls[k], fp->family, &pr->judged);
     for (int m = 0; m < nout; m++) free(clean[m].buf), free(rule_out[m].buf), free(bit_out[m].buf);
     if (two_rows && !rc) {
         set_field(&c, fp->rows_field, "2");
