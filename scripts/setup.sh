@@ -67,7 +67,8 @@ if [ -n "$need" ]; then
   sudo=""
   [ "$(id -u)" = 0 ] || sudo="sudo"
   $sudo apt-get update -qq
-  if ! DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $need >/dev/null; then
+  # through env: sudo drops the caller's environment (a non-root runner, ubuntu-latest's, goes through sudo)
+  if ! $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need >/dev/null; then
     echo "setup: apt-get could not install:$need" >&2
     exit 2
   fi
