@@ -19,7 +19,8 @@ def main(url, sha256, prefix, dest):
                     digest.update(chunk)
                     f.write(chunk)
         except OSError as e:  # urllib's errors (no route, HTTP 404, TLS) are OSErrors
-            print("fetch-wheel: could not download %s: %s (behind a proxy? set https_proxy)" % (url, e), file=sys.stderr)
+            print("fetch-wheel: could not download %s: %s (behind a proxy? set https_proxy, and SSL_CERT_FILE to its CA)"
+                  % (url, e), file=sys.stderr)
             return 1
         if digest.hexdigest() != sha256:
             print("fetch-wheel: %s has SHA-256 %s, not the pinned %s; refused" % (url, digest.hexdigest(), sha256),
