@@ -274,7 +274,11 @@ typedef struct kp_family {
     const kp_case_family *cases;           /* its row of the case-family table */
     const char *reference_provider;        /* recorded in receipts, e.g. "reference.<family>@host-f64" */
     const char *reference_rule;            /* one line: what the reference computes */
-    const char *const *bench_cases;        /* `kparity bench`'s default cases, NULL-terminated */
+    const char *const *bench_cases;        /* `kparity bench`'s default cases where a CUDA device is usable,
+                                              NULL-terminated */
+    const char *const *bench_cases_host;   /* its default cases without one (host ports only), NULL-terminated (or
+                                              NULL: none, and a bench there names the family as having none);
+                                              sized so every family's together take about a minute on 2 cores */
     const char *const *output_names;       /* every output tensor's name, in outputs' order, NULL-terminated: what an
                                               impl may declare absent (checked against outputs when a case is prepared) */
     const char *const *param_keys;         /* check fields parse_params reads, NULL-terminated (or NULL) */

@@ -40,8 +40,10 @@ static const struct {
     {"export", "kparity export CASE --out DIR [--impl NAME]... [--force]\n"
                "                                             inputs, reference and outputs as .npy, and a case.json\n"
                "                                             that says what each file is"},
-    {"bench", "kparity bench [--impl NAME]... [--exec FAMILY:IMPL=CMD]... [--case CASE]... [--reps N]\n"
-              "                                             time impls (CUDA events on a GPU) and outside programs"},
+    {"bench", "kparity bench [--impl NAME]... [--exec FAMILY:IMPL=CMD]... [--case CASE]... [--reps N] [--quiet] [--json]\n"
+              "                                             time impls (CUDA events on a GPU) and outside programs; no\n"
+              "                                             --case: the GPU shapes with a CUDA device, else host-sized ones\n"
+              "                                             (only of --impl's families when given)"},
     {"merge", "kparity merge B1 B2 ... --out B                shards of one config into one bundle (one verdict, re-chained)"},
     {"judge", "kparity judge CASE --impl NAME=FILE.npy[,...] [--impl NAME@N=...] [--exec ROLE=CMD] --config FILE --out B\n"
               "                                             judge outputs made elsewhere by the config's checks for CASE\n"
@@ -290,7 +292,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--impl") && more && nimpl < 32) impls[nimpl++] = argv[++i];
         else if (!strcmp(a, "--case") && more && ncase < 32) cases[ncase++] = argv[++i];
         else if (!strcmp(a, "--exec") && more && nexec < 16) execs[nexec++] = argv[++i];
-        else if (!strcmp(a, "--reps") && more) reps = atoi(argv[++i]);
+        else if (!strcmp(a, "--reps") && more) {
+            char *end;
+            const long n = strtol(argv[++i], &end, 10);
+            if (*end || end == argv[i] || n < 1 || n > 1000000) return usage("--reps: expected a whole number from 1 to 1000000");
+            reps = (int)n;
+        }
         else if (!strcmp(a, "--shard") && more) shard = argv[++i];
         else if (!strcmp(a, "--timeout") && more) {
             char *end;
@@ -349,7 +356,8 @@ int main(int argc, char **argv) {
             if (rc) return fail(&err);
             if (nimpl && nimpl < 32) impls[nimpl++] = impl->name;
         }
-        int rc = kp_bench(impls, nimpl, cases, ncase, reps, &err);
+        const kp_bench_options bo = {impls, nimpl, cases, ncase, reps, json, quiet};
+        int rc = kp_bench(&bo, &err);
         return rc ? fail(&err) : 0;
     }
     if (nexec) return usage("--exec is for bench (and judge); a gate or run names outside programs in its config's impls");

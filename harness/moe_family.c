@@ -221,6 +221,14 @@ static const char *const bench_cases[] = {
     "moe(m=800,model=qwen3,profile=uniform,seed=1)",    "moe(m=2304,model=qwen3,profile=uniform,seed=1)",
     NULL,
 };
+/* Without a GPU: GLM-5.3's 288 experts, top 8, at the host gate's hidden 256 and inter 128 (its real 4096/2048 take
+ * seconds a rep on 2 cores: 13.8 s at M 32), one token, and 33 rows routed to straddle the 32-row gemv_rows switch.
+ * Sized for the host kernels of 2026-12-02; every family's host shapes together: about a minute on 2 cores. */
+static const char *const bench_cases_host[] = {
+    "moe(hidden=256,inter=128,m=1,model=glm53,profile=single,seed=1)",
+    "moe(hidden=256,inter=128,m=33,model=glm53,profile=straddle,seed=1)",
+    NULL,
+};
 static const char *const tolerance_outputs[] = {"out", NULL};
 static const char *const order_outputs[] = {"slots", NULL}; /* where each pair ran, not part of the answer */
 
@@ -256,6 +264,7 @@ const kp_family kp_moe_family = {
     .reference_rule = "out[t] = sum over j of weights[t, j] * W2_e act(W13_e x_t), e = ids[t, j], in float64 on the NVFP4 "
                       "weights dequantized exactly; act = silu(gate) * up, or relu(up)^2",
     .bench_cases = bench_cases,
+    .bench_cases_host = bench_cases_host,
     .tolerance_outputs = tolerance_outputs,
     .order_outputs = order_outputs,
     .args_bytes = sizeof(kp_moe_args),

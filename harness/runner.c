@@ -17,6 +17,7 @@
 #include "../receipts/kp_json.h"
 #include "kp_checks.h"
 #include "kp_device.h"
+#include "kp_progress.h"
 #include "kp_run_shared.h"
 #include "kp_worker.h"
 
@@ -51,16 +52,7 @@ static kp_result worse(kp_result a, kp_result b) { return a > b ? a : b; }
 
 void kp_run_progress(const kp_run_options *opt, int i, int n, const char *name, kp_result r, double case_s,
                      double elapsed) {
-    if (opt->quiet) return;
-    double left = i + 1 < n ? elapsed / (i + 1) * (n - i - 1) : 0.0;
-    if (opt->json) {
-        printf("{\"event\":\"case\",\"index\":%d,\"of\":%d,\"case\":\"%s\",\"result\":\"%s\",\"seconds\":%.3f,"
-               "\"elapsed\":%.3f,\"eta\":%.3f}\n", i + 1, n, name, kp_result_name(r), case_s, elapsed, left);
-        fflush(stdout);
-    } else {
-        fprintf(stderr, "[%d/%d] %-13s %6.2fs  elapsed %6.1fs  left ~%5.1fs  %s\n", i + 1, n, kp_result_name(r), case_s,
-                elapsed, left, name);
-    }
+    if (!opt->quiet) kp_progress(opt->json, i, n, name, kp_result_name(r), case_s, elapsed);
 }
 
 typedef struct summary_row {

@@ -319,6 +319,13 @@ static const char *const bench_cases[] = {
     "topk(k=2048,profile=randn,rows=2048,seed=1,width=65536)",
     NULL,
 };
+/* Without a GPU: each side of the 32-row threshold (radix_buffer's exact path, then its coarse-bin buffer) at 65,536
+ * wide, k 2,048. Every family's host shapes together: about a minute on 2 cores (README, Measured). */
+static const char *const bench_cases_host[] = {
+    "topk(k=2048,profile=randn,rows=32,seed=1,width=65536)",
+    "topk(k=2048,profile=randn,rows=33,seed=1,width=65536)",
+    NULL,
+};
 static const char *const defects[] = {"dropped_values", NULL};
 
 static const char *const output_names[] = {"indices", "values", NULL};
@@ -346,6 +353,7 @@ const kp_family kp_topk_family = {
     .reference_rule = "the min(k, window) entries first in (value desc, index asc) over the row's window; -0 == +0; "
                       "NaN below every number; indices ascending in the declared base, then fill",
     .bench_cases = bench_cases,
+    .bench_cases_host = bench_cases_host,
     .param_keys = param_keys,
     .defects = defects,
     .thresholds = thresholds,

@@ -305,6 +305,13 @@ static const char *const bench_cases[] = {
     "topp(batch=4,profile=ordinary,seed=58231,top_p=0.95,vocab=131072)",
     NULL,
 };
+/* Without a GPU: the seed's 4 x 131,072 and 8 rows of GLM's 154,856 (64 rows of it, 50 reps of each host port, take
+ * minutes on 2 cores). Every family's host shapes together: about a minute there (README, Measured). */
+static const char *const bench_cases_host[] = {
+    "topp(batch=4,profile=ordinary,seed=58231,top_p=0.95,vocab=131072)",
+    "topp(batch=8,profile=ordinary,seed=58231,top_p=0.95,vocab=154856)",
+    NULL,
+};
 static const char *const defects[] = {"all_neginf", NULL}; /* every row masked entirely: the seed's defect */
 
 static const char *const output_names[] = {"out", NULL};
@@ -334,6 +341,7 @@ const kp_family kp_topp_family = {
     .reference_rule = "keep t iff mass strictly before t in (p desc, index asc) order < top_p; at least one; "
                       "top_p >= 1 keeps every finite token; NaN never kept",
     .bench_cases = bench_cases,
+    .bench_cases_host = bench_cases_host,
     .param_keys = param_keys,
     .defects = defects,
     .thresholds = thresholds,

@@ -1,6 +1,7 @@
 /* test_cli.c: the command line on bad input (exit 2, naming the field or path, never a crash),
  * verify on tampered bundles (exit 1, naming the file), verify --replay on forged receipts (exit 1, naming
- * the case and the digest that does not regenerate), list and export. */
+ * the case and the digest that does not regenerate), list and export, bench's case selection and its rows printed
+ * as they finish. */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -11,6 +12,7 @@
 #include <cjson/cJSON.h>
 
 #include "../cases/kp_sha256.h"
+#include "../harness/kp_harness.h"
 #include "../receipts/kp_bundle.h"
 #include "../receipts/kp_json.h"
 #include "kp_test_util.h"
@@ -506,4 +508,57 @@ Test(cli, a_case_field_error_names_its_path_once) {
     cr_assert(strstr(err, "cases[0].params.force_value: expected a string or a number"), "%s", err);
     cr_assert_null(strstr(err, "force_value: cases[0]"), "the path is given twice: %s", err);
     free(cfg);
+}
+
+/* --impl without --case benches that impl's family's default shapes for this machine (the host shapes without a GPU)
+ * and makes no other family's inputs or reference. Before, every family's cases were made and only the impl rows
+ * filtered, so each other family's reference row was printed: the planted defect this catches. */
+Test(cli, bench_impl_makes_only_its_familys_cases) {
+    const kp_family *topk = kp_family_find("topk");
+    cr_assert(topk);
+    const char *const *want = kpt_gpu_available() ? topk->bench_cases : topk->bench_cases_host;
+    cr_assert(want && want[0], "topk declares no default bench shapes for this machine");
+    char *out, *err;
+    char *argv[] = {kpt_binary(), "bench", "--impl", "topk.radix_exact@host", "--reps", "1", NULL};
+    cr_assert_eq(run_cli(argv, &out, &err), 0, "%s%s", out, err);
+    int n = 0;
+    for (; want[n]; n++) {
+        char impl_row[KP_CASE_NAME_MAX + 64], ref_row[KP_CASE_NAME_MAX + 64];
+        snprintf(impl_row, sizeof impl_row, "topk.radix_exact@host      %s", want[n]);
+        snprintf(ref_row, sizeof ref_row, "reference.topk@host        %s", want[n]);
+        cr_assert(strstr(out, impl_row) && strstr(out, ref_row), "no impl or reference row for %s:\n%s", want[n], out);
+    }
+    char last[32];
+    snprintf(last, sizeof last, "[%d/%d] timed", n, n);
+    cr_assert(strstr(err, last), "progress does not end at %s (a case of another family was made?):\n%s", last, err);
+    const char *others[] = {"topp(", "moe(", "mla(", "reference.topp", "reference.moe", "reference.mla"};
+    for (size_t i = 0; i < sizeof others / sizeof *others; i++)
+        cr_assert_null(strstr(out, others[i]), "another family's case was made (%s):\n%s", others[i], out);
+    /* a --case no --impl given is of: refused before anything is made, naming it */
+    char *bad[] = {kpt_binary(), "bench", "--impl", "topk.radix_exact@host", "--case", (char *)good_case, NULL};
+    cr_assert_eq(run_cli(bad, &out, &err), 2, "%s%s", out, err);
+    cr_assert(strstr(err, "no --impl given is of family topp"), "%s", err);
+    cr_assert_null(strstr(out, "reference.topp"), "its reference was made: %s", out);
+}
+
+/* Each row is printed as it finishes, and each case's progress line (with the time left) after its rows: stdout and
+ * stderr into one file, the rows of case 1 come before "[1/2]" and those of case 2 between it and "[2/2]". A bench
+ * that buffered its rows to the end (stdout to a file or pipe is fully buffered unless flushed) printed them after
+ * both progress lines, so a bench killed part way had printed nothing: the planted defect this catches. */
+Test(cli, bench_prints_each_row_as_it_finishes) {
+    const char *a = "topk(k=512,profile=randn,rows=5,seed=3,width=4000)", *b = "topk(k=64,profile=randn,rows=3,seed=4,width=999)";
+    char *script, *out, *err;
+    cr_assert(asprintf(&script, "exec \"$0\" bench --impl topk.radix_exact@host --reps 1 --case '%s' --case '%s' 2>&1", a,
+                       b) > 0);
+    char *argv[] = {"/bin/sh", "-c", script, kpt_binary(), NULL};
+    cr_assert_eq(run_cli(argv, &out, &err), 0, "%s%s", out, err);
+    char row_a[KP_CASE_NAME_MAX + 64], row_b[KP_CASE_NAME_MAX + 64];
+    snprintf(row_a, sizeof row_a, "topk.radix_exact@host      %s", a);
+    snprintf(row_b, sizeof row_b, "topk.radix_exact@host      %s", b);
+    const char *at_a = strstr(out, row_a), *first = strstr(out, "[1/2] timed"), *at_b = strstr(out, row_b),
+               *second = strstr(out, "[2/2] timed");
+    cr_assert(at_a && first && at_b && second, "a row or a progress line is missing:\n%s", out);
+    cr_assert(at_a < first && first < at_b && at_b < second, "rows were not printed as their case finished:\n%s", out);
+    cr_assert(strstr(first, "left ~") && strstr(first, a), "the progress line has no estimate or case:\n%s", out);
+    free(script);
 }

@@ -4,13 +4,19 @@
  * to run (repeat), a wrong dtype, a wrong shape, a crash, a hang, a reply that is not the protocol, a program that
  * dies before its handshake. A crash costs its case, the next case runs in a fresh program, and the bundle verifies
  * with --replay. A pinned file off its digest is refused before the program runs. A case's shared inputs reach the
- * program once: later requests of the case hand them over as the same objects, never across cases. */
+ * program once: later requests of the case hand them over as the same objects, never across cases. A bench killed
+ * while a program hangs has printed the rows that finished before it. */
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "../cases/kp_sha256.h"
 #include "kp_test_util.h"
@@ -234,6 +240,52 @@ Test(exec, judge_and_bench_take_a_program_on_the_command_line) {
     cr_assert_eq(kpt_run(bench, &o, &e), 0, "%s%s", o, e);
     cr_assert(strstr(o, "topk.radix_exact@host") && strstr(o, "topk.numpy_topk@exec"), "one table: %s", o);
     free(o), free(e), free(cmd), free(cfg), free(dir);
+}
+
+/* A bench killed part way has printed every row that finished: kparity's own impl is timed, then the program hangs on
+ * its first request, and the finished row is read from the pipe while kparity still runs, before it is killed. A
+ * bench that kept its rows until the end (stdout to a pipe is fully buffered unless flushed) printed nothing before
+ * the kill: the planted defect this catches (then no row comes within the guard, or only once kparity has ended). */
+Test(exec, a_killed_bench_has_printed_its_finished_rows) {
+    char *cmd;
+    cr_assert(asprintf(&cmd, "topk:numpy.topk=%s %s hang", kpt_python(), script()) > 0);
+    char *argv[] = {kpt_binary(), "bench", "--reps", "1", "--impl", "topk.radix_exact@host", "--exec", cmd, "--case", CASE3, NULL};
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    const pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        dup2(fds[1], 1);
+        const int devnull = open("/dev/null", O_RDWR);
+        dup2(devnull, 0), dup2(devnull, 2);
+        close(fds[0]), close(fds[1]);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    close(fds[1]);
+    char text[8192] = "";
+    size_t used = 0;
+    int alive_at_row = 0;
+    for (;;) { /* until the row is in, kparity ends, or the guard (a safety net, not a measurement) runs out */
+        struct pollfd pfd = {.fd = fds[0], .events = POLLIN};
+        if (poll(&pfd, 1, 120 * 1000) <= 0) break;
+        const ssize_t got = read(fds[0], text + used, sizeof text - 1 - used);
+        if (got <= 0) break;
+        text[used += (size_t)got] = '\0';
+        if (strstr(text, "topk.radix_exact@host") && strstr(strstr(text, "topk.radix_exact@host"), "\n")) {
+            alive_at_row = waitpid(pid, NULL, WNOHANG) == 0;
+            break;
+        }
+    }
+    kill(pid, SIGKILL); /* the program goes with it (it dies with its parent) */
+    int status = 0;
+    waitpid(pid, &status, 0);
+    close(fds[0]);
+    cr_assert(strstr(text, "topk.radix_exact@host      " CASE3), "the finished row was not printed:\n%s", text);
+    cr_assert(alive_at_row, "the row came only once kparity had ended:\n%s", text);
+    cr_assert(WIFSIGNALED(status), "kparity ended by itself (the program did not hang?):\n%s", text);
+    cr_assert_null(strstr(text, "topk.numpy_topk@exec"), "the hung program's row was printed:\n%s", text);
+    free(cmd);
 }
 
 /* The README's exec example, run as written (its block between the marker and the closing fence): python3 on PATH is
