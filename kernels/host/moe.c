@@ -102,20 +102,33 @@ typedef float lanes8u __attribute__((vector_size(32), aligned(4), may_alias)); /
 #define MOE_CLONES
 #endif
 
-/* Rows r0 .. r0 + nr - 1 of an NVFP4 tensor [N, K], transposed into wt[k * LANES + l] (exact: e2m1 * sf); lanes
- * past nr are zero. */
-static void dequant_chunk(const uint8_t *codes, const uint8_t *scales, int64_t r0, int64_t nr, int64_t K, float *wt) {
-    float e2m1[16];
-    for (uint32_t c = 0; c < 16; c++) e2m1[c] = kp_moe_e2m1(c);
-    if (nr < LANES) memset(wt, 0, sizeof *wt * (size_t)(K * LANES));
-    for (int64_t l = 0; l < nr; l++) {
-        const uint8_t *c = codes + (r0 + l) * (K / 2), *s = scales + (r0 + l) * (K / 16);
-        for (int64_t b = 0; b < K / 16; b++) {
-            const float sf = kp_e4m3_decode(s[b]);
-            float *w = wt + b * 16 * LANES + l;
-            for (int64_t i = 0; i < 8; i++) {
-                w[(2 * i) * LANES] = e2m1[c[b * 8 + i] & 15u] * sf;
-                w[(2 * i + 1) * LANES] = e2m1[c[b * 8 + i] >> 4] * sf;
+/* Rows r0 .. r0 + nr - 1 of an NVFP4 tensor [N, K], transposed into wt[k * LANES + l] (exact: e2m1 * sf, as
+ * kp_moe_e2m1(code) * kp_e4m3_decode(scale), the latter from the table e4m3); lanes past nr are 0 (a code times
+ * 0). A 16-element block at a time, its codes
+ * and scales gathered lane by lane, then each k decoded across the lanes from bits (no table, no branch: the
+ * loop vectorizes): E2M1 code c of sign c & 8 and magnitude c & 7 is 0, 0.5, or (1 + (c & 1) / 2) 2^((c >> 1) - 1). */
+MOE_CLONES static void dequant_chunk(const uint8_t *codes, const uint8_t *scales, int64_t r0, int64_t nr, int64_t K,
+                                     const float *e4m3, float *restrict wt) {
+    for (int64_t b = 0; b < K / 16; b++) {
+        uint32_t lo[LANES], hi[LANES]; /* codes 0..7 and 8..15 of the block, code i at bits 4 i */
+        float sf[LANES];
+        for (int64_t l = 0; l < LANES; l++) { /* lanes past nr: row r0 again, times 0 */
+            const int64_t r = r0 + (l < nr ? l : 0);
+            const uint8_t *c = codes + r * (K / 2) + b * 8;
+            lo[l] = (uint32_t)c[0] | (uint32_t)c[1] << 8 | (uint32_t)c[2] << 16 | (uint32_t)c[3] << 24;
+            hi[l] = (uint32_t)c[4] | (uint32_t)c[5] << 8 | (uint32_t)c[6] << 16 | (uint32_t)c[7] << 24;
+            sf[l] = l < nr ? e4m3[scales[r * (K / 16) + b]] : 0.0f;
+        }
+        for (int k = 0; k < 16; k++) {
+            float *restrict w = wt + (b * 16 + k) * LANES;
+            for (int l = 0; l < LANES; l++) {
+                const uint32_t code = ((k < 8 ? lo[l] : hi[l]) >> (4 * (k & 7))) & 15u, c = code & 7u;
+                const uint32_t normal = ((126u + (c >> 1)) << 23) | ((c & 1u) << 22);
+                const uint32_t mag = c >= 2u ? normal : c == 1u ? 0x3f000000u : 0u;
+                const uint32_t bits = mag | ((code & 8u) << 28);
+                float v;
+                memcpy(&v, &bits, sizeof v);
+                w[l] = v * sf[l];
             }
         }
     }
@@ -148,9 +161,11 @@ static void expert_gemm(const moe_plan_host *p, int64_t e, const uint8_t *codes,
                         int64_t K, const float *const *in, int64_t n, int gemm, int cut, float *wt, float *sum) {
     const int64_t n_tiles = gemm == 1 ? p->n_tiles1 : p->n_tiles2, k_tiles = gemm == 1 ? p->k_tiles1 : p->k_tiles2;
     const int64_t iters = gemm == 1 ? p->iters1 : p->iters2, step = cut ? p->tile_k : K;
+    float e4m3[256]; /* every scale byte's value */
+    for (uint32_t v = 0; v < 256; v++) e4m3[v] = kp_e4m3_decode(v);
     for (int64_t r0 = 0; r0 < N; r0 += LANES) {
         const int64_t nr = N - r0 < LANES ? N - r0 : LANES, nt = r0 / p->tile_n;
-        dequant_chunk(codes, scales, r0, nr, K, wt);
+        dequant_chunk(codes, scales, r0, nr, K, e4m3, wt);
         for (int64_t q0 = 0; q0 < n; q0 += PAIRS) {
             const int np = (int)(n - q0 < PAIRS ? n - q0 : PAIRS);
             float part[PAIRS * LANES] = {0}, total[PAIRS * LANES] = {0};
