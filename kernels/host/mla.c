@@ -4,8 +4,8 @@
  * domain; each split an online softmax over 64-slot blocks whose P is rounded to bf16 for the PV sum
  * while L sums the f32 P; splits combined in split order in log2, the lse divided by log2(e) at the
  * end; out rounded to bf16. The two differ only in the plan, so split_size's bits cannot depend on the
- * batch and split_count's do. One (query row, 16 heads) per kp_parallel_for item, each block's tokens
- * decoded once for the 16. */
+ * batch and split_count's do. One (query row, GROUP = 32 heads) per kp_parallel_for item, each block's
+ * tokens decoded once for the 32. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -23,6 +23,40 @@
 
 enum { ALGO_SPLIT_COUNT = 0, ALGO_SPLIT_SIZE = 1 };
 
+#if defined(__x86_64__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define MLA_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef MLA_CLONES
+#define MLA_CLONES
+#endif
+
+/* k[i] = bf16(e4m3(t[i]) * s) for i < 128: kp_e4m3_decode and kp_bf16_round with each branch made a select by
+ * masks (between the same values), so the loop vectorizes; the bits are theirs. */
+MLA_CLONES static void fp8_tile(const uint8_t *restrict t, float s, float *restrict k) {
+    for (int i = 0; i < 128; i++) {
+        const uint32_t b = t[i], e = (b >> 3) & 15u, m = b & 7u;
+        const uint32_t normal = ((e + 120u) << 23) | (m << 20); /* (1 + m/8) * 2^(e - 7) */
+        const float sub = (float)(int32_t)m * 0.001953125f;      /* e == 0: m / 8 * 2^-6 */
+        uint32_t sub_bits;
+        memcpy(&sub_bits, &sub, sizeof sub_bits);
+        const uint32_t is_sub = 0u - (uint32_t)(e == 0), is_nan = 0u - (uint32_t)(e == 15u && m == 7u);
+        uint32_t bits = (sub_bits & is_sub) | (normal & ~is_sub);
+        bits = (0x7fc00000u & is_nan) | (bits & ~is_nan);
+        bits ^= (b & 0x80u) << 24; /* the sign: -v */
+        float v;
+        memcpy(&v, &bits, sizeof v);
+        const float x = v * s;
+        uint32_t xb;
+        memcpy(&xb, &x, sizeof xb);
+        const uint32_t rounded = (xb + 0x7fffu + ((xb >> 16) & 1u)) & 0xffff0000u;
+        const uint32_t keep = 0u - (uint32_t)((xb & 0x7f800000u) == 0x7f800000u); /* inf and NaN as they are */
+        xb = (xb & keep) | (rounded & ~keep);
+        memcpy(&k[i], &xb, sizeof xb);
+    }
+}
+
 /* A cache token's 576 values as the kernel multiplies them: fp8 e4m3 times bf16(scale), rounded to bf16. */
 static void token_values(const kp_mla_args *a, int32_t slot, float *k) {
     if (a->cache_format == KP_MLA_CACHE_BF16) {
@@ -34,8 +68,7 @@ static void token_values(const kp_mla_args *a, int32_t slot, float *k) {
     for (int tile = 0; tile < 4; tile++) {
         float scale;
         memcpy(&scale, t + 512 + 4 * tile, sizeof scale);
-        const float s = kp_bf16_round(scale);
-        for (int i = 0; i < 128; i++) k[tile * 128 + i] = kp_bf16_round(kp_e4m3_decode(t[tile * 128 + i]) * s);
+        fp8_tile(t + tile * 128, kp_bf16_round(scale), k + tile * 128);
     }
     for (int i = 0; i < 64; i++) {
         uint16_t h;
@@ -76,13 +109,53 @@ static int64_t row_length(const kp_mla_args *a, int64_t row) {
     return n;
 }
 
-#define GROUP 16 /* heads an item: a block's tokens are decoded once for all of them */
+#define GROUP 32 /* heads an item: a block's tokens are decoded once for all of them (at 16, decoding took a
+                    fifth of the port's time); h_q 64 still gives a lone request two items */
 
 /* One head's split-by-split state. */
 typedef struct head_state {
-    float q[D_QK], acc[D_V], m, l, max_logit;
+    float acc[D_V], m, l, max_logit;
     int any;
 } head_state;
+
+/* The two products run across lanes, each lane one f32 chain in the scalar order (a product, then a sum: -std=c11
+ * keeps gcc from contracting them to an FMA), so the bits are the scalar loops'. Scores: the lanes are the group's
+ * 32 heads (q transposed to [576][32]), 2 tokens side by side; PV: the lanes are 64 of the 512 output columns, each
+ * summing the block's tokens in ascending order. Either way 8 accumulators of 8 lanes, enough to cover an add's
+ * latency. An AVX2 clone is chosen at run time (the same bits: the same per-lane order). */
+typedef float lanes8 __attribute__((vector_size(32)));
+typedef float lanes8u __attribute__((vector_size(32), aligned(4), may_alias)); /* a view of floats */
+#define TOKENS 2
+
+/* dot[t * GROUP + h] = sum over i ascending of q[h][i] * k_t[i], t < TOKENS (qt: [D_QK][GROUP], q transposed). */
+MLA_CLONES static void scores(const float *restrict qt, const float *restrict k0, const float *restrict k1, float *restrict dot) {
+    lanes8 a00 = {0}, a01 = {0}, a02 = {0}, a03 = {0}, a10 = {0}, a11 = {0}, a12 = {0}, a13 = {0};
+    for (int i = 0; i < D_QK; i++) {
+        const lanes8u *q = (const lanes8u *)(qt + i * GROUP);
+        const lanes8 q0 = q[0], q1 = q[1], q2 = q[2], q3 = q[3];
+        const float b0 = k0[i], b1 = k1[i];
+        a00 += q0 * b0, a01 += q1 * b0, a02 += q2 * b0, a03 += q3 * b0;
+        a10 += q0 * b1, a11 += q1 * b1, a12 += q2 * b1, a13 += q3 * b1;
+    }
+    lanes8u *d = (lanes8u *)dot;
+    d[0] = a00, d[1] = a01, d[2] = a02, d[3] = a03, d[4] = a10, d[5] = a11, d[6] = a12, d[7] = a13;
+}
+
+/* acc[i] = acc[i] * rescale, then acc[i] += pb[t] * k_t[i] for t < n ascending (i < D_V). */
+MLA_CLONES static void pv_block(float *restrict acc, float rescale, const float *restrict pb, const float *const *k, int n) {
+    for (int i0 = 0; i0 < D_V; i0 += 64) {
+        lanes8u *a = (lanes8u *)(acc + i0);
+        lanes8 a0 = a[0] * rescale, a1 = a[1] * rescale, a2 = a[2] * rescale, a3 = a[3] * rescale;
+        lanes8 a4 = a[4] * rescale, a5 = a[5] * rescale, a6 = a[6] * rescale, a7 = a[7] * rescale;
+        for (int t = 0; t < n; t++) {
+            const lanes8u *v = (const lanes8u *)(k[t] + i0);
+            const float p = pb[t];
+            a0 += p * v[0], a1 += p * v[1], a2 += p * v[2], a3 += p * v[3];
+            a4 += p * v[4], a5 += p * v[5], a6 += p * v[6], a7 += p * v[7];
+        }
+        a[0] = a0, a[1] = a1, a[2] = a2, a[3] = a3, a[4] = a4, a[5] = a5, a[6] = a6, a[7] = a7;
+    }
+}
 
 static void group_item(void *ctx, int64_t item) {
     const mla_job *job = ctx;
@@ -94,14 +167,16 @@ static void group_item(void *ctx, int64_t item) {
     head_state *hs = malloc(sizeof *hs * (size_t)nh);
     float *split_lse = malloc(sizeof *split_lse * (size_t)(ns * nh)), *split_out = malloc(sizeof *split_out * (size_t)(ns * nh * D_V));
     float *kblock = malloc(sizeof *kblock * KP_MLA_BLOCK * D_QK); /* a block's tokens, decoded once for every head */
-    if (!hs || !split_lse || !split_out || !kblock) {
+    float *qt = calloc(D_QK * GROUP, sizeof *qt);                 /* [D_QK][GROUP]: the heads' q, transposed */
+    float *dots = malloc(sizeof *dots * (KP_MLA_BLOCK + TOKENS) * GROUP); /* [token][GROUP] */
+    if (!hs || !split_lse || !split_out || !kblock || !qt || !dots) {
         atomic_store(&((mla_job *)job)->failed, 1);
-        free(hs), free(split_lse), free(split_out), free(kblock);
+        free(hs), free(split_lse), free(split_out), free(kblock), free(qt), free(dots);
         return;
     }
     for (int64_t h = 0; h < nh; h++) {
         const uint16_t *qb = a->q + (row * a->h_q + h0 + h) * D_QK;
-        for (int i = 0; i < D_QK; i++) hs[h].q[i] = kp_bf16_value(qb[i]);
+        for (int i = 0; i < D_QK; i++) qt[i * GROUP + h] = kp_bf16_value(qb[i]);
         hs[h].max_logit = -INFINITY;
     }
     for (int64_t s = 0; s < ns; s++) {
@@ -112,41 +187,39 @@ static void group_item(void *ctx, int64_t item) {
             memset(hs[h].acc, 0, sizeof hs[h].acc);
         }
         for (int64_t blk = b0; blk < b1; blk++) {
-            int32_t slot[KP_MLA_BLOCK];
+            const float *tok[KP_MLA_BLOCK + TOKENS]; /* the block's counted tokens, ascending */
             int counted = 0;
             for (int j = 0; j < KP_MLA_BLOCK; j++) {
                 const int64_t at = blk * KP_MLA_BLOCK + j;
-                slot[j] = at < len && at < a->topk ? a->indices[row * a->topk + at] : -1;
-                if (slot[j] < 0 || slot[j] >= a->slots) { slot[j] = -1; continue; }
-                token_values(a, slot[j], kblock + j * D_QK);
-                counted++;
+                const int32_t slot = at < len && at < a->topk ? a->indices[row * a->topk + at] : -1;
+                if (slot < 0 || slot >= a->slots) continue;
+                token_values(a, slot, kblock + j * D_QK);
+                tok[counted++] = kblock + j * D_QK;
             }
             if (!counted) continue;
+            for (int t = counted; t % TOKENS; t++) tok[t] = tok[counted - 1]; /* padding: its scores are not read */
+            for (int t = 0; t < counted; t += TOKENS)
+                scores(qt, tok[t], tok[t + 1], dots + t * GROUP);
             for (int64_t h = 0; h < nh; h++) {
                 head_state *st = &hs[h];
-                float sc[KP_MLA_BLOCK], bmax = -INFINITY;
-                for (int j = 0; j < KP_MLA_BLOCK; j++) {
-                    if (slot[j] < 0) continue;
-                    const float *k = kblock + j * D_QK;
-                    float dot = 0.0f;
-                    for (int i = 0; i < D_QK; i++) dot += st->q[i] * k[i];
+                float sc[KP_MLA_BLOCK], pb[KP_MLA_BLOCK], bmax = -INFINITY;
+                for (int t = 0; t < counted; t++) {
+                    const float dot = dots[t * GROUP + h];
                     const float natural = dot * a->sm_scale;
                     if (natural > st->max_logit || isnan(natural)) st->max_logit = natural;
-                    sc[j] = dot * scale_log2;
-                    if (sc[j] > bmax || isnan(sc[j])) bmax = sc[j];
+                    sc[t] = dot * scale_log2;
+                    if (sc[t] > bmax || isnan(sc[t])) bmax = sc[t];
                 }
                 if (bmax == -INFINITY) continue;
                 st->any = 1;
                 const float mnew = bmax > st->m || isnan(bmax) ? bmax : st->m, rescale = exp2f(st->m - mnew);
                 st->l *= rescale;
-                for (int i = 0; i < D_V; i++) st->acc[i] *= rescale;
-                for (int j = 0; j < KP_MLA_BLOCK; j++) {
-                    if (slot[j] < 0) continue;
-                    const float p = exp2f(sc[j] - mnew);
+                for (int t = 0; t < counted; t++) {
+                    const float p = exp2f(sc[t] - mnew);
                     st->l += p;
-                    const float pb = kp_bf16_round(p), *k = kblock + j * D_QK; /* P in bf16 for the PV product */
-                    for (int i = 0; i < D_V; i++) st->acc[i] += pb * k[i];
+                    pb[t] = kp_bf16_round(p); /* P in bf16 for the PV product */
                 }
+                pv_block(st->acc, rescale, pb, tok, counted);
                 st->m = mnew;
             }
         }
@@ -179,7 +252,7 @@ static void group_item(void *ctx, int64_t item) {
         a->lse[at] = gmax == -INFINITY ? INFINITY : lse2 / LOG2E;
         a->max_logits[at] = hs[h].max_logit;
     }
-    free(hs), free(split_lse), free(split_out), free(kblock);
+    free(hs), free(split_lse), free(split_out), free(kblock), free(qt), free(dots);
 }
 
 static int mla_host_run(const void *args, char *message, size_t len, int algo, const char *name) {

@@ -92,6 +92,8 @@ static void route(moe_plan_host *p, uint64_t call, int64_t *count) {
 #define PAIRS 2
 typedef float lanes8 __attribute__((vector_size(32)));
 typedef float lanes8u __attribute__((vector_size(32), aligned(4), may_alias)); /* a view of floats */
+typedef uint32_t u32x8 __attribute__((vector_size(32)));
+typedef uint32_t u32x8u __attribute__((vector_size(32), aligned(4), may_alias));
 
 #if defined(__x86_64__) && defined(__has_attribute)
 #if __has_attribute(target_clones)
@@ -102,20 +104,36 @@ typedef float lanes8u __attribute__((vector_size(32), aligned(4), may_alias)); /
 #define MOE_CLONES
 #endif
 
-/* Rows r0 .. r0 + nr - 1 of an NVFP4 tensor [N, K], transposed into wt[k * LANES + l] (exact: e2m1 * sf); lanes
- * past nr are zero. */
-static void dequant_chunk(const uint8_t *codes, const uint8_t *scales, int64_t r0, int64_t nr, int64_t K, float *wt) {
-    float e2m1[16];
-    for (uint32_t c = 0; c < 16; c++) e2m1[c] = kp_moe_e2m1(c);
-    if (nr < LANES) memset(wt, 0, sizeof *wt * (size_t)(K * LANES));
-    for (int64_t l = 0; l < nr; l++) {
-        const uint8_t *c = codes + (r0 + l) * (K / 2), *s = scales + (r0 + l) * (K / 16);
-        for (int64_t b = 0; b < K / 16; b++) {
-            const float sf = kp_e4m3_decode(s[b]);
-            float *w = wt + b * 16 * LANES + l;
-            for (int64_t i = 0; i < 8; i++) {
-                w[(2 * i) * LANES] = e2m1[c[b * 8 + i] & 15u] * sf;
-                w[(2 * i + 1) * LANES] = e2m1[c[b * 8 + i] >> 4] * sf;
+/* Rows r0 .. r0 + nr - 1 of an NVFP4 tensor [N, K], transposed into wt[k * LANES + l] (exact: e2m1 * sf, as
+ * kp_moe_e2m1(code) * kp_e4m3_decode(scale), the latter from the table e4m3); lanes past nr are 0 (a code times
+ * 0). A 16-element block at a time: its codes and scales gathered lane by lane, then each k decoded across 8
+ * lanes at once: E2M1 code c is the magnitude of c & 7 (a table lookup where gcc has __builtin_shuffle, one
+ * vpermps on AVX2; else 0, 0.5 or (1 + (c & 1) / 2) 2^((c >> 1) - 1) from bits) with the sign bit c & 8. */
+MOE_CLONES static void dequant_chunk(const uint8_t *codes, const uint8_t *scales, int64_t r0, int64_t nr, int64_t K,
+                                     const float *e4m3, float *restrict wt) {
+    for (int64_t b = 0; b < K / 16; b++) {
+        uint32_t lo[LANES], hi[LANES]; /* codes 0..7 and 8..15 of the block, code i at bits 4 i */
+        float sf[LANES];
+        for (int64_t l = 0; l < LANES; l++) { /* lanes past nr: row r0 again, times 0 */
+            const int64_t r = r0 + (l < nr ? l : 0);
+            const uint8_t *c = codes + r * (K / 2) + b * 8;
+            lo[l] = (uint32_t)c[0] | (uint32_t)c[1] << 8 | (uint32_t)c[2] << 16 | (uint32_t)c[3] << 24;
+            hi[l] = (uint32_t)c[4] | (uint32_t)c[5] << 8 | (uint32_t)c[6] << 16 | (uint32_t)c[7] << 24;
+            sf[l] = l < nr ? e4m3[scales[r * (K / 16) + b]] : 0.0f;
+        }
+        for (int k = 0; k < 16; k++) {
+            const uint32_t *words = k < 8 ? lo : hi;
+            for (int v = 0; v < LANES / 8; v++) {
+                const u32x8 code = *(const u32x8u *)(words + 8 * v) >> (uint32_t)(4 * (k & 7));
+#if defined(__GNUC__) && !defined(__clang__)
+                const lanes8 table = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+                const u32x8 mag = (u32x8)__builtin_shuffle(table, code & 7u);
+#else
+                const u32x8 c = code & 7u, normal = ((126u + (c >> 1)) << 23) | ((c & 1u) << 22);
+                const u32x8 mag = (normal & (c >= 2u)) | (0x3f000000u & (c == 1u));
+#endif
+                const lanes8 w = (lanes8)(mag | ((code & 8u) << 28));
+                *(lanes8u *)(wt + (b * 16 + k) * LANES + 8 * v) = w * *(const lanes8u *)(sf + 8 * v);
             }
         }
     }
@@ -139,6 +157,18 @@ MOE_CLONES static void chunk_span(const float *restrict wt, const float *restric
 
 static float silu(float g) { return g / (1.0f + expf(-g)); }
 
+/* kp_bf16_round with its branch made a select between the same two values (inf and NaN as they are, else
+ * rounded to nearest even), so the loops that round every element vectorize. */
+static inline float bf16r(float x) {
+    uint32_t b;
+    memcpy(&b, &x, sizeof b);
+    const uint32_t rounded = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
+    const uint32_t keep = 0u - (uint32_t)((b & 0x7f800000u) == 0x7f800000u);
+    b = (b & keep) | (rounded & ~keep);
+    memcpy(&x, &b, sizeof x);
+    return x;
+}
+
 /* One GEMM of expert e for its n pairs: sum[q * N + r] = the f32 dot of weight row r of the NVFP4 tensor
  * (codes, scales) [N, K] with in[q], one chain in ascending k; where `cut` (GEMM `gemm`, 1 or 2, of marlin), a
  * new partial sum starts at every k tile marlin's stream-K cuts for the pair's block and the row's n tile, and
@@ -148,9 +178,11 @@ static void expert_gemm(const moe_plan_host *p, int64_t e, const uint8_t *codes,
                         int64_t K, const float *const *in, int64_t n, int gemm, int cut, float *wt, float *sum) {
     const int64_t n_tiles = gemm == 1 ? p->n_tiles1 : p->n_tiles2, k_tiles = gemm == 1 ? p->k_tiles1 : p->k_tiles2;
     const int64_t iters = gemm == 1 ? p->iters1 : p->iters2, step = cut ? p->tile_k : K;
+    float e4m3[256]; /* every scale byte's value */
+    for (uint32_t v = 0; v < 256; v++) e4m3[v] = kp_e4m3_decode(v);
     for (int64_t r0 = 0; r0 < N; r0 += LANES) {
         const int64_t nr = N - r0 < LANES ? N - r0 : LANES, nt = r0 / p->tile_n;
-        dequant_chunk(codes, scales, r0, nr, K, wt);
+        dequant_chunk(codes, scales, r0, nr, K, e4m3, wt);
         for (int64_t q0 = 0; q0 < n; q0 += PAIRS) {
             const int np = (int)(n - q0 < PAIRS ? n - q0 : PAIRS);
             float part[PAIRS * LANES] = {0}, total[PAIRS * LANES] = {0};
@@ -159,14 +191,19 @@ static void expert_gemm(const moe_plan_host *p, int64_t e, const uint8_t *codes,
                     for (int g = 0; g < np; g++)
                         if (kp_marlin_cut(p->block0[e] + (q0 + g) / p->bsm, nt, k0 / step, n_tiles, k_tiles, iters))
                             for (int l = 0; l < LANES; l++) {
-                                total[g * LANES + l] = kp_bf16_round(total[g * LANES + l] + part[g * LANES + l]);
+                                total[g * LANES + l] = bf16r(total[g * LANES + l] + part[g * LANES + l]);
                                 part[g * LANES + l] = 0.0f;
                             }
                 chunk_span(wt, in[q0], in[q0 + np - 1], k0, k0 + step < K ? k0 + step : K, part);
             }
-            for (int g = 0; g < np; g++)
-                for (int64_t l = 0; l < nr; l++)
-                    sum[(q0 + g) * N + r0 + l] = cut ? kp_bf16_round(total[g * LANES + l] + part[g * LANES + l]) : part[g * LANES + l];
+            for (int g = 0; g < np; g++) {
+                float *dst = sum + (q0 + g) * N + r0;
+                const float *t = total + g * LANES, *pt = part + g * LANES;
+                if (cut)
+                    for (int64_t l = 0; l < nr; l++) dst[l] = bf16r(t[l] + pt[l]);
+                else
+                    memcpy(dst, pt, sizeof *dst * (size_t)nr);
+            }
         }
     }
 }
@@ -192,7 +229,10 @@ static void expert_item(void *ctx, int64_t e) {
     }
     for (int64_t q = 0; q < n; q++) { /* the expert's activations, rounded to bf16 unless f32 */
         const float *x = a->x + (pairs[q] / a->topk) * H;
-        for (int64_t k = 0; k < H; k++) xin[q * H + k] = round_in ? kp_bf16_round(x[k]) : x[k];
+        if (round_in)
+            for (int64_t k = 0; k < H; k++) xin[q * H + k] = bf16r(x[k]);
+        else
+            memcpy(xin + q * H, x, sizeof *x * (size_t)H);
         in[q] = xin + q * H;
     }
     /* GEMM1, then the activation: the second GEMM's input */
@@ -200,11 +240,16 @@ static void expert_item(void *ctx, int64_t e) {
     const float alpha13_b = kp_bf16_round(alpha13);
     for (int64_t q = 0; q < n; q++) {
         float *hq = sum + q * R, *act = p->act + (int64_t)pairs[q] * I;
-        for (int64_t r = 0; r < R; r++) hq[r] = marlin ? kp_bf16_round(kp_bf16_round(hq[r]) * alpha13_b) : hq[r] * alpha13;
-        for (int64_t i = 0; i < I; i++) {
-            const float v = a->gated ? silu(hq[i]) * hq[I + i] : (hq[i] > 0.0f ? hq[i] * hq[i] : 0.0f);
-            act[i] = f32_path ? v : kp_bf16_round(v);
-        }
+        if (marlin)
+            for (int64_t r = 0; r < R; r++) hq[r] = bf16r(bf16r(hq[r]) * alpha13_b);
+        else
+            for (int64_t r = 0; r < R; r++) hq[r] = hq[r] * alpha13;
+        if (a->gated)
+            for (int64_t i = 0; i < I; i++) act[i] = silu(hq[i]) * hq[I + i];
+        else
+            for (int64_t i = 0; i < I; i++) act[i] = hq[i] > 0.0f ? hq[i] * hq[i] : 0.0f;
+        if (!f32_path)
+            for (int64_t i = 0; i < I; i++) act[i] = bf16r(act[i]);
         in[q] = act;
     }
     /* GEMM2: y[pair, r], with the routing weight in its epilogue for marlin */
@@ -213,32 +258,38 @@ static void expert_item(void *ctx, int64_t e) {
     for (int64_t q = 0; q < n; q++) {
         const float wt = a->weights[pairs[q]];
         const float scale = marlin ? kp_bf16_round(alpha2_b * kp_bf16_round(wt)) : f32_path ? alpha2 * wt : alpha2;
-        for (int64_t r = 0; r < H; r++) {
-            const float v = sum[q * H + r];
-            p->y[(int64_t)pairs[q] * H + r] = marlin ? kp_bf16_round(kp_bf16_round(v) * scale) : v * scale;
-        }
+        const float *v = sum + q * H;
+        float *y = p->y + (int64_t)pairs[q] * H;
+        if (marlin)
+            for (int64_t r = 0; r < H; r++) y[r] = bf16r(bf16r(v[r]) * scale);
+        else
+            for (int64_t r = 0; r < H; r++) y[r] = v[r] * scale;
     }
     free(w), free(xin), free(sum), free(in);
 }
 
-/* Row t: the sum over its slots in ascending j. */
+/* Row t: the sum over its slots in ascending j, each column its own chain (the loops over h vectorize). */
 static void combine_item(void *ctx, int64_t t) {
     moe_plan_host *p = ctx;
     const kp_moe_args *a = p->a;
     const int64_t H = a->hidden, K = a->topk;
-    float *out = a->out + t * H;
-    for (int64_t h = 0; h < H; h++) {
-        float s = 0.0f;
-        if (p->algo == ALGO_INVARIANT)
-            for (int64_t j = 0; j < K; j++) s += a->weights[t * K + j] * p->y[(t * K + j) * H + h];
-        else if (K >= 2 && K <= 4) { /* moe_sum accumulates in the bf16 scalar type */
-            s = p->y[t * K * H + h];
-            for (int64_t j = 1; j < K; j++) s = kp_bf16_round(s + p->y[(t * K + j) * H + h]);
-        } else {
-            for (int64_t j = 0; j < K; j++) s += p->y[(t * K + j) * H + h];
-            s = kp_bf16_round(s);
+    float *restrict out = a->out + t * H;
+    const float *y = p->y + t * K * H;
+    if (p->algo == ALGO_INVARIANT) {
+        for (int64_t h = 0; h < H; h++) out[h] = 0.0f;
+        for (int64_t j = 0; j < K; j++) {
+            const float wj = a->weights[t * K + j];
+            for (int64_t h = 0; h < H; h++) out[h] += wj * y[j * H + h];
         }
-        out[h] = s;
+    } else if (K >= 2 && K <= 4) { /* moe_sum accumulates in the bf16 scalar type */
+        memcpy(out, y, sizeof *out * (size_t)H);
+        for (int64_t j = 1; j < K; j++)
+            for (int64_t h = 0; h < H; h++) out[h] = bf16r(out[h] + y[j * H + h]);
+    } else {
+        for (int64_t h = 0; h < H; h++) out[h] = 0.0f;
+        for (int64_t j = 0; j < K; j++)
+            for (int64_t h = 0; h < H; h++) out[h] += y[j * H + h];
+        for (int64_t h = 0; h < H; h++) out[h] = bf16r(out[h]);
     }
 }
 
