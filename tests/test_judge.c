@@ -284,7 +284,9 @@ Test(judge, an_empty_array_of_a_huge_shape_is_refused_naming_the_whole_shape) {
 
 /* ---- an mla case judged: bf16 bits as <i2, outputs declared absent ---------------------------------------------- */
 
-#define MLA_CASE "mla(batch=2,h_q=64,profile=uniform,s_kv=1024,scale=pow2,seed=1,topk=640)"
+/* Small (two TOPK_BLOCKs of 64 over 256 tokens): what is judged here is dtypes and outputs left out, not a size. */
+#define MLA_SHAPE "h_q=64,profile=uniform,s_kv=256,scale=pow2,seed=1,topk=128"
+#define MLA_CASE "mla(batch=2," MLA_SHAPE ")"
 #define MLA_EXPORT "mx/mla.split_size@host."
 
 /* kparity judge MLA_CASE with `checks` (a JSON array) under FlashMLA's decode tolerances (ci/gates/sparse-mla.json),
@@ -596,7 +598,7 @@ Test(judge, nan_ranked_above_passes_under_nan_above_and_fails_below_naming_the_n
  * as before); the answer's rows are compared as usual. */
 Test(judge, a_batch_probe_reads_no_order_output_declared_absent) {
     export_case(MLA_CASE, "mx", "mla.split_size@host");
-    export_case("mla(batch=1,h_q=64,profile=uniform,s_kv=1024,scale=pow2,seed=1,topk=640)", "m1", "mla.split_size@host");
+    export_case("mla(batch=1," MLA_SHAPE ")", "m1", "mla.split_size@host");
     const char *checks = "[{\"check\":\"batch\",\"impl\":\"outside\"}]";
     char *one;
     cr_assert(asprintf(&one, "outside@1=%s/m1/mla.split_size@host.out.npy,%s/m1/mla.split_size@host.lse.npy", kpt_dir, kpt_dir) > 0);
