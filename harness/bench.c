@@ -178,6 +178,10 @@ int kp_bench(const kp_bench_options *opt, kp_error *err) {
         if (!(impls[n++] = kp_impl_find(opt->impls[i])))
             return kp_fail(err, KP_EXIT_USAGE, "--impl %s: unknown impl (kparity list names them)", opt->impls[i]);
     const int gpu = kp_device_count() > 0;
+    for (int i = 0; i < n; i++) /* before any case is made for it */
+        if (impls[i]->memory == KP_MEMORY_CUDA && !gpu)
+            return kp_fail(err, KP_EXIT_SKIP, "--impl %s: a CUDA impl, and no CUDA device is usable here (kparity list "
+                           "says how many it sees)", impls[i]->name);
     if (opt->nimpl == 0)
         for (int i = 0; i < kp_impl_count() && n < BENCH_IMPLS_MAX; i++)
             if (kp_impl_at(i)->memory == KP_MEMORY_HOST || gpu) impls[n++] = kp_impl_at(i);

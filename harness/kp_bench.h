@@ -20,7 +20,8 @@ typedef struct kp_bench_options {
 /* Each row is printed (and flushed) as it finishes, and each case ends with a progress line and an estimate of the
  * time left (kp_progress), so a bench stopped part way has printed what it measured. Only the selected cases' inputs
  * and references are made. Returns the exit class, with err's message for the caller to print: 2 for an unknown
- * impl, a bad case or a case no selected impl is of (before anything runs), 3 when an impl could not be timed. */
+ * impl, a bad case or a case no selected impl is of, 77 for a CUDA impl without a CUDA device (each before anything
+ * runs), 3 when an impl could not be timed. */
 int kp_bench(const kp_bench_options *opt, kp_error *err);
 
 #endif
