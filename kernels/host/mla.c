@@ -44,7 +44,7 @@ MLA_CLONES static void fp8_tile(const uint8_t *restrict t, float s, float *restr
         const uint32_t is_sub = 0u - (uint32_t)(e == 0), is_nan = 0u - (uint32_t)(e == 15u && m == 7u);
         uint32_t bits = (sub_bits & is_sub) | (normal & ~is_sub);
         bits = (0x7fc00000u & is_nan) | (bits & ~is_nan);
-        bits ^= (b & 0x80u) << 24; /* the sign: -v */
+        bits ^= ((b & 0x80u) << 24) & ~is_nan; /* the sign: -v (NaN is returned before it, unsigned) */
         float v;
         memcpy(&v, &bits, sizeof v);
         const float x = v * s;
