@@ -128,7 +128,8 @@ typedef float lanes8u __attribute__((vector_size(32), aligned(4), may_alias)); /
 #define TOKENS 2
 
 /* dot[t * GROUP + h] = sum over i ascending of q[h][i] * k_t[i], t < TOKENS (qt: [D_QK][GROUP], q transposed). */
-MLA_CLONES static void scores(const float *restrict qt, const float *restrict k0, const float *restrict k1, float *restrict dot) {
+MLA_CLONES static void scores(const float *restrict qt, const float *restrict k0, const float *restrict k1,
+                              float *restrict dot) {
     lanes8 a00 = {0}, a01 = {0}, a02 = {0}, a03 = {0}, a10 = {0}, a11 = {0}, a12 = {0}, a13 = {0};
     for (int i = 0; i < D_QK; i++) {
         const lanes8u *q = (const lanes8u *)(qt + i * GROUP);
