@@ -279,3 +279,48 @@ Test(kernels_host_mla, every_ports_output_has_its_pinned_digest) {
     }
     cr_assert_eq(wrong, 0, "%d outputs are not the pinned bits (each named above)", wrong);
 }
+
+/* The same with planted fp8 codes the generator never makes (NaN 0x7f and 0xff, -0 0x80, 0, the smallest subnormal
+ * 0x01, -448 0xfe) in one token of every 61, NaN in five tokens only: NaN scores through the softmax, pinned with the
+ * scalar ports of 340885f as above. */
+Test(kernels_host_mla, outputs_with_planted_fp8_codes_have_their_pinned_digest) {
+    static const char *const name = "mla(batch=6,h_q=64,profile=uniform,s_kv=1024,seed=9,topk=640)";
+    static const char *const pinned[4] = {"9801c056fd574b917547a56246b3c03913ac4a4bb6d36d8a67b538fdd1001a7b",
+                                               "1ac688a1edacf5eccf9f38c9bcddceb82ae414b25018fd174d34575075f8caba",
+                                               "d57188e6dcc52d5136b7f42f69ddf16877c235b00b92a58b17d4505c6579491c",
+                                               "af1810d3f63e63e0f46c1ffe06baea05d9b81229e348903d59937088d72811c2"};
+    static const uint8_t planted[6] = {0x7f, 0xff, 0x80, 0x00, 0x01, 0xfe};
+    const kp_impl *impls[] = {&kp_mla_split_count_host, &kp_mla_split_size_host};
+    gen g = make(name);
+    const int64_t tokens = (int64_t)(g.s.cache_bytes / KP_MLA_FP8_TOKEN_BYTES);
+    uint8_t *cache = g.b.cache;
+    for (int64_t t = 0; t < tokens; t += 61) cache[t * KP_MLA_FP8_TOKEN_BYTES + (t * 5) % 512] = planted[2 + (t / 61) % 4];
+    cache[3 * KP_MLA_FP8_TOKEN_BYTES + 100] = planted[0]; /* NaN in 5 tokens of 2 requests: the rest stay finite */
+    for (int64_t t = 2000; t < 2004; t++) cache[t * KP_MLA_FP8_TOKEN_BYTES + 7] = planted[1];
+    int wrong = 0;
+    for (int k = 0; k < 4; k++) {
+        const int64_t n = k % 2 ? 1 : g.mc.batch, heads = n * g.mc.s_q * g.mc.h_q;
+        run_out o = run(impls[k / 2], &g, 0, n);
+        int64_t nan = 0;
+        for (int64_t h = 0; h < heads; h++) nan += isnan(o.lse[h]);
+        cr_assert(n == 1 || (nan > 0 && nan < heads), "%s: %lld NaN lse of %lld: the planted NaN codes must reach some, not all",
+                  impls[k / 2]->name, (long long)nan, (long long)heads);
+        kp_sha256 h;
+        kp_error err = {0};
+        char hex[KP_SHA256_HEX_LEN];
+        cr_assert_eq(kp_sha256_init(&h, &err), 0, "%s", err.msg);
+        kp_sha256_update(&h, o.out, sizeof(uint16_t) * (size_t)(heads * KP_MLA_D_V));
+        kp_sha256_update(&h, o.lse, sizeof(float) * (size_t)heads);
+        kp_sha256_update(&h, o.max, sizeof(float) * (size_t)heads);
+        kp_sha256_update(&h, o.splits, sizeof(int32_t) * (size_t)n);
+        kp_sha256_final_hex(&h, hex);
+        if (strcmp(hex, pinned[k])) {
+            fprintf(stderr, "%s on %s (%lld requests), planted codes: output digest %s, pinned %s\n", impls[k / 2]->name,
+                    name, (long long)n, hex, pinned[k]);
+            wrong++;
+        }
+        run_free(&o);
+    }
+    drop(&g);
+    cr_assert_eq(wrong, 0, "%d outputs are not the pinned bits (each named above)", wrong);
+}

@@ -497,3 +497,42 @@ Test(kernels_host_moe, every_ports_output_has_its_pinned_digest) {
     }
     cr_assert_eq(wrong, 0, "%d outputs are not the pinned bits (each named above)", wrong);
 }
+
+/* (g) The same with planted scale bytes the generator never makes (NaN 0x7f and 0xff, -0 0x80, 0, the smallest
+ * subnormal 0x01, 448 0x7e) in both tensors (NaN in two experts, the rest in every one): NaN and zero weights
+ * through every path, pinned with the scalar ports of 340885f as above. */
+Test(kernels_host_moe, outputs_with_planted_scales_have_their_pinned_digest) {
+    static const char *const name = "moe(hidden=128,inter=64,m=300,model=glm53,profile=uniform,seed=23)";
+    static const char *const pinned[NIMPLS] = {"b784c106096a58dbf534b704f7f7b204e8719c1350146dcefea9a05fc4f0fe52",
+                                               "8b78cdcff88b675c934f229628a1515557dd51e4d7d1f6e72a98f9a9896b125f",
+                                               "cd7c4e250d1557eff589cee6dc40438ba36d5a09e31f1d259ff7350ffeff8263"};
+    static const uint8_t planted[4] = {0x80, 0x00, 0x01, 0x7e};
+    moe_in *in = load(name);
+    const kp_moe_case *mc = &in->mc;
+    const int64_t per13 = kp_moe_w13_rows(mc) * (mc->hidden / 16), per2 = mc->hidden * (mc->inter / 16);
+    for (int64_t i = 0; i < mc->experts * per13; i += 397) in->s13[i] = planted[(i / 397) % 4];
+    for (int64_t i = 0; i < mc->experts * per2; i += 389) in->s2[i] = planted[(i / 389) % 4];
+    in->s13[3 * per13 + 77] = 0x7f, in->s2[7 * per2 + 5] = 0xff; /* NaN in two experts only: most rows stay finite */
+    int wrong = 0;
+    for (size_t k = 0; k < NIMPLS; k++) {
+        run_out o = run_first(impls[k], in, mc->m);
+        int64_t nan = 0;
+        for (int64_t i = 0; i < mc->m * mc->hidden; i++) nan += isnan(o.out[i]);
+        cr_assert(nan > 0 && nan < mc->m * mc->hidden, "%s: %lld NaN outputs: the planted NaN scales must reach some, not all",
+                  impls[k]->name, (long long)nan);
+        kp_sha256 h;
+        kp_error err = {0};
+        char hex[KP_SHA256_HEX_LEN];
+        cr_assert_eq(kp_sha256_init(&h, &err), 0, "%s", err.msg);
+        kp_sha256_update(&h, o.out, sizeof(float) * (size_t)(mc->m * mc->hidden));
+        kp_sha256_update(&h, o.slots, sizeof(int32_t) * (size_t)(mc->m * mc->topk));
+        kp_sha256_final_hex(&h, hex);
+        if (strcmp(hex, pinned[k])) {
+            fprintf(stderr, "%s on %s, planted scales: output digest %s, pinned %s\n", impls[k]->name, name, hex, pinned[k]);
+            wrong++;
+        }
+        run_free(&o);
+    }
+    drop(in);
+    cr_assert_eq(wrong, 0, "%d outputs are not the pinned bits (each named above)", wrong);
+}

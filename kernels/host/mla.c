@@ -44,7 +44,7 @@ MLA_CLONES static void fp8_tile(const uint8_t *restrict t, float s, float *restr
         const uint32_t is_sub = 0u - (uint32_t)(e == 0), is_nan = 0u - (uint32_t)(e == 15u && m == 7u);
         uint32_t bits = (sub_bits & is_sub) | (normal & ~is_sub);
         bits = (0x7fc00000u & is_nan) | (bits & ~is_nan);
-        bits ^= (b & 0x80u) << 24; /* the sign: -v */
+        bits ^= ((b & 0x80u) << 24) & ~is_nan; /* the sign: -v (NaN is returned before it, unsigned) */
         float v;
         memcpy(&v, &bits, sizeof v);
         const float x = v * s;
@@ -109,8 +109,8 @@ static int64_t row_length(const kp_mla_args *a, int64_t row) {
     return n;
 }
 
-#define GROUP 32 /* heads an item: a block's tokens are decoded once for all of them (at 16, decoding took a
-                    fifth of the port's time); h_q 64 still gives a lone request two items */
+#define GROUP 32 /* heads an item: a block's tokens are decoded once for all of them (at 32 the decode is still
+                    about 14% of the port's time, README "Measured"); h_q 64 still gives a lone request two items */
 
 /* One head's split-by-split state. */
 typedef struct head_state {
@@ -128,7 +128,8 @@ typedef float lanes8u __attribute__((vector_size(32), aligned(4), may_alias)); /
 #define TOKENS 2
 
 /* dot[t * GROUP + h] = sum over i ascending of q[h][i] * k_t[i], t < TOKENS (qt: [D_QK][GROUP], q transposed). */
-MLA_CLONES static void scores(const float *restrict qt, const float *restrict k0, const float *restrict k1, float *restrict dot) {
+MLA_CLONES static void scores(const float *restrict qt, const float *restrict k0, const float *restrict k1,
+                              float *restrict dot) {
     lanes8 a00 = {0}, a01 = {0}, a02 = {0}, a03 = {0}, a10 = {0}, a11 = {0}, a12 = {0}, a13 = {0};
     for (int i = 0; i < D_QK; i++) {
         const lanes8u *q = (const lanes8u *)(qt + i * GROUP);

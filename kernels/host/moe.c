@@ -273,7 +273,7 @@ static void combine_item(void *ctx, int64_t t) {
     moe_plan_host *p = ctx;
     const kp_moe_args *a = p->a;
     const int64_t H = a->hidden, K = a->topk;
-    float *restrict out = a->out + t * H;
+    float *out = a->out + t * H;
     const float *y = p->y + t * K * H;
     if (p->algo == ALGO_INVARIANT) {
         for (int64_t h = 0; h < H; h++) out[h] = 0.0f;
