@@ -490,7 +490,7 @@ void kp_export_help(FILE *to) {
         for (int k = 0; nout > 1 && k < nout; k++) fprintf(to, " IMPL.%s.npy", fam->output_names[k]);
         fprintf(to, "\n");
     }
-    fprintf(to, "IMPL is an impl's name (topk.radix_exact@host); --impl NAME@auto takes @cuda on a GPU, else @host.\n"
+    fprintf(to, "IMPL is an impl's name (FAMILY.NAME@DEVICE, as kparity list shows); --impl NAME@auto takes @cuda on a GPU, else @host.\n"
                 "Without --impl, every impl of the family that can run here is exported.\n%s.\n"
                 "DIR must be new or empty; --force replaces a previous export there (only a folder whose every file its\n"
                 "case.json names). The export is written beside DIR and renamed into place: a failure leaves nothing.\n"

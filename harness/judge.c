@@ -311,11 +311,11 @@ static int load_judged(const kp_family *fam, const kp_case *c, int nargs, char *
     return rc;
 }
 
-/* The checks for CASE from the config, roles bound to the judged impls, repeat's runs set to the runs given. */
-static int judge_config(const char *config_path, const char *case_name, const kp_family *fam, char **out_path, kp_error *err) {
+/* The config at config_path as a JSON object (exit 2 when it is not one). */
+static int read_config_object(const char *config_path, cJSON **doc_out, kp_error *err) {
     char *text;
     size_t len;
-    int rc = kp_read_file(config_path, &text, &len, err);
+    const int rc = kp_read_file(config_path, &text, &len, err);
     if (rc) return rc;
     cJSON *doc = cJSON_ParseWithLength(text, len);
     free(text);
@@ -323,6 +323,15 @@ static int judge_config(const char *config_path, const char *case_name, const kp
         cJSON_Delete(doc);
         return kp_fail(err, KP_EXIT_USAGE, "config %s: not a JSON object", config_path);
     }
+    *doc_out = doc;
+    return 0;
+}
+
+/* The checks for CASE from the config, roles bound to the judged impls, repeat's runs set to the runs given. */
+static int judge_config(const char *config_path, const char *case_name, const kp_family *fam, char **out_path, kp_error *err) {
+    cJSON *doc = NULL;
+    int rc = read_config_object(config_path, &doc, err);
+    if (rc) return rc;
     cJSON *checks = NULL, *entry;
     cJSON_ArrayForEach(entry, cJSON_GetObjectItemCaseSensitive(doc, "cases")) { /* names compared in canonical form */
         const char *name = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(entry, "case"));
@@ -432,16 +441,9 @@ static int bind_exported(const char *dir, const char *config_path, const kp_fami
     if (strchr(dir, ','))
         return kp_fail(err, KP_EXIT_USAGE, "judge %s: a folder whose path holds ',' cannot be judged (an output set's "
                        "files are separated by ','): move or link it", dir);
-    char *text;
-    size_t len;
-    int rc = kp_read_file(config_path, &text, &len, err);
+    cJSON *doc = NULL;
+    int rc = read_config_object(config_path, &doc, err);
     if (rc) return rc;
-    cJSON *doc = cJSON_ParseWithLength(text, len);
-    free(text);
-    if (!cJSON_IsObject(doc)) {
-        cJSON_Delete(doc);
-        return kp_fail(err, KP_EXIT_USAGE, "config %s: not a JSON object", config_path);
-    }
     const cJSON *impls = cJSON_GetObjectItemCaseSensitive(doc, "impls"), *m;
     const size_t flen = strlen(fam->name);
     char roles[512] = "", exported[512] = "";
