@@ -2,6 +2,9 @@
 # setup.sh: install what kparity needs on a fresh Debian 12 machine, then configure and build it
 # into build/. Safe to run again: it installs only what is missing and rebuilds incrementally.
 #   KPARITY_SETUP_TARGET=T   build only target T (gate.sh: kparity, not the tests)
+#   KPARITY_CUDA=AUTO|ON|OFF the CUDA impls: AUTO (default) builds them when nvcc works; gate.sh passes OFF on a
+#                            machine with no GPU, where they could not run (set on every run, so test.sh's AUTO
+#                            builds them again after such a gate)
 set -eu
 cd "$(dirname "$0")/.."
 
@@ -23,6 +26,10 @@ python3 -c 'import numpy' 2>/dev/null || /usr/bin/python3 -c 'import numpy' 2>/d
 # The wheel is pinned by version and SHA-256 so every such build links the same cuRAND; the input digests that
 # tests/test_cases*.c pin hold for it as for the toolkit's (Philox LEGACY ordering is promised stable across releases).
 curand_wheel="nvidia-curand-cu12 10.3.10.19"
+case ${KPARITY_CUDA:=AUTO} in
+  AUTO | ON | OFF) ;;
+  *) echo "setup: KPARITY_CUDA must be AUTO, ON or OFF, not '$KPARITY_CUDA'" >&2; exit 2;;
+esac
 case $(uname -m) in
   x86_64)
     curand_url=https://files.pythonhosted.org/packages/31/44/193a0e171750ca9f8320626e8a1f2381e4077a65e69e2fb9708bd479e34a/nvidia_curand_cu12-10.3.10.19-py3-none-manylinux_2_27_x86_64.whl
@@ -82,7 +89,7 @@ fi
 build=${KPARITY_BUILD_DIR:-build}
 mkdir -p "$build"
 # quiet when it works (the gate's output is what a startup log should show); the whole log when not
-if ! { cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release ${KPARITY_CMAKE_ARGS:-} &&
+if ! { cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DKP_CUDA="$KPARITY_CUDA" ${KPARITY_CMAKE_ARGS:-} &&
        cmake --build "$build" -j"$(nproc)" ${KPARITY_SETUP_TARGET:+--target "$KPARITY_SETUP_TARGET"}; } >"$build/setup.log" 2>&1; then
   cat "$build/setup.log" >&2
   echo "setup: the build failed (log above, also in $build/setup.log)" >&2

@@ -6,7 +6,7 @@
 # and its libFuzzer targets run a short while each on every parser of outside input (scripts/fuzz.sh; long runs:
 # `scripts/fuzz.sh 1800`). clang is installed if missing.
 #   KPARITY_SANITIZE=0       skip the clang build, its sanitizer run and fuzzing
-#   KPARITY_FUZZ_SECONDS=N   seconds per fuzz target (default 20; 0 skips fuzzing)
+#   KPARITY_FUZZ_SECONDS=N   seconds per fuzz target (default 10; 0 skips fuzzing)
 # Arguments go to both ctest runs (e.g. -R test_cli).
 set -eu
 cd "$(dirname "$0")/.."
@@ -29,7 +29,7 @@ if [ "${KPARITY_SANITIZE:-1}" != 0 ]; then
   # Criterion runs one test at a time there (CMakeLists.txt says why), so ctest runs binaries side by side
   (cd "$asan" && ctest --output-on-failure --timeout 1800 -j"$jobs" -L cpu "$@")
   echo "test.sh: sanitizer build and tests done at $(($(date +%s) - start)) s" >&2
-  seconds=${KPARITY_FUZZ_SECONDS:-20}
+  seconds=${KPARITY_FUZZ_SECONDS:-10}
   [ "$seconds" = 0 ] || KPARITY_FUZZ_BUILD_DIR="$asan" ./scripts/fuzz.sh "$seconds"
 fi
 echo "test.sh: all done in $(($(date +%s) - start)) s" >&2
