@@ -68,7 +68,7 @@ install_clang() {
     sudo=""
     [ "$(id -u)" = 0 ] || sudo="sudo"
     $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq clang libclang-rt-dev >/dev/null ||
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang libclang-rt-dev >/dev/null ||
       { rm -rf "$probe"; echo "fuzz.sh: apt-get could not install clang; libFuzzer needs clang with compiler-rt" >&2; exit 3; }
   fi
   rm -rf "$probe"
