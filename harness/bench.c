@@ -182,9 +182,12 @@ int kp_bench(const kp_bench_options *opt, kp_error *err) {
         if (impls[i]->memory == KP_MEMORY_CUDA && !gpu)
             return kp_fail(err, KP_EXIT_SKIP, "--impl %s: a CUDA impl, and no CUDA device is usable here (kparity list "
                            "says how many it sees)", impls[i]->name);
+    /* By default the impls this machine's shapes are for: with a device the CUDA impls (the host ports on the GPU
+     * shapes take minutes a case and time nothing that serves), else the host ports; --impl names any. */
+    const kp_memory want = gpu ? KP_MEMORY_CUDA : KP_MEMORY_HOST;
     if (opt->nimpl == 0)
         for (int i = 0; i < kp_impl_count() && n < BENCH_IMPLS_MAX; i++)
-            if (kp_impl_at(i)->memory == KP_MEMORY_HOST || gpu) impls[n++] = kp_impl_at(i);
+            if (kp_impl_at(i)->memory == want) impls[n++] = kp_impl_at(i);
     kp_case *cases = NULL;
     int ncase = 0;
     char none_here[256];
