@@ -1,7 +1,7 @@
 /* test_gpu_harness.c: the harness's device side on a real GPU: guard regions around device
  * buffers catch an out-of-bounds write and a write into row padding, a sticky CUDA error costs its
- * case and the cases after it run in a fresh worker (a fresh context), and a device run records the
- * GPU in its receipt.
+ * case and the cases after it run in a fresh worker (a fresh context), a device run records the
+ * GPU in its receipt, and bench times the CUDA impls by default.
  * Exit 77 (skipped) without CUDA impls or a GPU; CUDA is only ever touched in child processes. */
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
@@ -159,6 +159,24 @@ Test(gpu_harness, receipts_record_the_gpu) {
     cr_assert(cJSON_IsString(uuid) && !strncmp(uuid->valuestring, "GPU-", 4));
     cr_assert(cJSON_IsNumber(sms) && sms->valuedouble > 0);
     cJSON_Delete(rec);
+}
+
+/* With a device, bench's default impls are the CUDA ones (the host ports on the GPU shapes take minutes a case): a
+ * given case with no --impl gets a row per CUDA impl of its family and none for a host port; --impl still names one. */
+Test(gpu_harness, bench_times_the_cuda_impls_by_default) {
+    const char *c = "topk(k=16,profile=randn,rows=4,seed=1,width=100)";
+    char *argv[] = {kpt_binary(), "bench", "--case", (char *)c, "--reps", "2", "--json", "--quiet", NULL}, *o, *e;
+    cr_assert_eq(kpt_run(argv, &o, &e), 0, "%s%s", o, e);
+    cr_assert(strstr(o, "\"impl\":\"topk.radix_exact@cuda\""), "%s", o);
+    cr_assert(strstr(o, "\"impl\":\"topk.radix_buffer@cuda\""), "%s", o);
+    int rows = 0; /* every topk impl row (the reference's row is reference.topk@host) is a CUDA impl's */
+    for (const char *at = o; (at = strstr(at, "\"impl\":\"topk.")); at++, rows++)
+        cr_assert(!strncmp(strchr(at + 8, '@'), "@cuda\"", 6), "a host port was benched by default: %s", o);
+    cr_assert_geq(rows, 2, "%s", o);
+    char *named[] = {kpt_binary(), "bench", "--case", (char *)c, "--reps", "2", "--json", "--quiet",
+                     "--impl", "topk.radix_exact@host", NULL};
+    cr_assert_eq(kpt_run(named, &o, &e), 0, "%s%s", o, e);
+    cr_assert(strstr(o, "\"impl\":\"topk.radix_exact@host\""), "%s", o);
 }
 
 int main(int argc, char *argv[]) {
