@@ -15,6 +15,7 @@
  * names must have the SHA-256 it records (else exit 2 naming the file), and each exported impl's outputs are bound, as
  * an --impl ROLE=FILE,... set given first, to every role of the config that names that impl (or its @auto form). */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -416,11 +417,18 @@ static int judge_config(const char *config_path, const char *case_name, const kp
     cJSON_AddItemToArray(cases, c);
     char *printed = cJSON_Print(doc);
     cJSON_Delete(doc);
-    char tmpl[] = "/tmp/kparity-judge-XXXXXX.json";
+    const char *tmpdir = getenv("TMPDIR");
+    if (!tmpdir || !*tmpdir) tmpdir = "/tmp";
+    char tmpl[4096];
+    if (snprintf(tmpl, sizeof tmpl, "%s/kparity-judge-XXXXXX.json", tmpdir) >= (int)sizeof tmpl) {
+        free(printed);
+        return kp_fail(err, KP_EXIT_ENV, "judge: TMPDIR is too long a path");
+    }
     const int fd = printed ? mkstemps(tmpl, 5) : -1;
     if (fd < 0) {
         free(printed);
-        return kp_fail(err, KP_EXIT_ENV, "judge: cannot write the judging config to /tmp");
+        return kp_fail(err, KP_EXIT_ENV, "judge: cannot write the judging config into %s (TMPDIR, else /tmp): %s",
+                       tmpdir, strerror(errno));
     }
     const size_t n = strlen(printed);
     const int ok = write(fd, printed, n) == (ssize_t)n;

@@ -6,10 +6,12 @@
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "../cases/kp_sha256.h"
 #include "../receipts/kp_npy.h"
@@ -104,6 +106,29 @@ Test(judge, an_exported_output_judged_gets_the_inside_impls_findings) {
     cr_assert_str_eq(at(rec, "impls.0.output_sha256")->valuestring, at(inside, "impls.0.output_sha256")->valuestring);
     free(fa), free(fb), free(cfg), free(dir), free(o), free(e), free(a);
     cJSON_Delete(rec), cJSON_Delete(inside);
+}
+
+/* judge writes its one-case config under $TMPDIR (else /tmp): a TMPDIR that is not there is an environment error
+ * naming TMPDIR and the reason, and the same judge with TMPDIR a real folder runs and leaves nothing in it. */
+Test(judge, its_judging_config_goes_under_tmpdir) {
+    export_case(FORCED, "ex", "topp.split_logit@host");
+    char *a = arg("outside", "ex/topp.split_logit@host.npy"), *missing = in_dir("no-such-dir"), *tmp = in_dir("tmp"), *e;
+    const char *impls[] = {a, NULL};
+    cr_assert_eq(setenv("TMPDIR", missing, 1), 0);
+    const int rc = judge(FORCED, "j1", impls, NULL, &e);
+    cr_assert(rc > 1, "a missing TMPDIR gave exit %d", rc);
+    cr_assert(strstr(e, "TMPDIR") && strstr(e, missing) && strstr(e, "No such file"), "%s", e);
+    free(e);
+    cr_assert_eq(mkdir(tmp, 0700), 0);
+    cr_assert_eq(setenv("TMPDIR", tmp, 1), 0);
+    cr_assert_eq(judge(FORCED, "j2", impls, NULL, NULL), 1, "rule_only: the incumbent breaks the rule");
+    DIR *d = opendir(tmp);
+    int left = 0;
+    for (struct dirent *ent; (ent = readdir(d));) left += ent->d_name[0] != '.';
+    closedir(d);
+    cr_assert_eq(left, 0, "judge left its config in TMPDIR");
+    unsetenv("TMPDIR");
+    free(a), free(missing), free(tmp);
 }
 
 /* Run the NumPy top-p on an export; path of the output under kpt_dir. */
