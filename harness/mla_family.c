@@ -254,7 +254,7 @@ static const char *const bench_cases[] = {
 };
 /* Without a GPU: the host gate's top-k 640 over 1,024 cached tokens, one DeepSeek-V3.2 request (h_q 128) and two of
  * h_q 64 (about 11 CPU-seconds each; one request at top-k 2,048 takes 32). Every family's host shapes together: about
- * a minute on 2 cores (README, Measured). */
+ * a minute on 2 cores (MEASURED.md). */
 static const char *const bench_cases_host[] = {
     "mla(batch=1,h_q=128,profile=uniform,s_kv=1024,seed=1,topk=640)",
     "mla(batch=2,h_q=64,profile=uniform,s_kv=1024,seed=1,topk=640)",

@@ -224,7 +224,7 @@ static const char *const bench_cases[] = {
 /* Without a GPU: GLM-5.3's 288 experts, top 8, at the host gate's hidden 256 and inter 128 (its real 4096/2048 take
  * 13.8 s a rep at M 32 on 2 cores), one token, and 33 rows routed to straddle the 32-row gemv_rows switch (3 and 19
  * CPU-seconds with the host kernels of 2026-12-02). Every family's host shapes together: about a minute on 2 cores
- * (README, Measured). */
+ * (MEASURED.md). */
 static const char *const bench_cases_host[] = {
     "moe(hidden=256,inter=128,m=1,model=glm53,profile=single,seed=1)",
     "moe(hidden=256,inter=128,m=33,model=glm53,profile=straddle,seed=1)",

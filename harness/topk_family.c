@@ -320,8 +320,7 @@ static const char *const bench_cases[] = {
     NULL,
 };
 /* Without a GPU: each side of the 32-row threshold (radix_buffer's exact path, then its coarse-bin buffer) at 65,536
- * wide, k 2,048 (3 and 5 CPU-seconds). Every family's host shapes together: about a minute on 2 cores (README,
- * Measured). */
+ * wide, k 2,048 (3 and 5 CPU-seconds). Every family's host shapes together: about a minute on 2 cores (MEASURED.md). */
 static const char *const bench_cases_host[] = {
     "topk(k=2048,profile=randn,rows=32,seed=1,width=65536)",
     "topk(k=2048,profile=randn,rows=33,seed=1,width=65536)",

@@ -307,7 +307,7 @@ static const char *const bench_cases[] = {
 };
 /* Without a GPU: the seed's 4 x 131,072 and 8 rows of GLM's 154,856 (5 and 12 CPU-seconds for bench's 50 reps of each
  * host port and its reference; 64 rows would be eight times that). Every family's host shapes together: about a
- * minute on 2 cores (README, Measured). */
+ * minute on 2 cores (MEASURED.md). */
 static const char *const bench_cases_host[] = {
     "topp(batch=4,profile=ordinary,seed=58231,top_p=0.95,vocab=131072)",
     "topp(batch=8,profile=ordinary,seed=58231,top_p=0.95,vocab=154856)",

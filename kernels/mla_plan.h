@@ -26,7 +26,7 @@
 #define KP_MLA_BLOCK 64          /* top-k slots a block (FlashMLA's TOPK_BLOCK_SIZE) */
 #define KP_MLA_OVERHEAD 5        /* the scheduler's fixed overhead a request, in blocks */
 #define KP_MLA_SPLIT_BLOCKS 16   /* split_size: blocks a split (1024 slots), whatever the batch: at 16 it is
-                                    within 10% of split_count at batch 64 and 128 on the H200 (README, Measured) */
+                                    within 10% of split_count at batch 64 and 128 on the H200 (MEASURED.md) */
 #define KP_MLA_HOST_SMS 132      /* the host port's model of the device: an H200's multiprocessors */
 
 KP_MLA_FN int64_t kp_mla_blocks(int64_t len) { return ((len > 1 ? len : 1) + KP_MLA_BLOCK - 1) / KP_MLA_BLOCK; }

@@ -17,7 +17,7 @@
  * kernel's last blocks; pdl_wait, its first statement, waits until that kernel has finished and its
  * writes are visible. Nothing calls griddepcontrol.launch_dependents: letting the next kernel's
  * blocks onto the SMs before a kernel's last block has exited was erratic while two streams' kernels
- * ran side by side (measured variants: README, Measured). Without the launch attribute, or before
+ * ran side by side (measured variants: MEASURED.md). Without the launch attribute, or before
  * sm_90, pdl_wait does nothing. */
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

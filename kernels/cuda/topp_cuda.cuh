@@ -70,7 +70,7 @@ __device__ __forceinline__ void key_merge(float &key, int &count, float other_ke
 /* Lane t's tokens begin + t, begin + t + 256, ... handed to fn(index, value) in that order, with
  * LANE_BATCH loads in flight per thread; the order of every per-lane sum is the plain loop's. 4, not
  * more: with one 256-thread block per row the passes are bound by the per-token expf, division and 8
- * pivot compares, not by memory (measured variants: README, Measured). */
+ * pivot compares, not by memory (measured variants: MEASURED.md). */
 #define LANE_BATCH 4
 template <typename Load, typename Fn>
 __device__ __forceinline__ void lane_tokens_by(Load &&load, int begin, int end, Fn &&fn) {

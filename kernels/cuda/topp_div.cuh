@@ -16,7 +16,7 @@
  * below the floor, NaN or above every pivot, so every test the kernels make on them agrees. A GPU test
  * (test_gpu_topp_kernels: division_matches_ieee_wherever_it_counts) checks every e from 2^-100 to 1
  * against `/` for 173 values of z, with a planted variant (e * y, no correction) that must differ
- * (its result on an H200: README, Measured). */
+ * (its result on an H200: MEASURED.md). */
 #ifndef KP_TOPP_DIV_CUH
 #define KP_TOPP_DIV_CUH
 

@@ -41,7 +41,7 @@ __device__ __forceinline__ void append_index(uint32_t *list, unsigned *count, un
 /* The last program of a row to get here returns true (for the whole block), after every other
  * program's global writes and atomics are visible to it (the fence-then-count pattern). Each counter
  * is zeroed by the launcher's memset and used once per call. Every thread fences: fencing in thread 0
- * alone, after the barrier, was no faster (measured variants: README, Measured). */
+ * alone, after the barrier, was no faster (measured variants: MEASURED.md). */
 __device__ __forceinline__ bool last_program_of_row(unsigned *counter, int slices) {
     __shared__ int last;
     __threadfence();
@@ -96,8 +96,7 @@ __device__ __forceinline__ void start_search_warp(Fetch fetch, int pieces, float
 #define STATS_LANE (KP_TOPP_TILE / 32) /* tokens per lane of a tile */
 /* The fused kernel's statistics (the split path's prob_stats_kernel runs a block per tile). get(q)
  * is called twice per token, once for max/min/count and once for the sums: holding a lane's 64
- * tokens in registers, or reading the first pass as float4s, was slower (measured variants: README,
- * Measured). */
+ * tokens in registers, or reading the first pass as float4s, was slower (measured variants: MEASURED.md). */
 template <typename Get>
 __device__ __forceinline__ topp_stats tile_stats_warp(Get get) {
     auto token = [&](int q) { return get(q); }; /* token 8u + j = lane + 32j + 256u */
@@ -156,7 +155,7 @@ static __device__ __noinline__ void prob_band(float z, uint32_t lo, uint32_t hi,
  * carry goes to the high word. Integer sums, so the order of the adds cannot change a bit. Round 0's
  * time is its per-token exp and division, not these atomics: split-significand reductions, fewer
  * adds and 64-bit atomics (a compare-and-swap loop on sm_90) were no faster (measured variants:
- * README, Measured). */
+ * MEASURED.md). */
 __device__ __forceinline__ void bucket_add(unsigned *lo_word, unsigned *hi_word, unsigned long long v) {
     const unsigned v_lo = (unsigned)v;
     const unsigned old = atomicAdd(lo_word, v_lo);

@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(FUSED_THREADS, 2) prob_fused_kernel(topp_plan 
     }
     /* Each warp gathers its members in its own part of the counts' and sums' words (free since the
      * last cluster barrier) and appends them to the row's list with one atomic per flush, not a global
-     * atomic per warp and token group, which was slower (measured variants: README, Measured). */
+     * atomic per warp and token group, which was slower (measured variants: MEASURED.md). */
     constexpr int WARP_LIST = HIST_WORDS / FUSED_WARPS;
     static_assert(WARP_LIST >= 64 && 2 * (PROB_F + 1) >= HIST_WORDS, "a warp's share holds two groups of 32 members");
     uint32_t *const wkey = sh.hist_words + warp * WARP_LIST;

@@ -175,8 +175,7 @@ static int topp_device_ready(topp_device_info *d, int device, char *message, siz
  * call of its own on its rows and its share of the workspace (rows are independent, and a row's bits
  * do not depend on its batch), and the two chains of launches overlap: one half's row tails and
  * small launches run beside the other's passes. From 64 rows and in two halves, started together:
- * halves of 16 rows, four quarters and staggered halves were slower (measured variants: README,
- * Measured). */
+ * halves of 16 rows, four quarters and staggered halves were slower (measured variants: MEASURED.md). */
 #define PROB_SPLIT_ROWS 64
 static int topp_prob_split_batch(topp_device_info *dev, const kp_topp_args *a, bool *split, char *message,
                                  size_t message_len) {

@@ -10,7 +10,7 @@
  * The block that finishes a row's last tile (a fence, then a counter) starts the row's search.
  * A block, not a warp, per tile: a warp's tile staged in shared memory (8 KiB) left too few tiles
  * on an SM at once. The pass waits on its loads and its blocks' ends, not on issue, so fewer
- * instructions or more loads in flight gained nothing (measured variants: README, Measured). */
+ * instructions or more loads in flight gained nothing (measured variants: MEASURED.md). */
 __global__ void __launch_bounds__(TOPP_THREADS) prob_stats_kernel(topp_plan plan, long long tiles) {
     __shared__ float sum_buf[TOPP_THREADS], max_w[TOPP_THREADS / 32], min_w[TOPP_THREADS / 32];
     __shared__ int count_w[TOPP_THREADS / 32];
@@ -212,7 +212,7 @@ __device__ __forceinline__ void finish_round(const topp_plan &plan, round_counte
      * searching), stores the decided state in the last round's place, so prob_round_kernel<PROB_R - 1>
      * passes it on, and writes the listed tokens' outputs (mask_listed). This tail is a chain of
      * dependent global reads; spreading it over the next launches cost them more than it saved
-     * round 1 (measured variants: README, Measured). */
+     * round 1 (measured variants: MEASURED.md). */
     const unsigned listed = round == PROB_R - 2 ? __ldcg(plan.counts + row * CNT_WORDS + CNT_CAND) : 0u;
     if (round != PROB_R - 2 || listed > 3u * (unsigned)plan.level_cap) {
         if (t == 0) plan.search[row * (PROB_R + 1) + round + 1] = *s;
@@ -247,7 +247,7 @@ __device__ __forceinline__ void finish_round(const topp_plan &plan, round_counte
 
 /* Round 0 takes the start's bracket (lo from the row's smallest prob) and computes every prob in it:
  * a raised lo, or no round 0 at all (a bracket certified by the statistics pass), cost the statistics
- * pass or round 1 more than round 0 saved (measured variants: README, Measured). */
+ * pass or round 1 more than round 0 saved (measured variants: MEASURED.md). */
 #define CAND_BUF 2048  /* the collecting round's per-block shared list */
 __host__ __device__ constexpr bool collect_round(int round) { return round == PROB_R - 2; }
 #define ROUND_LOADS 8  /* loads in flight per thread */
@@ -326,7 +326,7 @@ __global__ void __launch_bounds__(TOPP_THREADS, 5) prob_round_kernel(topp_plan p
     /* The buckets are integer sums, so which thread takes which token cannot change a bit: a row
      * whose slice starts 16-byte aligned (in the output too, for round 1) is read as float4s
      * (ROUND_LOADS4 in flight per thread). The first loads wait for the state: issuing them before it
-     * is read was slower (measured variants: README, Measured). */
+     * is read was slower (measured variants: MEASURED.md). */
     const float *xs = x + begin;
     float *ys = y + begin;
     const int count = end - begin;
@@ -343,7 +343,7 @@ __global__ void __launch_bounds__(TOPP_THREADS, 5) prob_round_kernel(topp_plan p
                                                         make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY));
             if constexpr (ROUND == 0) { /* the first bracket holds nearly every token: their probs first, with no
                                  branch between them, then the counts (add_prob's own test is exact, the
-                                 band only saves work; measured variants: README, Measured) */
+                                 band only saves work; measured variants: MEASURED.md) */
                 float p[4 * ROUND_LOADS4];
 #pragma unroll
                 for (int u = 0; u < ROUND_LOADS4; u++) {
@@ -436,7 +436,7 @@ __global__ void __launch_bounds__(TOPP_THREADS) prob_mask_kernel(topp_plan plan)
  * once: a fused row is one long chain of cluster barriers, fast while all rows run side by side,
  * slower than the split kernels once rows queue in waves. Both paths give the same bits. No fused
  * path for batches that fit only partly: one block per SM leaves each round's sums and decision and
- * the rows' tails uncovered (measured variants: README, Measured). */
+ * the rows' tails uncovered (measured variants: MEASURED.md). */
 static int topp_fused_plan(topp_device_info *d, int tiles, int64_t batch, int *cluster, int *tiles_per_block,
                            size_t *bytes, char *message, size_t message_len) {
     *cluster = 0;
@@ -473,7 +473,7 @@ int topp_prob_fused_rows(topp_device_info *dev, int64_t vocab, int64_t batch, bo
  * dev is the device's cached answers (held under topp_split.cu's lock). The default shared-memory
  * carveout, no L2 persistence window, about KP_TOPP_BLOCKS_PER_SM programs per SM and a launch per
  * pass: the alternatives tried were slower, and folding round 2, the mask and the select into round 1
- * would gain nothing on ordinary rows (measured variants: README, Measured). */
+ * would gain nothing on ordinary rows (measured variants: MEASURED.md). */
 int topp_prob_launch(topp_plan plan, const kp_topp_args *a, topp_device_info *dev, int sm_count, cudaStream_t stream,
                      char *message, size_t message_len) {
     /* split_prob: enough programs per row to give every SM KP_TOPP_BLOCKS_PER_SM of them; the tiles
@@ -511,7 +511,7 @@ int topp_prob_launch(topp_plan plan, const kp_topp_args *a, topp_device_info *de
     }
     /* Every launch after the statistics (and the select after the fused kernel) is programmatic
      * (launch_after, pdl_wait), so each launch's latency hides behind the kernel before it (measured:
-     * README, Measured). The statistics follow the memset, which is not a kernel. */
+     * MEASURED.md). The statistics follow the memset, which is not a kernel. */
     KP_CUDA_CHECK(cudaMemsetAsync(plan.hist, 0, (size_t)(a->batch * topp_zeroed_per_row()), stream));
     prob_stats_kernel<<<(unsigned)tiles, TOPP_THREADS, 0, stream>>>(plan, tiles);
     KP_LAUNCH_CHECK("prob_stats_kernel");

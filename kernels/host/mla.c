@@ -110,7 +110,7 @@ static int64_t row_length(const kp_mla_args *a, int64_t row) {
 }
 
 #define GROUP 32 /* heads an item: a block's tokens are decoded once for all of them (at 32 the decode is still
-                    about 14% of the port's time, README "Measured"); h_q 64 still gives a lone request two items */
+                    about 14% of the port's time, MEASURED.md); h_q 64 still gives a lone request two items */
 
 /* One head's split-by-split state. */
 typedef struct head_state {
