@@ -29,15 +29,11 @@ static bool needs_probes(const kp_check_spec *s) {
     return s->kind == KP_CHECK_BATCH || (s->kind == KP_CHECK_EXPECT && s->of == KP_CHECK_BATCH);
 }
 
-/* Extra rows a case's checks need beyond its batch: batch probes fill up to the largest threshold + 1. */
+/* Extra rows a case's checks need beyond its batch: the probes' filler rows when a check probes batches. */
 static int64_t case_extra_rows(const kp_case_spec *cs) {
-    int64_t extra = 0;
-    kp_threshold th[KP_THRESHOLDS_MAX];
-    const int nth = kp_family_thresholds(cs->fam, &cs->c, th);
     for (int k = 0; k < cs->nchecks; k++)
-        for (int t = 0; needs_probes(&cs->checks[k]) && t < nth; t++)
-            if (th[t].rows + 1 > extra) extra = th[t].rows + 1;
-    return extra;
+        if (needs_probes(&cs->checks[k])) return kp_family_probe_rows(cs->fam, &cs->c);
+    return 0;
 }
 
 int kp_case_ctx_open(kp_case_ctx *ctx, const kp_case_spec *cs, kp_evidence *ev, cJSON *receipt, kp_error *err) {

@@ -366,6 +366,13 @@ static inline const kp_family *kp_family_at(int i) { return kp_table_at(&kp_fami
 static inline void kp_family_names(char *buf, size_t len) { kp_table_names(&kp_families, buf, len); }
 /* A case's batch thresholds (the family's case_thresholds, else its static list) into t; their count. */
 int kp_family_thresholds(const kp_family *fam, const kp_case *c, kp_threshold t[KP_THRESHOLDS_MAX]);
+/* The filler rows a batch check's probes need beyond a case's own rows: probes fill up to the largest threshold
+ * + 1 (0 without thresholds). The one place that rule is written; the families' estimates and the checks use it. */
+int64_t kp_threshold_probe_rows(const kp_threshold *t, int n);
+static inline int64_t kp_family_probe_rows(const kp_family *fam, const kp_case *c) {
+    kp_threshold t[KP_THRESHOLDS_MAX];
+    return kp_threshold_probe_rows(t, kp_family_thresholds(fam, c, t));
+}
 /* The index of output `name` in the family's output_names, or -1; every name, ", "-separated, into buf. */
 int kp_family_output_index(const kp_family *fam, const char *name);
 void kp_family_output_list(const kp_family *fam, char *buf, size_t len);

@@ -61,9 +61,7 @@ static int mla_case_thresholds(const kp_case *c, kp_threshold *t) {
 
 static int64_t extra_requests(const kp_case *c) {
     kp_threshold t[KP_THRESHOLDS_MAX];
-    int64_t most = 0;
-    for (int i = 0, n = mla_case_thresholds(c, t); i < n; i++) most = t[i].rows + 1 > most ? t[i].rows + 1 : most;
-    return most;
+    return kp_threshold_probe_rows(t, mla_case_thresholds(c, t));
 }
 
 static int mla_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp_error *err) {

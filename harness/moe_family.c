@@ -52,9 +52,7 @@ static int moe_case_thresholds(const kp_case *c, kp_threshold *t) {
 
 static int64_t probe_rows(const kp_case *c) {
     kp_threshold t[KP_THRESHOLDS_MAX];
-    int64_t most = 0;
-    for (int i = 0, n = moe_case_thresholds(c, t); i < n; i++) most = t[i].rows + 1 > most ? t[i].rows + 1 : most;
-    return most;
+    return kp_threshold_probe_rows(t, moe_case_thresholds(c, t));
 }
 
 static double weight_bytes(const kp_moe_case *mc) {

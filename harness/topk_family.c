@@ -34,7 +34,8 @@ static void free_judgement(void *j); /* the memo's: a judgement and what it hold
 static const kp_threshold thresholds[] = {
     {32, "vLLM's indexer top-k (and radix_buffer) runs an exact path at <= 32 rows and a coarse-bin buffer above"},
 };
-#define PROBE_ROWS 33 /* the largest threshold + 1: filler rows a batch check needs */
+/* filler rows a batch check needs (33) */
+#define PROBE_ROWS kp_threshold_probe_rows(thresholds, (int)(sizeof thresholds / sizeof thresholds[0]))
 
 static int topk_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp_error *err) {
     topk_data *d = v->data = kp_calloc(1, sizeof *d, "topk case", err);

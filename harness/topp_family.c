@@ -35,7 +35,8 @@ static const kp_threshold thresholds[] = {
     {63, "split_prob@cuda runs a batch of 64 rows or more as two halves on two streams"},
     {64, "vLLM's split top-p pipeline takes batches of at most 64 rows"},
 };
-#define PROBE_ROWS 65 /* the largest threshold + 1: filler rows a batch check needs */
+/* filler rows a batch check needs (65) */
+#define PROBE_ROWS kp_threshold_probe_rows(thresholds, (int)(sizeof thresholds / sizeof thresholds[0]))
 
 static int topp_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp_error *err) {
     topp_data *d = v->data = kp_calloc(1, sizeof *d, "topp case", err);
