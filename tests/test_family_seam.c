@@ -14,6 +14,7 @@
 #include "../harness/kp_harness.h"
 #include "../harness/kp_replay.h"
 #include "../harness/kp_runner.h"
+#include "../receipts/kp_verify.h"
 #include "kp_test_util.h"
 
 extern const kp_family kpt_scale_family; /* tests/fixtures/scale/scale_family.c */
