@@ -36,6 +36,16 @@ struct cJSON *kpt_receipt(const char *bundle, int index);
 /* Run `argv` (NULL-terminated) with stdout and stderr captured (each truncated to 64 KiB).
  * Returns the exit status, or 128 + signal. The caller frees *out and *errout. */
 int kpt_run(char *const argv[], char **out, char **errout);
+/* `kparity gate --config cfg --out out --quiet`, through kpt_run (out_text, err_text as there; NULL: not kept). */
+int kpt_gate(const char *cfg, const char *out, char **out_text, char **err_text);
+
+/* A receipt's (or any document's) member by a dotted path, a number an array index: "checks.0.summary", or a
+ * plain key. Each fails the test naming the path when there is none, or (str, num) it is not of that type. */
+const struct cJSON *kpt_at(const struct cJSON *obj, const char *path);
+const char *kpt_str(const struct cJSON *obj, const char *path);
+double kpt_num(const struct cJSON *obj, const char *path);
+/* A receipt's check k (its "checks" array), failing the test when there is none. */
+const struct cJSON *kpt_check(const struct cJSON *rec, int k);
 /* A fresh empty folder under $TMPDIR (or /tmp); the caller frees the path. */
 char *kpt_tempdir(void);
 /* Read a whole file (NUL-terminated); NULL if it cannot be read. */
