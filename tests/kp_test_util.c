@@ -182,6 +182,22 @@ cJSON *kpt_receipt(const char *bundle, int index) {
     return doc;
 }
 
+char *kpt_build_plugin(const char *fixture, const char *flag, const char *name, int perturb_at) {
+    char *so, *src, *inc, *def, *at;
+    cr_assert(asprintf(&so, "%s/%s.so", kpt_dir, name) > 0);
+    cr_assert(asprintf(&src, "%s/tests/fixtures/%s", kpt_source_dir(), fixture) > 0);
+    cr_assert(asprintf(&inc, "-I%s/kernels", kpt_source_dir()) > 0);
+    cr_assert(asprintf(&def, "-DKPT_NAME=\"%s\"", name) > 0);
+    cr_assert(asprintf(&at, "-DKPT_PERTURB_AT=%d", perturb_at) > 0);
+    char *argv[] = {"/usr/bin/cc", "-shared", "-fPIC", "-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", inc, def, at,
+                    (char *)(flag ? flag : "-DKPT_CLEAN"), "-o", so, src, "-lm", NULL};
+    char *out, *err;
+    int rc = kpt_run(argv, &out, &err);
+    cr_assert_eq(rc, 0, "building the plugin failed: %s", err);
+    free(out), free(err), free(src), free(inc), free(def), free(at);
+    return so;
+}
+
 int kpt_gate(const char *cfg, const char *out, char **out_text, char **err_text) {
     char *argv[] = {kpt_binary(), "gate", "--config", (char *)cfg, "--out", (char *)out, "--quiet", NULL};
     return kpt_run(argv, out_text, err_text);

@@ -51,6 +51,9 @@ char *kpt_tempdir(void);
 /* Read a whole file (NUL-terminated); NULL if it cannot be read. */
 char *kpt_read(const char *path, size_t *len);
 int kpt_write(const char *path, const void *data, size_t len);
+/* Build tests/fixtures/<fixture> into <kpt_dir>/<name>.so with -DKPT_NAME="name", -DKPT_PERTURB_AT=perturb_at and
+ * one -D flag (NULL: -DKPT_CLEAN), warnings as errors; fails the test when it does not build. Returns the path. */
+char *kpt_build_plugin(const char *fixture, const char *flag, const char *name, int perturb_at);
 /* Whether this build has CUDA impls and a GPU answers, asked in a throwaway child so the calling
  * process never holds CUDA state (Criterion forks). */
 int kpt_gpu_available(void);

@@ -23,19 +23,7 @@ TestSuite(moe_checks, .init = kpt_dir_setup, .fini = kpt_dir_teardown, .timeout 
 
 /* Build the defect plugin with one -D flag (or none) and a name; returns its path. */
 static char *plugin(const char *flag, const char *name) {
-    char *so, *src, *inc, *def, *at;
-    cr_assert(asprintf(&so, "%s/%s.so", kpt_dir, name) > 0);
-    cr_assert(asprintf(&src, "%s/tests/fixtures/plugin_moe_defects.c", kpt_source_dir()) > 0);
-    cr_assert(asprintf(&inc, "-I%s/kernels", kpt_source_dir()) > 0);
-    cr_assert(asprintf(&def, "-DKPT_NAME=\"%s\"", name) > 0);
-    cr_assert(asprintf(&at, "-DKPT_PERTURB_AT=%d", PERTURB_AT) > 0);
-    char *argv[] = {"/usr/bin/cc", "-shared", "-fPIC", "-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", inc, def, at,
-                    (char *)(flag ? flag : "-DKPT_CLEAN"), "-o", so, src, "-lm", NULL};
-    char *out, *err;
-    int rc = kpt_run(argv, &out, &err);
-    cr_assert_eq(rc, 0, "building the plugin failed: %s", err);
-    free(out), free(err), free(src), free(inc), free(def), free(at);
-    return so;
+    return kpt_build_plugin("plugin_moe_defects.c", flag, name, PERTURB_AT);
 }
 
 /* A config: optionally one plugin, the candidate role, atol 0.04 and rtol 0, and the cases (JSON). */
