@@ -97,6 +97,18 @@ _Noreturn void kp_abort(const char *file, int line, const char *fmt, ...) {
     abort();
 }
 
+_Noreturn void kp_out_of_memory(const char *file, int line, const char *fmt, ...) {
+    fflush(stdout);
+    fprintf(stderr, "kparity: out of host memory ");
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, " (%s:%d)\nhint: free host memory, or run fewer cases or threads at once (KPARITY_THREADS)\n", file, line);
+    fflush(stderr);
+    _exit(KP_EXIT_ENV);
+}
+
 void *kp_alloc(size_t bytes, const char *what, kp_error *err) {
     void *p = malloc(bytes ? bytes : 1);
     if (!p) kp_fail(err, KP_EXIT_ENV, "out of host memory allocating %zu bytes for %s", bytes, what);

@@ -49,9 +49,18 @@ void kp_error_prefix(kp_error *err, const char *fmt, ...) __attribute__((format(
     } while (0)
 _Noreturn void kp_abort(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
-/* Allocation that reports through kp_error (never aborts on a big request). */
+/* Out of host memory is an environment failure (KP_EXIT_ENV), never a crash, and takes one of two ways:
+ *  - where the caller can return a kp_error (nearly everywhere): kp_alloc / kp_calloc, or after a plain
+ *    malloc/realloc/asprintf `return kp_fail(err, KP_EXIT_ENV, "out of host memory <what>")`;
+ *  - where it truly cannot, in a void helper whose callers have no error path (digest jobs and the rows they hash,
+ *    the pending-digest list, an output row's copy): KP_OUT_OF_MEMORY("for <what>", ...), which prints
+ *    "kparity: out of host memory <what>" with file, line and a hint, and ends the process with KP_EXIT_ENV (3).
+ *    It is _exit, not exit: it may run on a digest thread, and a forked worker must not run its parent's atexit
+ *    handlers; the supervisor sees exit 3, a run that failed for want of memory, where abort() read as a BUG. */
 void *kp_alloc(size_t bytes, const char *what, kp_error *err);
 void *kp_calloc(size_t count, size_t size, const char *what, kp_error *err);
+#define KP_OUT_OF_MEMORY(...) kp_out_of_memory(__FILE__, __LINE__, __VA_ARGS__)
+_Noreturn void kp_out_of_memory(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* Checked size arithmetic: 0 on overflow. */
 int kp_mul_size(size_t a, size_t b, size_t *out);

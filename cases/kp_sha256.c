@@ -92,10 +92,10 @@ static void *job_main(void *arg) {
 
 kp_sha256_job *kp_sha256_job_start(const void *prefix, size_t prefix_len, const kp_span *spans, size_t nspans) {
     kp_sha256_job *job = calloc(1, sizeof *job);
-    if (!job) kp_abort(__FILE__, __LINE__, "out of host memory for a digest job");
+    if (!job) KP_OUT_OF_MEMORY("for a digest job");
     job->prefix = malloc(prefix_len ? prefix_len : 1);
     job->spans = malloc(sizeof *spans * (nspans ? nspans : 1));
-    if (!job->prefix || !job->spans) kp_abort(__FILE__, __LINE__, "out of host memory for a digest job");
+    if (!job->prefix || !job->spans) KP_OUT_OF_MEMORY("for a digest job");
     if (prefix_len) memcpy(job->prefix, prefix, prefix_len);
     if (nspans) memcpy(job->spans, spans, sizeof *spans * nspans);
     job->prefix_len = prefix_len;

@@ -111,7 +111,7 @@ size_t kp_buffer_digest_parts(kp_dtype dtype, int ndim, const int64_t *shape, in
     int64_t stride = row_stride > 0 ? row_stride : cols;
     size_t esize = dtypes[dtype].size;
     *spans = malloc(sizeof **spans * (size_t)(rows > 0 ? rows : 1));
-    if (!*spans) kp_abort(__FILE__, __LINE__, "out of host memory for a digest's rows");
+    if (!*spans) KP_OUT_OF_MEMORY("for a digest's rows");
     for (int64_t r = 0; r < rows; r++)
         (*spans)[r] = (kp_span){(const unsigned char *)data + (size_t)(r * stride) * esize, (size_t)cols * esize};
     *nspans = (size_t)(rows > 0 ? rows : 0);

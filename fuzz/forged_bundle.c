@@ -11,7 +11,8 @@
 #include <unistd.h>
 
 #include "../receipts/kp_bundle.h"
-#include "../receipts/kp_npy.h"
+#include "../receipts/kp_fileio.h"
+#include "../receipts/kp_verify.h"
 
 static void put(const forged *f, const char *rel, const void *bytes, size_t len) {
     char path[512];

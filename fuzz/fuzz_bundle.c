@@ -20,6 +20,7 @@
 
 #include "../receipts/kp_bundle.h"
 #include "../receipts/kp_sign.h"
+#include "../receipts/kp_verify.h"
 #include "forged_bundle.h"
 
 static forged g_bundle;

@@ -21,6 +21,7 @@
 
 #include "../harness/kp_runner.h"
 #include "../receipts/kp_bundle.h"
+#include "../receipts/kp_verify.h"
 #include "forged_bundle.h"
 
 static forged g_parts[2];

@@ -43,7 +43,7 @@ static char *read_text(const char *path, size_t *len, kp_error *err) {
 }
 
 /* The distinct impls the cases name, so the launch cache is sized once, at load. */
-static void count_impls(kp_config *cfg) {
+static int count_impls(kp_config *cfg, kp_error *err) {
     const kp_impl **seen = NULL;
     int n = 0, cap = 0;
     for (int c = 0; c < cfg->ncases; c++)
@@ -55,13 +55,14 @@ static void count_impls(kp_config *cfg) {
                 if (found) continue;
                 if (n == cap) {
                     const kp_impl **grown = realloc(seen, sizeof *seen * (size_t)(cap = cap ? 2 * cap : 8));
-                    if (!grown) kp_abort(__FILE__, __LINE__, "out of host memory counting impls");
+                    if (!grown) return free(seen), kp_fail(err, KP_EXIT_ENV, "out of host memory counting impls");
                     seen = grown;
                 }
                 seen[n++] = impl;
             }
     free(seen);
     cfg->nimpls = n;
+    return 0;
 }
 
 static int add_case(kp_config *cfg, kp_case *c, const cJSON *checks, const char *where, kp_error *err) {
@@ -317,8 +318,7 @@ int kp_config_load(const char *path, kp_config *cfg, kp_error *err) {
     int index = 0;
     for (const cJSON *e = cases->child; e; e = e->next, index++)
         if (parse_case_entry(cfg, e, index, err)) return err->code;
-    count_impls(cfg);
-    kp_launch_reserve(cfg->nimpls);
+    if (count_impls(cfg, err) || kp_launch_reserve(cfg->nimpls, err)) return err->code;
     return 0;
 }
 

@@ -22,7 +22,7 @@ static int npend, cap;
 static void add_place(pending *p, cJSON *obj, const char *key) {
     KP_ASSERT(p->nplaces < DIGEST_PLACES);
     cJSON *item = cJSON_AddStringToObject(obj, key, "(digest pending)");
-    if (!item) kp_abort(__FILE__, __LINE__, "out of host memory recording a digest");
+    if (!item) KP_OUT_OF_MEMORY("recording a digest");
     p->place[p->nplaces++] = item;
 }
 
@@ -32,7 +32,7 @@ void kp_digest_start(const void *prefix, size_t prefix_len, const kp_span *spans
     if (npend == cap) {
         int grown_cap = cap ? 2 * cap : 16;
         pending *grown = realloc(pend, sizeof *pend * (size_t)grown_cap);
-        if (!grown) kp_abort(__FILE__, __LINE__, "out of host memory for pending digests");
+        if (!grown) KP_OUT_OF_MEMORY("for pending digests");
         pend = grown, cap = grown_cap;
     }
     pending *p = &pend[npend++];
@@ -58,7 +58,7 @@ void kp_digests_settle(void) {
         kp_sha256_job_join(pend[i].job, hex);
         for (int k = 0; k < pend[i].nplaces; k++)
             if (!cJSON_SetValuestring(pend[i].place[k], hex))
-                kp_abort(__FILE__, __LINE__, "out of host memory recording a digest");
+                KP_OUT_OF_MEMORY("recording a digest");
     }
     npend = 0;
     kp_stage_add(KP_STAGE_DIGESTS, kp_now() - t0);

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "../cases/kp_rng.h"
+#include "../receipts/kp_fileio.h"
 #include "../receipts/kp_json.h"
 #include "../receipts/kp_npy.h"
 #include "kp_config.h"

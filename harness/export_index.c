@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../receipts/kp_fileio.h"
 #include "../receipts/kp_json.h"
-#include "../receipts/kp_npy.h"
 #include "kp_export.h"
 
 /* A file name case.json may give: one plain name in the folder. */

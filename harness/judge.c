@@ -25,6 +25,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "../receipts/kp_fileio.h"
 #include "../receipts/kp_json.h"
 #include "../receipts/kp_npy.h"
 #include "kp_exec.h"

@@ -30,8 +30,8 @@ int kp_reference_run(kp_prepared *p, const void *params, cJSON *desc, kp_error *
 
 /* launch.c */
 /* Room in the per-impl buffer cache for this many impls (the config's count, at load); it grows past
- * that on demand, never failing mid-run for want of a slot. */
-void kp_launch_reserve(int nimpls);
+ * that on demand. KP_EXIT_ENV when out of host memory. */
+int kp_launch_reserve(int nimpls, kp_error *err);
 /* Run impl on rows (indices into the prepared rows) as one batch: inputs gathered into the impl's cached
  * buffers, outputs between guard regions and filled with guard bytes, one launch, sync, every guard and
  * the row padding checked, outputs copied back into *out (kp_output_free). info (when not NULL) gets the

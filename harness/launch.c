@@ -28,11 +28,12 @@ static struct {
     int nslots, cap;
 } g_cache;
 
-void kp_launch_reserve(int nimpls) {
-    if (nimpls <= g_cache.cap) return;
+int kp_launch_reserve(int nimpls, kp_error *err) {
+    if (nimpls <= g_cache.cap) return 0;
     slot *grown = realloc(g_cache.slots, sizeof *grown * (size_t)nimpls);
-    if (!grown) kp_abort(__FILE__, __LINE__, "out of host memory for %d impl buffer slots", nimpls);
+    if (!grown) return kp_fail(err, KP_EXIT_ENV, "out of host memory for %d impl buffer slots", nimpls);
     g_cache.slots = grown, g_cache.cap = nimpls;
+    return 0;
 }
 
 /* Host outputs of POOL_MIN_BYTES or more are recycled: a batch check makes ~140 outputs per impl, and
@@ -117,7 +118,7 @@ static slot *slot_for(kp_prepared *p, const kp_impl *impl, const kp_tensor *outs
     for (int i = 0; i < g_cache.nslots && !sl; i++)
         if (g_cache.slots[i].impl == impl) sl = &g_cache.slots[i];
     if (!sl) {
-        if (g_cache.nslots == g_cache.cap) kp_launch_reserve(g_cache.cap ? 2 * g_cache.cap : 4);
+        if (g_cache.nslots == g_cache.cap && kp_launch_reserve(g_cache.cap ? 2 * g_cache.cap : 4, err)) return NULL;
         sl = &g_cache.slots[g_cache.nslots++];
         memset(sl, 0, sizeof *sl);
         sl->impl = impl;
@@ -404,7 +405,7 @@ int kp_bench_impl(kp_prepared *p, const kp_impl *impl, int reps, cJSON *timing, 
 static unsigned char *rowbuf_reserve(kp_rowbuf *b, size_t bytes) {
     if (b->cap < bytes) {
         unsigned char *grown = realloc(b->p, bytes);
-        if (!grown) kp_abort(__FILE__, __LINE__, "out of host memory for a %zu-byte output row", bytes);
+        if (!grown) KP_OUT_OF_MEMORY("for a %zu-byte output row", bytes);
         b->p = grown, b->cap = bytes;
     }
     return b->p;
@@ -441,7 +442,7 @@ kp_span *kp_output_spans(const kp_output *o, size_t *nspans) {
     size_t n = 0;
     for (int k = 0; k < o->ntensors; k++) n += (size_t)(o->t[k].ndim == 1 ? o->nrows : kp_tensor_rows(&o->t[k]));
     kp_span *spans = malloc(sizeof *spans * (n ? n : 1));
-    if (!spans) kp_abort(__FILE__, __LINE__, "out of host memory for an output digest");
+    if (!spans) KP_OUT_OF_MEMORY("for an output digest");
     size_t at = 0;
     for (int64_t i = 0; i < o->nrows; i++)
         for (int k = 0; k < o->ntensors; k++) {

@@ -21,6 +21,7 @@
 #include "kp_replay.h"
 #include "kp_runner.h"
 #include "../receipts/kp_sign.h"
+#include "../receipts/kp_verify.h"
 
 /* Each subcommand's usage line: `kparity CMD --help` prints its own, exit 0. */
 static const struct {

@@ -13,8 +13,10 @@
 #include <cjson/cJSON.h>
 
 #include "../receipts/kp_bundle.h"
+#include "../receipts/kp_fileio.h"
 #include "../receipts/kp_json.h"
-#include "../receipts/kp_npy.h"
+#include "../receipts/kp_verdict.h"
+#include "../receipts/kp_verify.h"
 #include "kp_harness.h"
 
 #define MAX_PARTS 256

@@ -15,6 +15,7 @@
 
 #include "../cases/kp_rng.h"
 #include "../receipts/kp_json.h"
+#include "../receipts/kp_verdict.h"
 #include "kp_checks.h"
 #include "kp_device.h"
 #include "kp_progress.h"

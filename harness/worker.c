@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "../receipts/kp_bundle.h"
+#include "../receipts/kp_fileio.h"
 
 #define WORKER_ENV "KPARITY_WORKER"
 

@@ -4,6 +4,9 @@
 #define _GNU_SOURCE
 #endif
 #include "kp_bundle.h"
+#include "kp_fileio.h"
+#include "kp_report.h"
+#include "kp_verdict.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -3,6 +3,8 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include "kp_fileio.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -13,9 +15,6 @@
 #include <unistd.h>
 
 #include <signal.h>
-
-#include "kp_bundle.h"
-#include "kp_npy.h"
 
 /* KPARITY_FAULT, read once: -1 not yet read, 0 unset, else the fault armed. */
 static int fault_kind = -1;

@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #endif
 #include "kp_npy.h"
+#include "kp_fileio.h"
 
 #include <ctype.h>
 #include <errno.h>

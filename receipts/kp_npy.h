@@ -35,10 +35,4 @@ typedef struct kp_npy_info {
 /* Parse and check the header of a whole .npy file held in memory; KP_EXIT_USAGE saying what is wrong. */
 int kp_npy_decode(const unsigned char *buf, size_t len, kp_npy_info *info, kp_error *err);
 
-/* Write a whole file atomically: temporary file in the same folder, fsync, rename, fsync folder.
- * KP_EXIT_USAGE naming the path when it cannot be created there, KP_EXIT_ENV when a write or sync fails. */
-int kp_write_file_atomic(const char *path, const void *data, size_t len, kp_error *err);
-/* Read a whole file into a malloc'd buffer with a NUL after the data; KP_EXIT_USAGE naming the path. */
-int kp_read_file(const char *path, char **buf, size_t *len, kp_error *err);
-
 #endif

@@ -4,11 +4,13 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include "kp_report.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kp_bundle.h"
+#include "../cases/kp_common.h"
 #include "kp_plots.h"
 #include "kp_svg.h"
 #include "kp_text.h"

@@ -19,8 +19,8 @@
 #include <openssl/x509.h>
 
 #include "kp_bundle.h"
+#include "kp_fileio.h"
 #include "kp_json.h"
-#include "kp_npy.h"
 
 #define ED25519_SIG_BYTES 64
 

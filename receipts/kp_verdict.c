@@ -1,9 +1,10 @@
 /* kp_verdict.c: a run's verdict and exit code from its results (the one copy of the rule the runner, merge,
  * finish and verify share), and whether a bundle's recorded verdict is one its receipts allow. */
+#include "kp_verdict.h"
+
 #include <stdio.h>
 #include <string.h>
 
-#include "kp_bundle.h"
 
 const char *kp_bundle_verdict(kp_result worst, int any_ran, int timed_out, int device_lost, int *exit_code) {
     if (timed_out) return *exit_code = KP_EXIT_TIMEOUT, "TIMEOUT";

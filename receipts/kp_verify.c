@@ -5,6 +5,8 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include "kp_verify.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,10 +14,11 @@
 #include <sys/stat.h>
 
 #include "kp_bundle.h"
+#include "kp_fileio.h"
 #include "kp_json.h"
-#include "kp_npy.h"
+#include "kp_report.h"
 #include "kp_sign.h"
-
+#include "kp_verdict.h"
 
 typedef struct {
     char *path;

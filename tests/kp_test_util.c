@@ -182,6 +182,55 @@ cJSON *kpt_receipt(const char *bundle, int index) {
     return doc;
 }
 
+char *kpt_build_plugin(const char *fixture, const char *flag, const char *name, int perturb_at) {
+    char *so, *src, *inc, *def, *at;
+    cr_assert(asprintf(&so, "%s/%s.so", kpt_dir, name) > 0);
+    cr_assert(asprintf(&src, "%s/tests/fixtures/%s", kpt_source_dir(), fixture) > 0);
+    cr_assert(asprintf(&inc, "-I%s/kernels", kpt_source_dir()) > 0);
+    cr_assert(asprintf(&def, "-DKPT_NAME=\"%s\"", name) > 0);
+    cr_assert(asprintf(&at, "-DKPT_PERTURB_AT=%d", perturb_at) > 0);
+    char *argv[] = {"/usr/bin/cc", "-shared", "-fPIC", "-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", inc, def, at,
+                    (char *)(flag ? flag : "-DKPT_CLEAN"), "-o", so, src, "-lm", NULL};
+    char *out, *err;
+    int rc = kpt_run(argv, &out, &err);
+    cr_assert_eq(rc, 0, "building the plugin failed: %s", err);
+    free(out), free(err), free(src), free(inc), free(def), free(at);
+    return so;
+}
+
+int kpt_gate(const char *cfg, const char *out, char **out_text, char **err_text) {
+    char *argv[] = {kpt_binary(), "gate", "--config", (char *)cfg, "--out", (char *)out, "--quiet", NULL};
+    return kpt_run(argv, out_text, err_text);
+}
+
+const cJSON *kpt_at(const cJSON *obj, const char *path) {
+    char buf[256], *save = NULL;
+    cr_assert_lt(strlen(path), sizeof buf, "path %s is too long", path);
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *key = strtok_r(buf, ".", &save); key && obj; key = strtok_r(NULL, ".", &save))
+        obj = (key[0] >= '0' && key[0] <= '9') ? cJSON_GetArrayItem(obj, atoi(key)) : cJSON_GetObjectItemCaseSensitive(obj, key);
+    cr_assert_not_null(obj, "no %s", path);
+    return obj;
+}
+
+const char *kpt_str(const cJSON *obj, const char *path) {
+    const cJSON *v = kpt_at(obj, path);
+    cr_assert(cJSON_IsString(v), "%s is not a string", path);
+    return v->valuestring;
+}
+
+double kpt_num(const cJSON *obj, const char *path) {
+    const cJSON *v = kpt_at(obj, path);
+    cr_assert(cJSON_IsNumber(v), "%s is not a number", path);
+    return v->valuedouble;
+}
+
+const cJSON *kpt_check(const cJSON *rec, int k) {
+    const cJSON *c = cJSON_GetArrayItem(kpt_at(rec, "checks"), k);
+    cr_assert_not_null(c, "no check %d", k);
+    return c;
+}
+
 const kp_impl *impl_named(const char *name) {
     const kp_impl *impl = kp_impl_find(name);
     cr_assert_not_null(impl, "no impl named %s in this build", name);

@@ -36,11 +36,24 @@ struct cJSON *kpt_receipt(const char *bundle, int index);
 /* Run `argv` (NULL-terminated) with stdout and stderr captured (each truncated to 64 KiB).
  * Returns the exit status, or 128 + signal. The caller frees *out and *errout. */
 int kpt_run(char *const argv[], char **out, char **errout);
+/* `kparity gate --config cfg --out out --quiet`, through kpt_run (out_text, err_text as there; NULL: not kept). */
+int kpt_gate(const char *cfg, const char *out, char **out_text, char **err_text);
+
+/* A receipt's (or any document's) member by a dotted path, a number an array index: "checks.0.summary", or a
+ * plain key. Each fails the test naming the path when there is none, or (str, num) it is not of that type. */
+const struct cJSON *kpt_at(const struct cJSON *obj, const char *path);
+const char *kpt_str(const struct cJSON *obj, const char *path);
+double kpt_num(const struct cJSON *obj, const char *path);
+/* A receipt's check k (its "checks" array), failing the test when there is none. */
+const struct cJSON *kpt_check(const struct cJSON *rec, int k);
 /* A fresh empty folder under $TMPDIR (or /tmp); the caller frees the path. */
 char *kpt_tempdir(void);
 /* Read a whole file (NUL-terminated); NULL if it cannot be read. */
 char *kpt_read(const char *path, size_t *len);
 int kpt_write(const char *path, const void *data, size_t len);
+/* Build tests/fixtures/<fixture> into <kpt_dir>/<name>.so with -DKPT_NAME="name", -DKPT_PERTURB_AT=perturb_at and
+ * one -D flag (NULL: -DKPT_CLEAN), warnings as errors; fails the test when it does not build. Returns the path. */
+char *kpt_build_plugin(const char *fixture, const char *flag, const char *name, int perturb_at);
 /* Whether this build has CUDA impls and a GPU answers, asked in a throwaway child so the calling
  * process never holds CUDA state (Criterion forks). */
 int kpt_gpu_available(void);

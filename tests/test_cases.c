@@ -5,6 +5,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "../cases/kp_tensor.h"
 #include "../cases/topp_case.h"
@@ -257,4 +259,40 @@ Test(cases, every_field_is_filled_with_its_default) {
            (const char *const[]){"next_n", "4", "ctx", "1500", "window", "decode", NULL});
     filled("topp(batch=2,profile=ties,seed=1,top_p=0.5,vocab=32000)", (const char *const[]){"stride", "32000", "tie_count", "1000", NULL});
     filled("topp(batch=2,profile=flat,seed=1,top_p=0.5,vocab=1000)", (const char *const[]){"spread", "1e-6", NULL});
+}
+
+/* The one way out where a void helper runs out of host memory: exit 3 (KP_EXIT_ENV, an environment failure) with a
+ * message naming what was being allocated, not abort()'s SIGABRT (a BUG). Control: a child that returns normally
+ * exits 0 and prints nothing, so the pipe and the status are read right. */
+static int oom_child(int planted, char *msg, size_t len) {
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        close(fds[0]);
+        if (planted) KP_OUT_OF_MEMORY("for %d planted rows", 7);
+        _exit(0);
+    }
+    close(fds[1]);
+    size_t n = 0;
+    ssize_t got;
+    while (n + 1 < len && (got = read(fds[0], msg + n, len - 1 - n)) > 0) n += (size_t)got;
+    msg[n] = '\0';
+    close(fds[0]);
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status), "the child ended by signal %d, not an exit", WTERMSIG(status));
+    return WEXITSTATUS(status);
+}
+
+Test(cases, out_of_memory_in_a_void_helper_exits_env_naming_the_allocation) {
+    char msg[512];
+    cr_assert_eq(oom_child(0, msg, sizeof msg), 0);
+    cr_assert_str_empty(msg);
+    cr_assert_eq(oom_child(1, msg, sizeof msg), KP_EXIT_ENV);
+    cr_assert(strstr(msg, "kparity: out of host memory for 7 planted rows (") && strstr(msg, "test_cases.c:") &&
+                  strstr(msg, "hint: "),
+              "%s", msg);
 }

@@ -15,6 +15,7 @@
 #include "../harness/kp_harness.h"
 #include "../receipts/kp_bundle.h"
 #include "../receipts/kp_json.h"
+#include "../receipts/kp_verify.h"
 #include "kp_test_util.h"
 
 TestSuite(cli, .init = kpt_dir_setup, .fini = kpt_dir_teardown, .timeout = 300);

@@ -54,8 +54,7 @@ static char *write_config(void) {
 /* kparity gate into `out`, with KPARITY_FAULT=fault (NULL: none); the exit status (128 + signal when killed). */
 static int gate(const char *cfg, const char *out, const char *fault, char **err) {
     if (fault) setenv("KPARITY_FAULT", fault, 1);
-    char *argv[] = {kpt_binary(), "gate", "--config", (char *)cfg, "--out", (char *)out, "--quiet", NULL};
-    int rc = kpt_run(argv, NULL, err);
+    int rc = kpt_gate(cfg, out, NULL, err);
     unsetenv("KPARITY_FAULT");
     return rc;
 }

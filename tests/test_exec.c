@@ -55,8 +55,7 @@ static const char *one_case(void) { return "{\"case\":\"" CASE2 "\",\"checks\":\
 static int gate(const char *cfg, const char *name, char **bundle, char **errout) {
     char *dir, *o, *e;
     cr_assert(asprintf(&dir, "%s/%s", kpt_dir, name) > 0);
-    char *argv[] = {kpt_binary(), "gate", "--config", (char *)cfg, "--out", dir, "--quiet", NULL};
-    const int rc = kpt_run(argv, &o, &e);
+    const int rc = kpt_gate(cfg, dir, &o, &e);
     free(o);
     if (errout) *errout = kpt_scratch(e);
     else free(e);
@@ -64,26 +63,17 @@ static int gate(const char *cfg, const char *name, char **bundle, char **errout)
     return rc;
 }
 
-static const cJSON *at(const cJSON *obj, const char *path) {
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", path);
-    const cJSON *cur = obj;
-    for (char *save = NULL, *tok = strtok_r(buf, ".", &save); tok && cur; tok = strtok_r(NULL, ".", &save))
-        cur = (*tok >= '0' && *tok <= '9') ? cJSON_GetArrayItem(cur, atoi(tok)) : cJSON_GetObjectItemCaseSensitive(cur, tok);
-    cr_assert(cur, "no %s in the receipt", path);
-    return cur;
-}
 
 static const char *result_of(const cJSON *rec, int check) {
     char p[32];
     snprintf(p, sizeof p, "checks.%d.result", check);
-    return at(rec, p)->valuestring;
+    return kpt_at(rec, p)->valuestring;
 }
 
 static const char *summary_of(const cJSON *rec, int check) {
     char p[32];
     snprintf(p, sizeof p, "checks.%d.summary", check);
-    return at(rec, p)->valuestring;
+    return kpt_at(rec, p)->valuestring;
 }
 
 static void verifies_with_replay(const char *bundle) {
@@ -103,21 +93,21 @@ Test(exec, a_clean_numpy_twin_passes_every_check_with_every_probe_sent) {
                       "clean", &bundle, NULL),
                  0);
     cJSON *rec = kpt_receipt(bundle, 1);
-    cr_assert_str_eq(at(rec, "checks.0.impl")->valuestring, "topk.numpy_topk@exec");
+    cr_assert_str_eq(kpt_at(rec, "checks.0.impl")->valuestring, "topk.numpy_topk@exec");
     for (int c = 0; c < 3; c++) cr_assert_str_eq(result_of(rec, c), "PASSED", "%s", summary_of(rec, c));
     cr_assert_null(strstr(summary_of(rec, 2), "not given"), "every probe went to the program: %s", summary_of(rec, 2));
-    cr_assert_geq(cJSON_GetArraySize(at(rec, "checks.2.findings.probes")), 10, "the batch probes, each a request");
+    cr_assert_geq(cJSON_GetArraySize(kpt_at(rec, "checks.2.findings.probes")), 10, "the batch probes, each a request");
     /* the receipt names the program, its files with their digests and the versions it reported */
-    const cJSON *x = at(rec, "impls.0.exec");
-    cr_assert_str_eq(at(x, "impl")->valuestring, "numpy.topk");
-    cr_assert_str_eq(at(x, "protocol")->valuestring, "kparity.exec/1");
-    cr_assert(cJSON_IsString(at(x, "versions.numpy")));
+    const cJSON *x = kpt_at(rec, "impls.0.exec");
+    cr_assert_str_eq(kpt_at(x, "impl")->valuestring, "numpy.topk");
+    cr_assert_str_eq(kpt_at(x, "protocol")->valuestring, "kparity.exec/1");
+    cr_assert(cJSON_IsString(kpt_at(x, "versions.numpy")));
     char want[KP_SHA256_HEX_LEN];
     kp_error err = {0};
     cr_assert_eq(kp_sha256_file_hex(script(), want, &err), 0);
     int found = 0;
-    for (const cJSON *f = at(x, "files")->child; f; f = f->next)
-        found |= !strcmp(at(f, "path")->valuestring, script()) && !strcmp(at(f, "sha256")->valuestring, want);
+    for (const cJSON *f = kpt_at(x, "files")->child; f; f = f->next)
+        found |= !strcmp(kpt_at(f, "path")->valuestring, script()) && !strcmp(kpt_at(f, "sha256")->valuestring, want);
     cr_assert(found, "the script and its SHA-256 are in the receipt");
     cJSON_Delete(rec);
     rec = kpt_receipt(bundle, 2); /* the window conventions came to the program as fields */
@@ -173,9 +163,9 @@ Test(exec, a_crash_costs_one_case_and_the_next_runs_in_a_fresh_program) {
     const char *cases = "{\"case\":\"" CASE2 "\",\"checks\":\"s\"},{\"case\":\"" CASE3 "\",\"checks\":\"s\"}";
     cr_assert_eq(gate(config("crash2", cases, NULL), "crash2", &bundle, NULL), 3);
     cJSON *first = kpt_receipt(bundle, 1), *second = kpt_receipt(bundle, 2);
-    cr_assert_str_eq(at(first, "result")->valuestring, "FAILED");
+    cr_assert_str_eq(kpt_at(first, "result")->valuestring, "FAILED");
     for (int c = 0; c < 3; c++) cr_assert_str_eq(result_of(second, c), "PASSED", "%s", summary_of(second, c));
-    cr_assert_gt(at(second, "impls.0.exec.starts")->valuedouble, at(first, "impls.0.exec.starts")->valuedouble,
+    cr_assert_gt(kpt_at(second, "impls.0.exec.starts")->valuedouble, kpt_at(first, "impls.0.exec.starts")->valuedouble,
                  "the second case's program is a new one");
     cJSON_Delete(first), cJSON_Delete(second);
     verifies_with_replay(bundle);
@@ -230,8 +220,8 @@ Test(exec, judge_and_bench_take_a_program_on_the_command_line) {
     cr_assert_eq(kpt_run(argv, &o, &e), 1, "%s%s", o, e);
     free(o), free(e);
     cJSON *rec = kpt_receipt(dir, 1);
-    cr_assert_str_eq(at(rec, "checks.0.impl")->valuestring, "topk.np@exec");
-    cr_assert_str_eq(at(rec, "impls.0.exec.impl")->valuestring, "numpy.topk", "the one impl the program serves");
+    cr_assert_str_eq(kpt_at(rec, "checks.0.impl")->valuestring, "topk.np@exec");
+    cr_assert_str_eq(kpt_at(rec, "impls.0.exec.impl")->valuestring, "numpy.topk", "the one impl the program serves");
     cr_assert_str_eq(result_of(rec, 0), "PASSED", "%s", summary_of(rec, 0));
     cr_assert_str_eq(result_of(rec, 2), "INCORRECT", "the batch-mate defect: %s", summary_of(rec, 2));
     cJSON_Delete(rec);
@@ -347,8 +337,8 @@ Test(exec, shared_inputs_reach_the_program_once_a_case) {
     for (char *save = NULL, *line = strtok_r(log, "\n", &save); line; line = strtok_r(NULL, "\n", &save), requests++) {
         cJSON *j = cJSON_Parse(line);
         cr_assert(j, "a log line: %s", line);
-        const char *name = at(j, "case")->valuestring;
-        char *same = cJSON_PrintUnformatted(at(j, "same"));
+        const char *name = kpt_at(j, "case")->valuestring;
+        char *same = cJSON_PrintUnformatted(kpt_at(j, "same"));
         if (strcmp(name, last_case)) { /* a case's first request: everything afresh */
             cr_assert_str_eq(same, "[]", "%s's first request was handed %s from before", name, same);
             snprintf(last_case, sizeof last_case, "%s", name);
@@ -383,6 +373,6 @@ Test(exec, an_output_not_produced_fails_unless_declared_absent) {
     cr_assert_str_eq(result_of(rec, 1), "PASSED", "repeat on the indices: %s", summary_of(rec, 1));
     cr_assert_str_eq(result_of(rec, 2), "PASSED", "batch on the indices: %s", summary_of(rec, 2));
     cr_assert(strstr(summary_of(rec, 1), "values"), "repeat names what it left out: %s", summary_of(rec, 1));
-    cr_assert_str_eq(at(rec, "impls.0.absent_outputs.0")->valuestring, "values");
+    cr_assert_str_eq(kpt_at(rec, "impls.0.absent_outputs.0")->valuestring, "values");
     cJSON_Delete(rec);
 }

@@ -14,6 +14,7 @@
 #include "../harness/kp_harness.h"
 #include "../harness/kp_replay.h"
 #include "../harness/kp_runner.h"
+#include "../receipts/kp_verify.h"
 #include "kp_test_util.h"
 
 extern const kp_family kpt_scale_family; /* tests/fixtures/scale/scale_family.c */
@@ -74,20 +75,6 @@ static cJSON *gate_case(const char *name, const char *defaults, const char *chec
     return rec;
 }
 
-static const cJSON *at(const cJSON *obj, const char *path) { /* "checks.0.findings" */
-    char buf[256], *save = NULL;
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *key = strtok_r(buf, ".", &save); key && obj; key = strtok_r(NULL, ".", &save))
-        obj = (key[0] >= '0' && key[0] <= '9') ? cJSON_GetArrayItem(obj, atoi(key)) : cJSON_GetObjectItemCaseSensitive(obj, key);
-    cr_assert_not_null(obj, "no %s", path);
-    return obj;
-}
-static const char *str(const cJSON *obj, const char *path) { return cJSON_GetStringValue(at(obj, path)); }
-static double num(const cJSON *obj, const char *path) {
-    const cJSON *v = at(obj, path);
-    cr_assert(cJSON_IsNumber(v), "%s is not a number", path);
-    return v->valuedouble;
-}
 
 #define TOL "\"atol\":1e-30,\"rtol\":1e-6,\"tensors\":{\"y_bf16\":{\"rtol\":0.0039,\"ulp\":0}}"
 
@@ -128,35 +115,35 @@ Test(family_seam, clean_impls_pass_exact_tolerance_repeat_and_batch_and_the_bund
     for (int k = 0; k < 4; k++) {
         char path[32];
         snprintf(path, sizeof path, "checks.%d.result", k);
-        cr_assert_str_eq(str(rec, path), "PASSED", "check %d: %s", k, str(rec, path));
+        cr_assert_str_eq(kpt_str(rec, path), "PASSED", "check %d: %s", k, kpt_str(rec, path));
     }
-    cr_assert_str_eq(str(rec, "case.generator.version"), "scale/v1", "each receipt names its own family's generator");
-    cr_assert_str_eq(str(rec, "reference.provider"), "reference.scale@host-f64");
-    cr_assert_str_eq(str(rec, "impls.0.role"), "scale.candidate", "a role of one family");
+    cr_assert_str_eq(kpt_str(rec, "case.generator.version"), "scale/v1", "each receipt names its own family's generator");
+    cr_assert_str_eq(kpt_str(rec, "reference.provider"), "reference.scale@host-f64");
+    cr_assert_str_eq(kpt_str(rec, "impls.0.role"), "scale.candidate", "a role of one family");
     /* the tolerance receipt holds the effective thresholds and every metric, per output tensor */
-    cr_assert_eq(num(rec, "checks.1.params.tolerance.y.rtol"), 1e-6);
-    cr_assert(cJSON_IsNull(at(rec, "checks.1.params.tolerance.y.nmse")), "an undeclared bound is null, not defaulted");
-    cr_assert_eq(num(rec, "checks.1.params.tolerance.y_bf16.rtol"), 0.0039);
-    cr_assert_eq(num(rec, "checks.1.params.tolerance.y_bf16.ulp"), 0);
-    cr_assert_eq(num(rec, "checks.1.params.tolerance.y_bf16.atol"), 1e-30, "the check's atol where the tensor has none");
+    cr_assert_eq(kpt_num(rec, "checks.1.params.tolerance.y.rtol"), 1e-6);
+    cr_assert(cJSON_IsNull(kpt_at(rec, "checks.1.params.tolerance.y.nmse")), "an undeclared bound is null, not defaulted");
+    cr_assert_eq(kpt_num(rec, "checks.1.params.tolerance.y_bf16.rtol"), 0.0039);
+    cr_assert_eq(kpt_num(rec, "checks.1.params.tolerance.y_bf16.ulp"), 0);
+    cr_assert_eq(kpt_num(rec, "checks.1.params.tolerance.y_bf16.atol"), 1e-30, "the check's atol where the tensor has none");
     const char *metrics[] = {"max_abs", "max_rel", "nmse", "cosine_diff", "max_bf16_ulp", "bf16_ulp_histogram"};
     for (int t = 0; t < 2; t++)
         for (size_t m = 0; m < sizeof metrics / sizeof *metrics; m++) {
             char path[96];
             snprintf(path, sizeof path, "checks.1.findings.tensors.%d.metrics.%s", t, metrics[m]);
-            at(rec, path);
+            kpt_at(rec, path);
         }
-    cr_assert_eq(num(rec, "checks.1.findings.tensors.0.elements"), 6 * 300);
-    cr_assert(num(rec, "checks.1.findings.tensors.0.finite_pairs") < 6 * 300, "the planted NaN and inf are not metrics");
-    cr_assert_eq(cJSON_GetArraySize(at(rec, "checks.1.findings.tensors.0.worst_per_row")), 6);
+    cr_assert_eq(kpt_num(rec, "checks.1.findings.tensors.0.elements"), 6 * 300);
+    cr_assert(kpt_num(rec, "checks.1.findings.tensors.0.finite_pairs") < 6 * 300, "the planted NaN and inf are not metrics");
+    cr_assert_eq(cJSON_GetArraySize(kpt_at(rec, "checks.1.findings.tensors.0.worst_per_row")), 6);
     /* the batch probes straddle the family's threshold and say so */
-    const cJSON *probes = at(rec, "checks.3.findings.probes");
+    const cJSON *probes = kpt_at(rec, "checks.3.findings.probes");
     int straddling = 0;
     for (const cJSON *p = probes->child; p; p = p->next)
         if (cJSON_GetObjectItemCaseSensitive(p, "straddles")) {
             straddling++;
-            cr_assert_eq(num(p, "straddles.0.threshold"), 4);
-            cr_assert_str_eq(str(p, "straddles.0.side"), num(p, "batch") == 4 ? "at" : "above");
+            cr_assert_eq(kpt_num(p, "straddles.0.threshold"), 4);
+            cr_assert_str_eq(kpt_str(p, "straddles.0.side"), kpt_num(p, "batch") == 4 ? "at" : "above");
         }
     cr_assert_eq(straddling, 2);
     kp_error err = {0};
@@ -170,12 +157,12 @@ Test(family_seam, clean_impls_pass_exact_tolerance_repeat_and_batch_and_the_bund
 
 Test(family_seam, tolerance_catches_one_element_past_its_bound) {
     cJSON *rec = gate_case("perturb", TOL, "[{\"check\":\"tolerance\",\"impl\":\"scale.perturb@host\"}]", 1, NULL);
-    cr_assert_str_eq(str(rec, "checks.0.result"), "INCORRECT");
-    cr_assert_str_eq(str(rec, "checks.0.findings.tensors.0.result"), "INCORRECT");
-    cr_assert_eq(num(rec, "checks.0.findings.tensors.0.over_tolerance.count"), 1);
-    cr_assert_eq(num(rec, "checks.0.findings.tensors.0.over_tolerance.first.0"), 1 * 300 + 2, "row 1, column 2");
-    cr_assert_eq(num(rec, "checks.0.findings.tensors.0.worst_per_row.1.index"), 1 * 300 + 2);
-    cr_assert_eq(num(rec, "checks.0.findings.tensors.0.nonfinite_mismatch.count"), 0);
+    cr_assert_str_eq(kpt_str(rec, "checks.0.result"), "INCORRECT");
+    cr_assert_str_eq(kpt_str(rec, "checks.0.findings.tensors.0.result"), "INCORRECT");
+    cr_assert_eq(kpt_num(rec, "checks.0.findings.tensors.0.over_tolerance.count"), 1);
+    cr_assert_eq(kpt_num(rec, "checks.0.findings.tensors.0.over_tolerance.first.0"), 1 * 300 + 2, "row 1, column 2");
+    cr_assert_eq(kpt_num(rec, "checks.0.findings.tensors.0.worst_per_row.1.index"), 1 * 300 + 2);
+    cr_assert_eq(kpt_num(rec, "checks.0.findings.tensors.0.nonfinite_mismatch.count"), 0);
     cJSON_Delete(rec);
 }
 
@@ -184,9 +171,9 @@ Test(family_seam, tolerance_catches_a_moved_nan_before_any_metric) {
     for (int t = 0; t < 2; t++) { /* the NaN left column 0 of row 0 for column 1, in both outputs */
         char path[96];
         snprintf(path, sizeof path, "checks.0.findings.tensors.%d.nonfinite_mismatch.count", t);
-        cr_assert_eq(num(rec, path), 2, "tensor %d", t);
+        cr_assert_eq(kpt_num(rec, path), 2, "tensor %d", t);
         snprintf(path, sizeof path, "checks.0.findings.tensors.%d.nonfinite_mismatch.first.1", t);
-        cr_assert_eq(num(rec, path), 1);
+        cr_assert_eq(kpt_num(rec, path), 1);
     }
     cJSON_Delete(rec);
 }
@@ -195,8 +182,8 @@ Test(family_seam, tolerance_catches_a_moved_nan_before_any_metric) {
  * error d, with atol and rtol |r| each 0.6 d, passes the sum rule (1.2 d allowed) and fails both. */
 Test(family_seam, element_rule_both_fails_only_an_element_past_both_bounds) {
     cJSON *rec = gate_case("perturb0", TOL, "[{\"check\":\"tolerance\",\"impl\":\"scale.perturb@host\"}]", 1, NULL);
-    const double d = num(rec, "checks.0.findings.tensors.0.worst_per_row.1.abs");
-    const double r = fabs(num(rec, "checks.0.findings.tensors.0.worst_per_row.1.reference"));
+    const double d = kpt_num(rec, "checks.0.findings.tensors.0.worst_per_row.1.abs");
+    const double r = fabs(kpt_num(rec, "checks.0.findings.tensors.0.worst_per_row.1.reference"));
     cr_assert(d > 0 && r > 0);
     cJSON_Delete(rec);
     for (int both = 0; both < 2; both++) {
@@ -206,9 +193,9 @@ Test(family_seam, element_rule_both_fails_only_an_element_past_both_bounds) {
                  "\"y_bf16\":{\"rtol\":0.0039,\"ulp\":0}}", 0.6 * d, 0.6 * d / r, both ? "both" : "sum");
         rec = gate_case(both ? "both" : "sum", defaults, "[{\"check\":\"tolerance\",\"impl\":\"scale.perturb@host\"}]",
                         both, NULL);
-        cr_assert_str_eq(str(rec, "checks.0.findings.tensors.0.result"), both ? "INCORRECT" : "PASSED");
-        cr_assert_str_eq(str(rec, "checks.0.params.tolerance.y.element_rule"), both ? "both" : "sum");
-        if (both) cr_assert_eq(num(rec, "checks.0.findings.tensors.0.over_tolerance.first.0"), 1 * 300 + 2);
+        cr_assert_str_eq(kpt_str(rec, "checks.0.findings.tensors.0.result"), both ? "INCORRECT" : "PASSED");
+        cr_assert_str_eq(kpt_str(rec, "checks.0.params.tolerance.y.element_rule"), both ? "both" : "sum");
+        if (both) cr_assert_eq(kpt_num(rec, "checks.0.findings.tensors.0.over_tolerance.first.0"), 1 * 300 + 2);
         cJSON_Delete(rec);
     }
 }
@@ -220,10 +207,10 @@ Test(family_seam, element_rule_both_fails_only_an_element_past_both_bounds) {
 Test(family_seam, nmse_cosine_and_ulp_each_fail_a_tolerance_check_alone) {
     const char *checks = "[{\"check\":\"tolerance\",\"impl\":\"scale.perturb@host\"}]";
     cJSON *rec = gate_case("measured", "\"atol\":1,\"rtol\":0", checks, 0, NULL);
-    cr_assert_eq(num(rec, "checks.0.findings.tensors.0.over_tolerance.count"), 0, "atol 1 must pass every element");
-    const double metric[3] = {num(rec, "checks.0.findings.tensors.0.metrics.nmse"),
-                              num(rec, "checks.0.findings.tensors.0.metrics.cosine_diff"),
-                              num(rec, "checks.0.findings.tensors.0.metrics.max_bf16_ulp")};
+    cr_assert_eq(kpt_num(rec, "checks.0.findings.tensors.0.over_tolerance.count"), 0, "atol 1 must pass every element");
+    const double metric[3] = {kpt_num(rec, "checks.0.findings.tensors.0.metrics.nmse"),
+                              kpt_num(rec, "checks.0.findings.tensors.0.metrics.cosine_diff"),
+                              kpt_num(rec, "checks.0.findings.tensors.0.metrics.max_bf16_ulp")};
     cJSON_Delete(rec);
     const char *bound[3] = {"nmse", "cosine", "ulp"}, *says[3] = {"NMSE over its bound", "cosine diff over its bound",
                                                                   "ulp over its bound"};
@@ -236,11 +223,11 @@ Test(family_seam, nmse_cosine_and_ulp_each_fail_a_tolerance_check_alone) {
             snprintf(defaults, sizeof defaults, "\"atol\":1,\"rtol\":0,\"tensors\":{\"y\":{\"%s\":%.17g}}", bound[b], v);
             snprintf(name, sizeof name, "%s_%s", bound[b], tight ? "tight" : "loose");
             rec = gate_case(name, defaults, checks, tight, NULL);
-            cr_assert_str_eq(str(rec, "checks.0.findings.tensors.0.result"), tight ? "INCORRECT" : "PASSED", "%s", name);
-            cr_assert_str_eq(str(rec, "checks.0.findings.tensors.1.result"), "PASSED", "%s: y_bf16 has no such bound", name);
-            cr_assert_eq(num(rec, "checks.0.findings.tensors.0.over_tolerance.count"), 0, "%s", name);
-            cr_assert_eq(num(rec, "checks.0.findings.tensors.0.nonfinite_mismatch.count"), 0, "%s", name);
-            const char *summary = str(rec, "checks.0.summary");
+            cr_assert_str_eq(kpt_str(rec, "checks.0.findings.tensors.0.result"), tight ? "INCORRECT" : "PASSED", "%s", name);
+            cr_assert_str_eq(kpt_str(rec, "checks.0.findings.tensors.1.result"), "PASSED", "%s: y_bf16 has no such bound", name);
+            cr_assert_eq(kpt_num(rec, "checks.0.findings.tensors.0.over_tolerance.count"), 0, "%s", name);
+            cr_assert_eq(kpt_num(rec, "checks.0.findings.tensors.0.nonfinite_mismatch.count"), 0, "%s", name);
+            const char *summary = kpt_str(rec, "checks.0.summary");
             cr_assert((strstr(summary, says[b]) != NULL) == tight, "%s: %s", name, summary);
             cJSON_Delete(rec);
         }
@@ -256,21 +243,21 @@ Test(family_seam, round_reference_holds_the_output_to_the_reference_in_its_dtype
                  "\"round_reference\":%s}}", round ? "true" : "false");
         cJSON *rec = gate_case(round ? "rounded" : "unrounded", defaults, "[{\"check\":\"tolerance\",\"impl\":\"candidate\"}]",
                                round ? 0 : 1, NULL);
-        cr_assert_str_eq(str(rec, "checks.0.findings.tensors.1.result"), round ? "PASSED" : "INCORRECT");
-        if (round) cr_assert_eq(num(rec, "checks.0.findings.tensors.1.metrics.max_abs"), 0.0);
-        else cr_assert_gt(num(rec, "checks.0.findings.tensors.1.over_tolerance.count"), 100);
-        cr_assert(cJSON_IsTrue(at(rec, "checks.0.params.tolerance.y_bf16.round_reference")) == round);
+        cr_assert_str_eq(kpt_str(rec, "checks.0.findings.tensors.1.result"), round ? "PASSED" : "INCORRECT");
+        if (round) cr_assert_eq(kpt_num(rec, "checks.0.findings.tensors.1.metrics.max_abs"), 0.0);
+        else cr_assert_gt(kpt_num(rec, "checks.0.findings.tensors.1.over_tolerance.count"), 100);
+        cr_assert(cJSON_IsTrue(kpt_at(rec, "checks.0.params.tolerance.y_bf16.round_reference")) == round);
         cJSON_Delete(rec);
     }
 }
 
 Test(family_seam, exact_names_the_differing_element_per_tensor) {
     cJSON *rec = gate_case("exact", "", "[{\"check\":\"exact\",\"impls\":[\"candidate\",\"scale.perturb@host\"]}]", 1, NULL);
-    cr_assert_eq(num(rec, "checks.0.findings.rows_differ"), 1);
-    cr_assert_eq(num(rec, "checks.0.findings.per_row.0.row"), 1);
-    cr_assert_eq(num(rec, "checks.0.findings.per_row.0.differ.y.count"), 1);
-    cr_assert_eq(num(rec, "checks.0.findings.per_row.0.differ.y.first.0"), 2);
-    cr_assert_null(cJSON_GetObjectItemCaseSensitive(at(rec, "checks.0.params"), "tie_policy"), "a family without rule "
+    cr_assert_eq(kpt_num(rec, "checks.0.findings.rows_differ"), 1);
+    cr_assert_eq(kpt_num(rec, "checks.0.findings.per_row.0.row"), 1);
+    cr_assert_eq(kpt_num(rec, "checks.0.findings.per_row.0.differ.y.count"), 1);
+    cr_assert_eq(kpt_num(rec, "checks.0.findings.per_row.0.differ.y.first.0"), 2);
+    cr_assert_null(cJSON_GetObjectItemCaseSensitive(kpt_at(rec, "checks.0.params"), "tie_policy"), "a family without rule "
                                                                                               "parameters records none");
     cJSON_Delete(rec);
 }
@@ -282,38 +269,38 @@ Test(family_seam, expect_of_exact_holds_only_where_impls_differ) {
                            "\"result\":\"INCORRECT\"},{\"check\":\"expect\",\"of\":\"exact\",\"impls\":[\"candidate\","
                            "\"scale.twin@host\"],\"result\":\"INCORRECT\"}]",
                            1, NULL);
-    cr_assert_str_eq(str(rec, "checks.0.result"), "PASSED");
-    cr_assert_str_eq(str(rec, "checks.1.result"), "INCORRECT");
-    cr_assert(strstr(str(rec, "checks.1.summary"), "DID NOT REPRODUCE"), "%s", str(rec, "checks.1.summary"));
+    cr_assert_str_eq(kpt_str(rec, "checks.0.result"), "PASSED");
+    cr_assert_str_eq(kpt_str(rec, "checks.1.result"), "INCORRECT");
+    cr_assert(strstr(kpt_str(rec, "checks.1.summary"), "DID NOT REPRODUCE"), "%s", kpt_str(rec, "checks.1.summary"));
     cJSON_Delete(rec);
 }
 
 Test(family_seam, repeat_catches_run_to_run_variation) {
     cJSON *rec = gate_case("varies", "\"runs\":4", "[{\"check\":\"repeat\",\"impl\":\"scale.varies@host\"}]", 1, NULL);
-    cr_assert_eq(num(rec, "checks.0.findings.distinct_outputs"), 4);
-    cr_assert_eq(cJSON_GetArraySize(at(rec, "checks.0.findings.rows_varying")), 1);
+    cr_assert_eq(kpt_num(rec, "checks.0.findings.distinct_outputs"), 4);
+    cr_assert_eq(cJSON_GetArraySize(kpt_at(rec, "checks.0.findings.rows_varying")), 1);
     /* rates with their Wilson intervals: the varying row flipped in all 3 runs after the first, 1 of 6 rows varies */
-    cr_assert_eq(num(rec, "checks.0.findings.rows_varying.0.flip_rate.count"), 3);
-    cr_assert_eq(num(rec, "checks.0.findings.rows_varying.0.flip_rate.of"), 3);
-    cr_assert_eq(num(rec, "checks.0.findings.rows_varying.0.flip_rate.wilson95.1"), 1.0);
-    cr_assert_float_eq(num(rec, "checks.0.findings.rows_varying.0.flip_rate.wilson95.0"), 0.4385, 1e-4);
-    cr_assert_eq(num(rec, "checks.0.findings.rows_varying_rate.count"), 1);
-    cr_assert_eq(num(rec, "checks.0.findings.rows_varying_rate.of"), 6);
+    cr_assert_eq(kpt_num(rec, "checks.0.findings.rows_varying.0.flip_rate.count"), 3);
+    cr_assert_eq(kpt_num(rec, "checks.0.findings.rows_varying.0.flip_rate.of"), 3);
+    cr_assert_eq(kpt_num(rec, "checks.0.findings.rows_varying.0.flip_rate.wilson95.1"), 1.0);
+    cr_assert_float_eq(kpt_num(rec, "checks.0.findings.rows_varying.0.flip_rate.wilson95.0"), 0.4385, 1e-4);
+    cr_assert_eq(kpt_num(rec, "checks.0.findings.rows_varying_rate.count"), 1);
+    cr_assert_eq(kpt_num(rec, "checks.0.findings.rows_varying_rate.of"), 6);
     cJSON_Delete(rec);
 }
 
 Test(family_seam, batch_catches_a_switch_at_the_declared_threshold) {
     cJSON *rec = gate_case("batchy", "", "[{\"check\":\"batch\",\"impl\":\"scale.batchy@host\"}]", 1, NULL);
-    cr_assert_str_eq(str(rec, "checks.0.result"), "INCORRECT");
-    cr_assert_eq(num(rec, "checks.0.findings.vacuous_probes"), 0);
+    cr_assert_str_eq(kpt_str(rec, "checks.0.result"), "INCORRECT");
+    cr_assert_eq(kpt_num(rec, "checks.0.findings.vacuous_probes"), 0);
     /* the full batch (6) truncates; alone (1), the halves (3) and the 4-row probe round, 5 rows truncate */
-    const cJSON *probes = at(rec, "checks.0.findings.probes");
+    const cJSON *probes = kpt_at(rec, "checks.0.findings.probes");
     for (const cJSON *p = probes->child; p; p = p->next) {
-        const int64_t batch = (int64_t)num(p, "batch");
-        const int differ = cJSON_GetArraySize(at(p, "rows_differ"));
-        if (batch <= 4) cr_assert(differ > 0, "%s: a probe below the switch must differ", str(p, "probe"));
-        else cr_assert_eq(differ, 0, "%s", str(p, "probe"));
-        if (differ) cr_assert(num(p, "rows_differ.0.elements.y_bf16.count") > 0, "the bf16 tensor is named");
+        const int64_t batch = (int64_t)kpt_num(p, "batch");
+        const int differ = cJSON_GetArraySize(kpt_at(p, "rows_differ"));
+        if (batch <= 4) cr_assert(differ > 0, "%s: a probe below the switch must differ", kpt_str(p, "probe"));
+        else cr_assert_eq(differ, 0, "%s", kpt_str(p, "probe"));
+        if (differ) cr_assert(kpt_num(p, "rows_differ.0.elements.y_bf16.count") > 0, "the bf16 tensor is named");
     }
     cJSON_Delete(rec);
 }
@@ -361,11 +348,11 @@ Test(family_seam, one_config_holds_two_families_with_roles_of_their_own) {
     cJSON *rec;
     char *bundle;
     cr_assert_eq(run(path, "two", &rec, &bundle), 0);
-    cr_assert_str_eq(str(rec, "impls.0.name"), "topp.split_prob@host");
-    cr_assert_str_eq(str(rec, "case.generator.version"), "topp/v1");
+    cr_assert_str_eq(kpt_str(rec, "impls.0.name"), "topp.split_prob@host");
+    cr_assert_str_eq(kpt_str(rec, "case.generator.version"), "topp/v1");
     cJSON *rec2 = kpt_receipt(bundle, 2);
-    cr_assert_str_eq(str(rec2, "impls.0.name"), "scale.f32@host");
-    cr_assert_str_eq(str(rec2, "case.generator.version"), "scale/v1");
+    cr_assert_str_eq(kpt_str(rec2, "impls.0.name"), "scale.f32@host");
+    cr_assert_str_eq(kpt_str(rec2, "case.generator.version"), "scale/v1");
     cJSON_Delete(rec), cJSON_Delete(rec2);
     /* "candidate" names a scale impl: the topp case cannot use it */
     char *bad;

@@ -35,8 +35,7 @@ static const char *check_summary(const cJSON *rec, int k) {
 
 static int gate(const char *cfg, const char *name, char **out, char **err, char **bundle) {
     cr_assert(asprintf(bundle, "%s/%s", kpt_dir, name) > 0);
-    char *argv[] = {kpt_binary(), "gate", "--config", (char *)cfg, "--out", *bundle, "--quiet", NULL};
-    return kpt_run(argv, out, err);
+    return kpt_gate(cfg, *bundle, out, err);
 }
 
 static const char *result_of(const cJSON *rec) {

@@ -60,26 +60,13 @@ static char *config_for(const char *so, const char *impl, const char *checks, co
 
 /* The gate's exit code; what it printed is scratch (kpt_scratch). */
 static int gate(const char *config, const char *out, char **stdout_text, char **stderr_text) {
-    char *argv[] = {kpt_binary(), "gate", "--config", (char *)config, "--out", (char *)out, "--quiet", NULL};
-    int rc = kpt_run(argv, stdout_text, stderr_text);
+    int rc = kpt_gate(config, out, stdout_text, stderr_text);
     kpt_scratch(*stdout_text), kpt_scratch(*stderr_text);
     return rc;
 }
 
-static const cJSON *check_of(const cJSON *rec, int k) {
-    return cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(rec, "checks"), k);
-}
 
-static const char *str(const cJSON *obj, const char *key) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    return cJSON_IsString(v) ? v->valuestring : "";
-}
 
-static double num(const cJSON *obj, const char *key) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    cr_assert(cJSON_IsNumber(v), "no number %s", key);
-    return v->valuedouble;
-}
 
 static char *bundle_path(const char *name) {
     char *p;
@@ -107,8 +94,8 @@ Test(harness, clean_impl_passes_every_check_and_the_bundle_verifies) {
     int rc = gate(cfg, out, &o, &e);
     cr_assert_eq(rc, 0, "exit %d\n%s\n%s", rc, o, e);
     cJSON *rec = kpt_receipt(out, 1);
-    cr_assert_str_eq(str(rec, "result"), "PASSED");
-    for (int k = 0; k < 3; k++) cr_assert_str_eq(str(check_of(rec, k), "result"), "PASSED", "check %d", k);
+    cr_assert_str_eq(kpt_str(rec, "result"), "PASSED");
+    for (int k = 0; k < 3; k++) cr_assert_str_eq(kpt_str(kpt_check(rec, k), "result"), "PASSED", "check %d", k);
     char *argv[] = {kpt_binary(), "verify", out, "--replay", NULL};
     cr_assert_eq(kpt_run(argv, NULL, NULL), 0);
     cJSON_Delete(rec);
@@ -116,11 +103,11 @@ Test(harness, clean_impl_passes_every_check_and_the_bundle_verifies) {
 
 Test(harness, rule_catches_one_dropped_token_and_names_it) {
     cJSON *rec = gate_one_check("-DKPT_FLIP_ONE", "topp.flip@host", "rule", "flip", 1);
-    const cJSON *chk = check_of(rec, 0);
-    cr_assert_str_eq(str(chk, "result"), "INCORRECT");
+    const cJSON *chk = kpt_check(rec, 0);
+    cr_assert_str_eq(kpt_str(chk, "result"), "INCORRECT");
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(chk, "findings");
-    cr_assert_eq(num(f, "strict"), 12, "one strict index per row");
-    cr_assert_eq(num(f, "rows_meeting_rule"), 0);
+    cr_assert_eq(kpt_num(f, "strict"), 12, "one strict index per row");
+    cr_assert_eq(kpt_num(f, "rows_meeting_rule"), 0);
     cJSON_Delete(rec);
 }
 
@@ -137,45 +124,45 @@ Test(harness, exact_names_differing_rows_and_who_meets_the_rule) {
     char *cfg = write_config("exact", body), *out = bundle_path("exact"), *o, *e;
     cr_assert_eq(gate(cfg, out, &o, &e), 1, "%s%s", o, e);
     cJSON *rec = kpt_receipt(out, 1);
-    const cJSON *f = cJSON_GetObjectItemCaseSensitive(check_of(rec, 0), "findings");
-    cr_assert_eq(num(f, "rows_differ"), 3);
-    cr_assert_eq(num(f, "elements_differ"), 3);
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(kpt_check(rec, 0), "findings");
+    cr_assert_eq(kpt_num(f, "rows_differ"), 3);
+    cr_assert_eq(kpt_num(f, "elements_differ"), 3);
     const cJSON *row = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(f, "per_row"), 0);
-    cr_assert_str_eq(str(row, "meets_rule"), "topp.sorted@host");
+    cr_assert_str_eq(kpt_str(row, "meets_rule"), "topp.sorted@host");
     const cJSON *flip_row = cJSON_GetObjectItemCaseSensitive(row, "topp.flip@host");
     cr_assert_not_null(flip_row);
-    cr_assert_eq(num(cJSON_GetObjectItemCaseSensitive(flip_row, "strict"), "count"), 1);
+    cr_assert_eq(kpt_num(cJSON_GetObjectItemCaseSensitive(flip_row, "strict"), "count"), 1);
     cJSON_Delete(rec);
     free(body);
 }
 
 Test(harness, repeat_catches_run_to_run_variation) {
     cJSON *rec = gate_one_check("-DKPT_RUN_VARIES", "topp.varies@host", "repeat", "repeat", 1);
-    const cJSON *f = cJSON_GetObjectItemCaseSensitive(check_of(rec, 0), "findings");
-    cr_assert_eq(num(f, "distinct_outputs"), 4);
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(kpt_check(rec, 0), "findings");
+    cr_assert_eq(kpt_num(f, "distinct_outputs"), 4);
     cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(f, "rows_varying")), 12);
     cJSON_Delete(rec);
 }
 
 Test(harness, batch_catches_batch_dependence) {
     cJSON *rec = gate_one_check("-DKPT_BATCH_VARIES", "topp.batchy@host", "batch", "batch", 1);
-    const cJSON *f = cJSON_GetObjectItemCaseSensitive(check_of(rec, 0), "findings");
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(kpt_check(rec, 0), "findings");
     /* the full batch (12) and the 63-, 64- and 65-row probes drop a token; alone (1) and the halves (6) do not */
-    cr_assert_eq(num(f, "row_differences"), 12 + 12);
-    cr_assert_eq(num(f, "vacuous_probes"), 0);
+    cr_assert_eq(kpt_num(f, "row_differences"), 12 + 12);
+    cr_assert_eq(kpt_num(f, "vacuous_probes"), 0);
     cJSON_Delete(rec);
 }
 
 Test(harness, guard_regions_catch_an_out_of_bounds_write) {
     cJSON *rec = gate_one_check("-DKPT_OOB", "topp.oob@host", "rule", "oob", 3);
-    cr_assert_str_eq(str(check_of(rec, 0), "result"), "FAILED");
-    cr_assert(strstr(str(check_of(rec, 0), "summary"), "guard region after buffer 'out'"), "%s", str(check_of(rec, 0), "summary"));
+    cr_assert_str_eq(kpt_str(kpt_check(rec, 0), "result"), "FAILED");
+    cr_assert(strstr(kpt_str(kpt_check(rec, 0), "summary"), "guard region after buffer 'out'"), "%s", kpt_str(kpt_check(rec, 0), "summary"));
     cJSON_Delete(rec);
 }
 
 Test(harness, a_write_into_row_padding_fails_the_case) {
     cJSON *rec = gate_one_check("-DKPT_PAD", "topp.pad@host", "rule", "pad", 3);
-    cr_assert(strstr(str(check_of(rec, 0), "summary"), "row padding"), "%s", str(check_of(rec, 0), "summary"));
+    cr_assert(strstr(kpt_str(kpt_check(rec, 0), "summary"), "row padding"), "%s", kpt_str(kpt_check(rec, 0), "summary"));
     cJSON_Delete(rec);
 }
 
@@ -190,8 +177,8 @@ Test(harness, expect_reports_loudly_when_a_known_defect_does_not_reproduce) {
     cr_assert_eq(gate(cfg, out, &o, &e), 1, "%s%s", o, e);
     cr_assert(strstr(e, "KNOWN DEFECT DID NOT REPRODUCE"), "%s", e);
     cJSON *rec = kpt_receipt(out, 1);
-    cr_assert_str_eq(str(check_of(rec, 0), "result"), "INCORRECT");
-    cr_assert_str_eq(str(check_of(rec, 1), "result"), "PASSED", "the real incumbent does mask every forced row");
+    cr_assert_str_eq(kpt_str(kpt_check(rec, 0), "result"), "INCORRECT");
+    cr_assert_str_eq(kpt_str(kpt_check(rec, 1), "result"), "PASSED", "the real incumbent does mask every forced row");
     cJSON_Delete(rec);
 }
 
@@ -212,15 +199,15 @@ Test(harness, expect_of_a_defect_the_incorrect_result_does_not_show_did_not_repr
     cr_assert_eq(gate(cfg, out, &o, &e), 1, "%s%s", o, e);
     cr_assert(strstr(e, "KNOWN DEFECT DID NOT REPRODUCE: rule topp.flip@host was INCORRECT; defect all_neginf"), "%s", e);
     cJSON *rec = kpt_receipt(out, 1), *rec2 = kpt_receipt(out, 2);
-    const cJSON *named = check_of(rec, 0), *plain = check_of(rec, 1), *control = check_of(rec2, 0);
-    cr_assert_str_eq(str(cJSON_GetObjectItemCaseSensitive(named, "inner"), "result"), "INCORRECT", "flip breaks the rule");
-    cr_assert_str_eq(str(named, "result"), "INCORRECT", "%s", str(named, "summary"));
-    cr_assert(strstr(str(named, "summary"), "DID NOT REPRODUCE"), "%s", str(named, "summary"));
-    cr_assert_eq(num(cJSON_GetObjectItemCaseSensitive(named, "findings"), "rows_with_defect"), 0);
-    cr_assert_str_eq(str(plain, "result"), "PASSED", "%s", str(plain, "summary"));
-    cr_assert_str_eq(str(control, "result"), "PASSED", "%s", str(control, "summary"));
-    cr_assert(strstr(str(control, "summary"), "known defect reproduced: all_neginf on 2/2 rows"), "%s", str(control, "summary"));
-    cr_assert_eq(num(cJSON_GetObjectItemCaseSensitive(control, "findings"), "rows_with_defect"), 2);
+    const cJSON *named = kpt_check(rec, 0), *plain = kpt_check(rec, 1), *control = kpt_check(rec2, 0);
+    cr_assert_str_eq(kpt_str(cJSON_GetObjectItemCaseSensitive(named, "inner"), "result"), "INCORRECT", "flip breaks the rule");
+    cr_assert_str_eq(kpt_str(named, "result"), "INCORRECT", "%s", kpt_str(named, "summary"));
+    cr_assert(strstr(kpt_str(named, "summary"), "DID NOT REPRODUCE"), "%s", kpt_str(named, "summary"));
+    cr_assert_eq(kpt_num(cJSON_GetObjectItemCaseSensitive(named, "findings"), "rows_with_defect"), 0);
+    cr_assert_str_eq(kpt_str(plain, "result"), "PASSED", "%s", kpt_str(plain, "summary"));
+    cr_assert_str_eq(kpt_str(control, "result"), "PASSED", "%s", kpt_str(control, "summary"));
+    cr_assert(strstr(kpt_str(control, "summary"), "known defect reproduced: all_neginf on 2/2 rows"), "%s", kpt_str(control, "summary"));
+    cr_assert_eq(kpt_num(cJSON_GetObjectItemCaseSensitive(control, "findings"), "rows_with_defect"), 2);
     cJSON_Delete(rec), cJSON_Delete(rec2);
 }
 
@@ -250,7 +237,7 @@ Test(harness, a_timeout_exits_4_with_a_verifiable_bundle) {
     cr_assert_eq(kpt_run(argv, &o, &e), 4, "%s%s", o, e);
     kpt_scratch(o), kpt_scratch(e);
     cJSON *rec = kpt_receipt(out, 2);
-    cr_assert_str_eq(str(rec, "result"), "NOT_RUN");
+    cr_assert_str_eq(kpt_str(rec, "result"), "NOT_RUN");
     char *vargv[] = {kpt_binary(), "verify", out, NULL};
     cr_assert_eq(kpt_run(vargv, NULL, NULL), 0);
     /* the NOT_RUN case never got inputs: --replay lists it as not replayed (not an error, never silent) */
@@ -273,11 +260,11 @@ Test(harness, the_watchdog_ends_a_hung_case_as_failed_and_keeps_the_bundle_intac
     kpt_scratch(o), kpt_scratch(e);
     cr_assert_null(strstr(o, "started"));
     cJSON *rec = kpt_receipt(out, 1);
-    cr_assert_str_eq(str(rec, "result"), "FAILED");
+    cr_assert_str_eq(kpt_str(rec, "result"), "FAILED");
     const cJSON *reason = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(rec, "reasons"), 0);
     cr_assert(cJSON_IsString(reason) && strstr(reason->valuestring, "timeout"), "%s", cJSON_IsString(reason) ? reason->valuestring : "");
     cJSON *rec2 = kpt_receipt(out, 2);
-    cr_assert_str_eq(str(rec2, "result"), "NOT_RUN");
+    cr_assert_str_eq(kpt_str(rec2, "result"), "NOT_RUN");
     char *vargv[] = {kpt_binary(), "verify", out, NULL};
     cr_assert_eq(kpt_run(vargv, NULL, &e), 0, "%s", e);
     free(e);

@@ -62,14 +62,6 @@ static int judge(const char *c, const char *out, const char *const *impls, cJSON
     return rc;
 }
 
-static const cJSON *at(const cJSON *obj, const char *path) {
-    char buf[256], *save = NULL;
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *key = strtok_r(buf, ".", &save); key && obj; key = strtok_r(NULL, ".", &save))
-        obj = (key[0] >= '0' && key[0] <= '9') ? cJSON_GetArrayItem(obj, atoi(key)) : cJSON_GetObjectItemCaseSensitive(obj, key);
-    cr_assert_not_null(obj, "no %s", path);
-    return obj;
-}
 
 static char *arg(const char *name, const char *path) {
     char *a;
@@ -85,12 +77,12 @@ Test(judge, an_exported_output_judged_gets_the_inside_impls_findings) {
     const char *impls[] = {a, NULL};
     cJSON *rec;
     cr_assert_eq(judge(FORCED, "j", impls, &rec, NULL), 1, "rule_only: the incumbent breaks the rule");
-    cr_assert_str_eq(at(rec, "checks.0.impl")->valuestring, "topp.judged_outside@file");
-    cr_assert_str_eq(at(rec, "checks.0.result")->valuestring, "INCORRECT");
-    cr_assert(strstr(at(rec, "checks.0.summary")->valuestring, "0/4 rows meet the rule; 4 strict"), "%s",
-              at(rec, "checks.0.summary")->valuestring);
-    cr_assert(cJSON_IsTrue(at(rec, "impls.0.judged")));
-    cr_assert(strstr(at(rec, "impls.0.binary")->valuestring, "topp.split_logit@host.npy (sha256 "), "the file and its digest");
+    cr_assert_str_eq(kpt_at(rec, "checks.0.impl")->valuestring, "topp.judged_outside@file");
+    cr_assert_str_eq(kpt_at(rec, "checks.0.result")->valuestring, "INCORRECT");
+    cr_assert(strstr(kpt_at(rec, "checks.0.summary")->valuestring, "0/4 rows meet the rule; 4 strict"), "%s",
+              kpt_at(rec, "checks.0.summary")->valuestring);
+    cr_assert(cJSON_IsTrue(kpt_at(rec, "impls.0.judged")));
+    cr_assert(strstr(kpt_at(rec, "impls.0.binary")->valuestring, "topp.split_logit@host.npy (sha256 "), "the file and its digest");
     /* the same case with the impl inside */
     char *cfg, *dir = in_dir("inside"), *o, *e;
     cr_assert(asprintf(&cfg, "%s/inside.json", kpt_dir) > 0);
@@ -101,9 +93,9 @@ Test(judge, an_exported_output_judged_gets_the_inside_impls_findings) {
     char *argv[] = {kpt_binary(), "gate", "--config", cfg, "--out", dir, "--quiet", NULL};
     cr_assert_eq(kpt_run(argv, &o, &e), 1);
     cJSON *inside = kpt_receipt(dir, 1);
-    char *fa = cJSON_PrintUnformatted(at(rec, "checks.0.findings")), *fb = cJSON_PrintUnformatted(at(inside, "checks.0.findings"));
+    char *fa = cJSON_PrintUnformatted(kpt_at(rec, "checks.0.findings")), *fb = cJSON_PrintUnformatted(kpt_at(inside, "checks.0.findings"));
     cr_assert_str_eq(fa, fb, "judged and inside findings differ");
-    cr_assert_str_eq(at(rec, "impls.0.output_sha256")->valuestring, at(inside, "impls.0.output_sha256")->valuestring);
+    cr_assert_str_eq(kpt_at(rec, "impls.0.output_sha256")->valuestring, kpt_at(inside, "impls.0.output_sha256")->valuestring);
     free(fa), free(fb), free(cfg), free(dir), free(o), free(e), free(a);
     cJSON_Delete(rec), cJSON_Delete(inside);
 }
@@ -189,36 +181,36 @@ Test(judge, a_numpy_top_p_is_judged_and_a_flipped_element_is_caught) {
     cJSON *rec;
     char *err;
     cr_assert_eq(judge(ORDINARY, "np", impls, &rec, &err), 1, "%s", err);
-    const cJSON *rule = at(rec, "checks.0"), *rep = at(rec, "checks.1"), *bat = at(rec, "checks.2");
-    cr_assert_str_eq(at(rule, "check")->valuestring, "rule");
-    cr_assert_str_eq(at(rule, "result")->valuestring, "INCORRECT");
-    cr_assert_eq(at(rule, "findings.rows_meeting_rule")->valuedouble, (double)(rows - 1));
-    cr_assert_eq(at(rule, "findings.strict")->valuedouble, 1);
-    cr_assert_eq(at(rule, "findings.tie")->valuedouble, 0);
-    cr_assert_eq(at(rule, "findings.band")->valuedouble, 0);
+    const cJSON *rule = kpt_at(rec, "checks.0"), *rep = kpt_at(rec, "checks.1"), *bat = kpt_at(rec, "checks.2");
+    cr_assert_str_eq(kpt_at(rule, "check")->valuestring, "rule");
+    cr_assert_str_eq(kpt_at(rule, "result")->valuestring, "INCORRECT");
+    cr_assert_eq(kpt_at(rule, "findings.rows_meeting_rule")->valuedouble, (double)(rows - 1));
+    cr_assert_eq(kpt_at(rule, "findings.strict")->valuedouble, 1);
+    cr_assert_eq(kpt_at(rule, "findings.tie")->valuedouble, 0);
+    cr_assert_eq(kpt_at(rule, "findings.band")->valuedouble, 0);
     for (int64_t r = 0; r < rows; r++) {
         char key[64];
         snprintf(key, sizeof key, "findings.per_row.%lld", (long long)r);
-        const cJSON *pr = at(rule, key);
-        cr_assert_eq(at(pr, "row")->valuedouble, (double)r);
-        cr_assert_eq(at(pr, "reference.kept")->valuedouble, (double)ref_kept[r], "row %lld: the rule's kept count", (long long)r);
-        cr_assert_eq(at(pr, "impl.kept")->valuedouble, (double)np_kept[r], "row %lld: NumPy's kept count", (long long)r);
-        cr_assert_eq(cJSON_IsTrue(at(pr, "impl.meets_rule")), r != diff_row, "row %lld", (long long)r);
+        const cJSON *pr = kpt_at(rule, key);
+        cr_assert_eq(kpt_at(pr, "row")->valuedouble, (double)r);
+        cr_assert_eq(kpt_at(pr, "reference.kept")->valuedouble, (double)ref_kept[r], "row %lld: the rule's kept count", (long long)r);
+        cr_assert_eq(kpt_at(pr, "impl.kept")->valuedouble, (double)np_kept[r], "row %lld: NumPy's kept count", (long long)r);
+        cr_assert_eq(cJSON_IsTrue(kpt_at(pr, "impl.meets_rule")), r != diff_row, "row %lld", (long long)r);
     }
     char key[64];
     snprintf(key, sizeof key, "findings.per_row.%lld.impl", (long long)diff_row);
-    const cJSON *bad = at(rule, key);
-    cr_assert_eq(at(bad, "strict.count")->valuedouble, 1);
-    cr_assert_eq(at(bad, "strict.first.0")->valuedouble, (double)diff_token, "the strict index is the extra token");
-    cr_assert(cJSON_IsFalse(at(bad, "conformance.minimal")), "a token too many: not minimal");
-    cr_assert_str_eq(at(rep, "result")->valuestring, "PASSED", "%s", at(rep, "summary")->valuestring);
-    cr_assert_eq(at(rep, "params.runs")->valuedouble, 2, "repeat runs = the files given");
+    const cJSON *bad = kpt_at(rule, key);
+    cr_assert_eq(kpt_at(bad, "strict.count")->valuedouble, 1);
+    cr_assert_eq(kpt_at(bad, "strict.first.0")->valuedouble, (double)diff_token, "the strict index is the extra token");
+    cr_assert(cJSON_IsFalse(kpt_at(bad, "conformance.minimal")), "a token too many: not minimal");
+    cr_assert_str_eq(kpt_at(rep, "result")->valuestring, "PASSED", "%s", kpt_at(rep, "summary")->valuestring);
+    cr_assert_eq(kpt_at(rep, "params.runs")->valuedouble, 2, "repeat runs = the files given");
     /* only alone.row0 was given: its agreement is no verdict on the probes that were not */
-    cr_assert_str_eq(at(bat, "result")->valuestring, "NOT_RUN", "%s", at(bat, "summary")->valuestring);
-    cr_assert(strstr(at(bat, "summary")->valuestring, "had no outputs given: no verdict on the rest"), "%s",
-              at(bat, "summary")->valuestring);
-    cr_assert_eq(at(bat, "findings.probes_compared")->valuedouble, 1, "%s", at(bat, "summary")->valuestring);
-    cr_assert_eq(at(bat, "findings.probes.0.rows_probed")->valuedouble, 1, "alone.row0 was compared");
+    cr_assert_str_eq(kpt_at(bat, "result")->valuestring, "NOT_RUN", "%s", kpt_at(bat, "summary")->valuestring);
+    cr_assert(strstr(kpt_at(bat, "summary")->valuestring, "had no outputs given: no verdict on the rest"), "%s",
+              kpt_at(bat, "summary")->valuestring);
+    cr_assert_eq(kpt_at(bat, "findings.probes_compared")->valuedouble, 1, "%s", kpt_at(bat, "summary")->valuestring);
+    cr_assert_eq(kpt_at(bat, "findings.probes.0.rows_probed")->valuedouble, 1, "alone.row0 was compared");
     cJSON_Delete(rec), free(err);
 
     /* drop one kept element of a row NumPy got right: the rule check names that row and token as well */
@@ -234,16 +226,16 @@ Test(judge, a_numpy_top_p_is_judged_and_a_flipped_element_is_caught) {
     const char *impls2[] = {c, c, NULL};
     cr_assert_eq(judge(ORDINARY, "flip", impls2, &rec, NULL), 1);
     snprintf(key, sizeof key, "checks.0.findings.per_row.%lld", (long long)other);
-    const cJSON *pr = at(rec, key);
-    cr_assert(cJSON_IsFalse(at(pr, "impl.meets_rule")), "row %lld breaks the rule", (long long)other);
-    cr_assert_eq(at(pr, "impl.strict.count")->valuedouble, 1, "the dropped token is strict");
-    cr_assert_eq(at(pr, "impl.strict.first.0")->valuedouble, (double)j, "it names the token");
-    cr_assert_eq(at(rec, "checks.0.findings.strict")->valuedouble, 2, "NumPy's own extra token and the dropped one");
+    const cJSON *pr = kpt_at(rec, key);
+    cr_assert(cJSON_IsFalse(kpt_at(pr, "impl.meets_rule")), "row %lld breaks the rule", (long long)other);
+    cr_assert_eq(kpt_at(pr, "impl.strict.count")->valuedouble, 1, "the dropped token is strict");
+    cr_assert_eq(kpt_at(pr, "impl.strict.first.0")->valuedouble, (double)j, "it names the token");
+    cr_assert_eq(kpt_at(rec, "checks.0.findings.strict")->valuedouble, 2, "NumPy's own extra token and the dropped one");
     cJSON_Delete(rec);
     /* two different runs: repeat sees two distinct outputs */
     const char *impls3[] = {a, c, NULL};
     cr_assert_eq(judge(ORDINARY, "rep", impls3, &rec, NULL), 1);
-    cr_assert_eq(at(rec, "checks.1.findings.distinct_outputs")->valuedouble, 2);
+    cr_assert_eq(kpt_at(rec, "checks.1.findings.distinct_outputs")->valuedouble, 2);
     cJSON_Delete(rec);
     free(a), free(b), free(c), free(flipped), free(buf), free(kbuf);
 }
@@ -398,10 +390,10 @@ Test(judge, bf16_bits_saved_as_int16_are_judged_like_uint16) {
     cr_assert_eq(judge_mla(checks, "u2", u2, &a, NULL), 0, "<u2");
     cr_assert_eq(judge_mla(checks, "i2", i2, &b, &err), 0, "<i2: %s", err);
     free(err);
-    cr_assert_str_eq(at(b, "checks.0.result")->valuestring, "PASSED", "%s", at(b, "checks.0.summary")->valuestring);
-    char *fa = cJSON_PrintUnformatted(at(a, "checks.0.findings")), *fb = cJSON_PrintUnformatted(at(b, "checks.0.findings"));
+    cr_assert_str_eq(kpt_at(b, "checks.0.result")->valuestring, "PASSED", "%s", kpt_at(b, "checks.0.summary")->valuestring);
+    char *fa = cJSON_PrintUnformatted(kpt_at(a, "checks.0.findings")), *fb = cJSON_PrintUnformatted(kpt_at(b, "checks.0.findings"));
     cr_assert_str_eq(fa, fb, "<u2 and <i2 bits judged differently");
-    cr_assert_str_eq(at(a, "impls.0.output_sha256")->valuestring, at(b, "impls.0.output_sha256")->valuestring);
+    cr_assert_str_eq(kpt_at(a, "impls.0.output_sha256")->valuestring, kpt_at(b, "impls.0.output_sha256")->valuestring);
     cr_assert_eq(judge_mla(checks, "bad", bad, NULL, &err), 2, "an int32 output as <i2: %s", err);
     cr_assert(strstr(err, "splits_i2.npy: dtype <i2; the family's output 'splits' is <i4"), "%s", err);
     free(fa), free(fb), free(err);
@@ -427,39 +419,39 @@ Test(judge, an_output_declared_absent_is_left_out_and_named) {
     cr_assert_eq(judge_mla(checks, "absent", args, &rec, &err), 1, "scaled's lse is INCORRECT: %s", err);
     free(err);
     const char *why = "max_logits: declared absent by mla.judged_outside@file, not judged";
-    const cJSON *tol = at(rec, "checks.0");
-    cr_assert_str_eq(at(tol, "result")->valuestring, "PASSED", "%s", at(tol, "summary")->valuestring);
-    cr_assert_str_eq(at(tol, "findings.tensors.0.tensor")->valuestring, "out");
-    cr_assert_str_eq(at(tol, "findings.tensors.0.result")->valuestring, "PASSED");
-    cr_assert_str_eq(at(tol, "findings.tensors.1.tensor")->valuestring, "lse");
-    cr_assert_str_eq(at(tol, "findings.tensors.1.result")->valuestring, "PASSED");
-    cr_assert_str_eq(at(tol, "findings.tensors.2.tensor")->valuestring, "max_logits");
-    cr_assert_str_eq(at(tol, "findings.tensors.2.result")->valuestring, "NOT_RUN");
-    cr_assert_str_eq(at(tol, "findings.tensors.2.reason")->valuestring, why);
-    cr_assert(strstr(at(tol, "summary")->valuestring, why), "%s", at(tol, "summary")->valuestring);
-    cr_assert_null(cJSON_GetObjectItemCaseSensitive(at(tol, "findings.tensors.2"), "metrics"), "never compared");
+    const cJSON *tol = kpt_at(rec, "checks.0");
+    cr_assert_str_eq(kpt_at(tol, "result")->valuestring, "PASSED", "%s", kpt_at(tol, "summary")->valuestring);
+    cr_assert_str_eq(kpt_at(tol, "findings.tensors.0.tensor")->valuestring, "out");
+    cr_assert_str_eq(kpt_at(tol, "findings.tensors.0.result")->valuestring, "PASSED");
+    cr_assert_str_eq(kpt_at(tol, "findings.tensors.1.tensor")->valuestring, "lse");
+    cr_assert_str_eq(kpt_at(tol, "findings.tensors.1.result")->valuestring, "PASSED");
+    cr_assert_str_eq(kpt_at(tol, "findings.tensors.2.tensor")->valuestring, "max_logits");
+    cr_assert_str_eq(kpt_at(tol, "findings.tensors.2.result")->valuestring, "NOT_RUN");
+    cr_assert_str_eq(kpt_at(tol, "findings.tensors.2.reason")->valuestring, why);
+    cr_assert(strstr(kpt_at(tol, "summary")->valuestring, why), "%s", kpt_at(tol, "summary")->valuestring);
+    cr_assert_null(cJSON_GetObjectItemCaseSensitive(kpt_at(tol, "findings.tensors.2"), "metrics"), "never compared");
     for (int c = 1; c <= 2; c++) { /* repeat and exact: left out, said so */
         char key[32];
         snprintf(key, sizeof key, "checks.%d", c);
-        const cJSON *chk = at(rec, key);
-        cr_assert_str_eq(at(chk, "result")->valuestring, "PASSED", "%s: %s", at(chk, "check")->valuestring,
-                         at(chk, "summary")->valuestring);
-        cr_assert_str_eq(at(chk, "findings.absent.0")->valuestring,
+        const cJSON *chk = kpt_at(rec, key);
+        cr_assert_str_eq(kpt_at(chk, "result")->valuestring, "PASSED", "%s: %s", kpt_at(chk, "check")->valuestring,
+                         kpt_at(chk, "summary")->valuestring);
+        cr_assert_str_eq(kpt_at(chk, "findings.absent.0")->valuestring,
                          "max_logits: declared absent by mla.judged_outside@file, left out");
-        cr_assert(strstr(at(chk, "summary")->valuestring, "max_logits: declared absent"), "%s", at(chk, "summary")->valuestring);
+        cr_assert(strstr(kpt_at(chk, "summary")->valuestring, "max_logits: declared absent"), "%s", kpt_at(chk, "summary")->valuestring);
     }
-    const cJSON *scaled = at(rec, "checks.3");
-    cr_assert_str_eq(at(scaled, "result")->valuestring, "INCORRECT", "%s", at(scaled, "summary")->valuestring);
-    cr_assert_str_eq(at(scaled, "findings.tensors.0.result")->valuestring, "PASSED");
-    cr_assert_str_eq(at(scaled, "findings.tensors.1.result")->valuestring, "INCORRECT", "lse at 0.9x");
-    cr_assert_str_eq(at(scaled, "findings.tensors.2.result")->valuestring, "NOT_RUN");
+    const cJSON *scaled = kpt_at(rec, "checks.3");
+    cr_assert_str_eq(kpt_at(scaled, "result")->valuestring, "INCORRECT", "%s", kpt_at(scaled, "summary")->valuestring);
+    cr_assert_str_eq(kpt_at(scaled, "findings.tensors.0.result")->valuestring, "PASSED");
+    cr_assert_str_eq(kpt_at(scaled, "findings.tensors.1.result")->valuestring, "INCORRECT", "lse at 0.9x");
+    cr_assert_str_eq(kpt_at(scaled, "findings.tensors.2.result")->valuestring, "NOT_RUN");
     /* batch: no sub-batch given, so no probe compared (NOT_RUN), and max_logits named as left out all the same */
-    cr_assert_str_eq(at(rec, "checks.4.result")->valuestring, "NOT_RUN", "%s", at(rec, "checks.4.summary")->valuestring);
-    cr_assert_str_eq(at(rec, "checks.4.findings.absent.0")->valuestring,
+    cr_assert_str_eq(kpt_at(rec, "checks.4.result")->valuestring, "NOT_RUN", "%s", kpt_at(rec, "checks.4.summary")->valuestring);
+    cr_assert_str_eq(kpt_at(rec, "checks.4.findings.absent.0")->valuestring,
                      "max_logits: declared absent by mla.judged_outside@file, left out");
-    cr_assert_str_eq(at(rec, "impls.0.name")->valuestring, "mla.judged_outside@file");
-    cr_assert_str_eq(at(rec, "impls.0.absent_outputs.0")->valuestring, "max_logits");
-    cr_assert_eq(cJSON_GetArraySize(at(rec, "impls.0.absent_outputs")), 1);
+    cr_assert_str_eq(kpt_at(rec, "impls.0.name")->valuestring, "mla.judged_outside@file");
+    cr_assert_str_eq(kpt_at(rec, "impls.0.absent_outputs.0")->valuestring, "max_logits");
+    cr_assert_eq(cJSON_GetArraySize(kpt_at(rec, "impls.0.absent_outputs")), 1);
     /* its output digest is of out, lse and splits (not given: judge's -1s) row by row, not of judge's stand-in for
        max_logits */
     kp_npy_info oi, li;
@@ -474,10 +466,10 @@ Test(judge, an_output_declared_absent_is_left_out_and_named) {
         kp_sha256_update(&h, &(int32_t){-1}, 4);
     }
     kp_sha256_final_hex(&h, hex);
-    cr_assert_str_eq(at(rec, "impls.0.output_sha256")->valuestring, hex);
+    cr_assert_str_eq(kpt_at(rec, "impls.0.output_sha256")->valuestring, hex);
     free(ob), free(lb);
-    cr_assert_str_eq(at(rec, "impls.1.name")->valuestring, "mla.split_size@host");
-    cr_assert_null(cJSON_GetObjectItemCaseSensitive(at(rec, "impls.1"), "absent_outputs"), "the candidate gives every output");
+    cr_assert_str_eq(kpt_at(rec, "impls.1.name")->valuestring, "mla.split_size@host");
+    cr_assert_null(cJSON_GetObjectItemCaseSensitive(kpt_at(rec, "impls.1"), "absent_outputs"), "the candidate gives every output");
     cJSON_Delete(rec);
 
     /* without the declaration, a missing max_logits file is refused */
@@ -496,11 +488,11 @@ Test(judge, an_output_declared_absent_is_left_out_and_named) {
                            "\"candidate\"]}]", "none", none, &rec, &err), 77, "%s", err);
     free(err);
     for (int c = 0; c < 2; c++) {
-        const cJSON *chk = cJSON_GetArrayItem(at(rec, "checks"), c);
-        cr_assert_str_eq(at(chk, "result")->valuestring, "NOT_RUN", "%s: %s", at(chk, "check")->valuestring,
-                         at(chk, "summary")->valuestring);
+        const cJSON *chk = cJSON_GetArrayItem(kpt_at(rec, "checks"), c);
+        cr_assert_str_eq(kpt_at(chk, "result")->valuestring, "NOT_RUN", "%s: %s", kpt_at(chk, "check")->valuestring,
+                         kpt_at(chk, "summary")->valuestring);
     }
-    cr_assert(strstr(at(rec, "checks.1.summary")->valuestring, "nothing to compare"), "%s", at(rec, "checks.1.summary")->valuestring);
+    cr_assert(strstr(kpt_at(rec, "checks.1.summary")->valuestring, "nothing to compare"), "%s", kpt_at(rec, "checks.1.summary")->valuestring);
     cJSON_Delete(rec);
 }
 
@@ -520,11 +512,11 @@ Test(judge, a_rule_check_of_an_absent_output_is_not_run) {
                     "--out", dir, "--quiet", NULL};
     cr_assert_eq(kpt_run(argv, &o, &e), 77, "a check NOT_RUN and none broken: %s", e);
     cJSON *rec = kpt_receipt(dir, 1);
-    cr_assert_str_eq(at(rec, "checks.0.result")->valuestring, "NOT_RUN", "%s", at(rec, "checks.0.summary")->valuestring);
-    cr_assert(strstr(at(rec, "checks.0.summary")->valuestring, "values: declared absent by topk.judged_outside@file"), "%s",
-              at(rec, "checks.0.summary")->valuestring);
-    cr_assert_str_eq(at(rec, "checks.1.result")->valuestring, "PASSED", "%s", at(rec, "checks.1.summary")->valuestring);
-    cr_assert_str_eq(at(rec, "checks.1.findings.absent.0")->valuestring,
+    cr_assert_str_eq(kpt_at(rec, "checks.0.result")->valuestring, "NOT_RUN", "%s", kpt_at(rec, "checks.0.summary")->valuestring);
+    cr_assert(strstr(kpt_at(rec, "checks.0.summary")->valuestring, "values: declared absent by topk.judged_outside@file"), "%s",
+              kpt_at(rec, "checks.0.summary")->valuestring);
+    cr_assert_str_eq(kpt_at(rec, "checks.1.result")->valuestring, "PASSED", "%s", kpt_at(rec, "checks.1.summary")->valuestring);
+    cr_assert_str_eq(kpt_at(rec, "checks.1.findings.absent.0")->valuestring,
                      "values: declared absent by topk.judged_outside@file, left out");
     free(cfg), free(dir), free(impl), free(o), free(e);
     cJSON_Delete(rec);
@@ -593,20 +585,20 @@ Test(judge, nan_ranked_above_passes_under_nan_above_and_fails_below_naming_the_n
     cJSON *rec = kpt_receipt(dir, 1);
     const char *want[4] = {"INCORRECT", "PASSED", "PASSED", "INCORRECT"}, *rank[4] = {"below", "above", "below", "above"};
     for (int c = 0; c < 4; c++) {
-        const cJSON *chk = cJSON_GetArrayItem(at(rec, "checks"), c);
-        const char *summary = at(chk, "summary")->valuestring;
-        cr_assert_str_eq(at(chk, "params.nan")->valuestring, rank[c], "the receipt records the NaN rank");
-        cr_assert_str_eq(at(chk, "result")->valuestring, want[c], "check %d: %s", c, summary);
+        const cJSON *chk = cJSON_GetArrayItem(kpt_at(rec, "checks"), c);
+        const char *summary = kpt_at(chk, "summary")->valuestring;
+        cr_assert_str_eq(kpt_at(chk, "params.nan")->valuestring, rank[c], "the receipt records the NaN rank");
+        cr_assert_str_eq(kpt_at(chk, "result")->valuestring, want[c], "check %d: %s", c, summary);
         if (!strcmp(want[c], "PASSED")) continue;
         /* it names exactly the rows with NaN, in its findings and its summary */
-        const cJSON *named = at(chk, "findings.rows_failing_with_nan");
+        const cJSON *named = kpt_at(chk, "findings.rows_failing_with_nan");
         cr_assert_eq(cJSON_GetArraySize(named), nnan, "%s", summary);
         char list[128] = "";
         int i = 0;
         for (int64_t r = 0; r < rows; r++) {
             const size_t n = strlen(list);
             if (nan_row[r]) snprintf(list + n, sizeof list - n, " %lld", (long long)r);
-            cr_assert_eq(!cJSON_IsTrue(at(cJSON_GetArrayItem(at(chk, "findings.per_row"), (int)r), "impl.meets_rule")),
+            cr_assert_eq(!cJSON_IsTrue(kpt_at(cJSON_GetArrayItem(kpt_at(chk, "findings.per_row"), (int)r), "impl.meets_rule")),
                          nan_row[r], "check %d row %lld", c, (long long)r);
             if (nan_row[r]) cr_assert_eq(cJSON_GetArrayItem(named, i++)->valuedouble, (double)r);
         }
@@ -636,10 +628,10 @@ Test(judge, a_batch_probe_reads_no_order_output_declared_absent) {
         cJSON *rec;
         char *err;
         cr_assert_eq(judge_mla(checks, v ? "ng" : "decl", v ? not_given : declared, &rec, &err), 77, "%s", err);
-        const cJSON *probe = at(rec, "checks.0.findings.probes.0");
-        cr_assert_str_eq(at(probe, "probe")->valuestring, "alone.row0");
-        cr_assert_eq(at(probe, "rows_probed")->valuedouble, 1, "compared");
-        cr_assert_eq(cJSON_GetArraySize(at(probe, "rows_differ")), 0);
+        const cJSON *probe = kpt_at(rec, "checks.0.findings.probes.0");
+        cr_assert_str_eq(kpt_at(probe, "probe")->valuestring, "alone.row0");
+        cr_assert_eq(kpt_at(probe, "rows_probed")->valuedouble, 1, "compared");
+        cr_assert_eq(cJSON_GetArraySize(kpt_at(probe, "rows_differ")), 0);
         cr_assert_eq(cJSON_HasObjectItem(probe, "splits"), v == 1, "%s", v ? "not given: described" : "absent: not described");
         cJSON_Delete(rec), free(err);
     }

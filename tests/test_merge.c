@@ -13,6 +13,7 @@
 
 #include "../receipts/kp_bundle.h"
 #include "../receipts/kp_json.h"
+#include "../receipts/kp_verdict.h"
 #include "kp_test_util.h"
 
 TestSuite(merge, .init = kpt_dir_setup, .fini = kpt_dir_teardown, .timeout = 300);

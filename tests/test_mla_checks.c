@@ -30,19 +30,7 @@ TestSuite(mla_checks, .init = kpt_dir_setup, .fini = kpt_dir_teardown, .timeout 
 
 /* Build the defect plugin with one -D flag (or none) and a name; returns its path. */
 static char *plugin(const char *flag, const char *name) {
-    char *so, *src, *inc, *def, *at;
-    cr_assert(asprintf(&so, "%s/%s.so", kpt_dir, name) > 0);
-    cr_assert(asprintf(&src, "%s/tests/fixtures/plugin_mla_defects.c", kpt_source_dir()) > 0);
-    cr_assert(asprintf(&inc, "-I%s/kernels", kpt_source_dir()) > 0);
-    cr_assert(asprintf(&def, "-DKPT_NAME=\"%s\"", name) > 0);
-    cr_assert(asprintf(&at, "-DKPT_PERTURB_AT=%d", PERTURB_AT) > 0);
-    char *argv[] = {"/usr/bin/cc", "-shared", "-fPIC", "-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", inc, def, at,
-                    (char *)(flag ? flag : "-DKPT_CLEAN"), "-o", so, src, "-lm", NULL};
-    char *out, *err;
-    int rc = kpt_run(argv, &out, &err);
-    cr_assert_eq(rc, 0, "building the plugin failed: %s", err);
-    free(out), free(err), free(src), free(inc), free(def), free(at);
-    return so;
+    return kpt_build_plugin("plugin_mla_defects.c", flag, name, PERTURB_AT);
 }
 
 /* Build the plugin and write a config with it as the candidate, FlashMLA's tolerances and `cases` (JSON). */
@@ -62,42 +50,21 @@ static char *config(const char *flag, const char *name, const char *cases) {
 static char *gate(const char *cfg, const char *tag, int want_rc) {
     char *out, *o, *e;
     cr_assert(asprintf(&out, "%s/%s", kpt_dir, tag) > 0);
-    char *argv[] = {kpt_binary(), "gate", "--config", (char *)cfg, "--out", out, "--quiet", NULL};
-    const int rc = kpt_run(argv, &o, &e);
+    const int rc = kpt_gate(cfg, out, &o, &e);
     cr_assert_eq(rc, want_rc, "%s: exit %d, not %d\n%s\n%s", tag, rc, want_rc, o, e);
     free(o), free(e);
     return out;
 }
 
-static const cJSON *at(const cJSON *obj, const char *key) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    cr_assert_not_null(v, "no field %s", key);
-    return v;
-}
-static const char *str(const cJSON *obj, const char *key) {
-    const cJSON *v = at(obj, key);
-    cr_assert(cJSON_IsString(v), "%s is not a string", key);
-    return v->valuestring;
-}
-static double num(const cJSON *obj, const char *key) {
-    const cJSON *v = at(obj, key);
-    cr_assert(cJSON_IsNumber(v), "%s is not a number", key);
-    return v->valuedouble;
-}
-static const cJSON *check_of(const cJSON *rec, int k) {
-    const cJSON *c = cJSON_GetArrayItem(at(rec, "checks"), k);
-    cr_assert_not_null(c, "no check %d", k);
-    return c;
-}
 static const cJSON *tensor_of(const cJSON *chk, const char *name) {
-    for (const cJSON *t = at(at(chk, "findings"), "tensors")->child; t; t = t->next)
-        if (!strcmp(str(t, "tensor"), name)) return t;
+    for (const cJSON *t = kpt_at(kpt_at(chk, "findings"), "tensors")->child; t; t = t->next)
+        if (!strcmp(kpt_str(t, "tensor"), name)) return t;
     cr_assert_fail("the tolerance check has no tensor %s", name);
     return NULL;
 }
-static double count_of(const cJSON *tensor, const char *list) { return num(at(tensor, list), "count"); }
+static double count_of(const cJSON *tensor, const char *list) { return kpt_num(kpt_at(tensor, list), "count"); }
 static double first_of(const cJSON *tensor, const char *list) {
-    const cJSON *first = cJSON_GetArrayItem(at(at(tensor, list), "first"), 0);
+    const cJSON *first = cJSON_GetArrayItem(kpt_at(kpt_at(tensor, list), "first"), 0);
     cr_assert(cJSON_IsNumber(first), "%s lists no element", list);
     return first->valuedouble;
 }
@@ -113,7 +80,7 @@ static cJSON *tolerance_of(const char *flag, const char *name, int want_rc) {
 
 static void tensor_passes(const cJSON *chk, const char *name) {
     const cJSON *t = tensor_of(chk, name);
-    cr_assert_str_eq(str(t, "result"), "PASSED", "%s: %s", name, str(chk, "summary"));
+    cr_assert_str_eq(kpt_str(t, "result"), "PASSED", "%s: %s", name, kpt_str(chk, "summary"));
     cr_assert_eq(count_of(t, "over_tolerance"), 0, "%s", name);
     cr_assert_eq(count_of(t, "nonfinite_mismatch"), 0, "%s", name);
 }
@@ -158,30 +125,30 @@ Test(mla_checks, the_clean_plugin_passes_tolerance_repeat_and_batch_and_is_split
         cJSON *rec = kpt_receipt(bundle, c + 1);
         const char *const kinds[4] = {"tolerance", "repeat", "batch", "exact"};
         for (int k = 0; k < 4; k++) {
-            cr_assert_str_eq(str(check_of(rec, k), "check"), kinds[k]);
-            cr_assert_str_eq(str(check_of(rec, k), "result"), "PASSED", "case %d, %s: %s", c + 1, kinds[k],
-                             str(check_of(rec, k), "summary"));
+            cr_assert_str_eq(kpt_str(kpt_check(rec, k), "check"), kinds[k]);
+            cr_assert_str_eq(kpt_str(kpt_check(rec, k), "result"), "PASSED", "case %d, %s: %s", c + 1, kinds[k],
+                             kpt_str(kpt_check(rec, k), "summary"));
         }
-        const cJSON *tol = check_of(rec, 0);
+        const cJSON *tol = kpt_check(rec, 0);
         tensor_passes(tol, "out"), tensor_passes(tol, "lse"), tensor_passes(tol, "max_logits");
-        cr_assert_eq(num(tensor_of(tol, "out"), "elements"), batch[c] * (c ? 2 : 1) * 64 * 512);
-        const cJSON *f = at(check_of(rec, 2), "findings");
-        cr_assert_eq(num(f, "row_differences"), 0);
-        cr_assert_eq(num(f, "vacuous_probes"), 0);
+        cr_assert_eq(kpt_num(tensor_of(tol, "out"), "elements"), batch[c] * (c ? 2 : 1) * 64 * 512);
+        const cJSON *f = kpt_at(kpt_check(rec, 2), "findings");
+        cr_assert_eq(kpt_num(f, "row_differences"), 0);
+        cr_assert_eq(kpt_num(f, "vacuous_probes"), 0);
         int probes = 0;
-        for (const cJSON *p = at(f, "probes")->child; p; p = p->next, probes++) {
-            const cJSON *s = at(p, "splits"), *in_probe = at(s, "probe"), *in_full = at(s, "full_batch");
-            cr_assert_eq(cJSON_GetArraySize(in_probe), num(p, "batch"), "%s: a split count for every request", str(p, "probe"));
-            cr_assert_eq(cJSON_GetArraySize(in_full), num(p, "batch"), "%s", str(p, "probe"));
+        for (const cJSON *p = kpt_at(f, "probes")->child; p; p = p->next, probes++) {
+            const cJSON *s = kpt_at(p, "splits"), *in_probe = kpt_at(s, "probe"), *in_full = kpt_at(s, "full_batch");
+            cr_assert_eq(cJSON_GetArraySize(in_probe), kpt_num(p, "batch"), "%s: a split count for every request", kpt_str(p, "probe"));
+            cr_assert_eq(cJSON_GetArraySize(in_full), kpt_num(p, "batch"), "%s", kpt_str(p, "probe"));
             for (int i = 0; i < cJSON_GetArraySize(in_probe); i++) { /* topk <= KP_MLA_SPLIT_BLOCKS blocks: one split, whatever the batch */
-                cr_assert_eq(cJSON_GetArrayItem(in_probe, i)->valuedouble, 1, "%s, position %d", str(p, "probe"), i);
+                cr_assert_eq(cJSON_GetArrayItem(in_probe, i)->valuedouble, 1, "%s, position %d", kpt_str(p, "probe"), i);
                 const cJSON *full = cJSON_GetArrayItem(in_full, i);
-                cr_assert(cJSON_IsNull(full) || full->valuedouble == 1, "%s, position %d", str(p, "probe"), i);
+                cr_assert(cJSON_IsNull(full) || full->valuedouble == 1, "%s, position %d", kpt_str(p, "probe"), i);
             }
         }
         cr_assert_eq(probes, batch[c] + 2 + 1 + 2, "alone x %lld, two halves, reversed, and T, T + 1 of split_count's plan",
                      (long long)batch[c]);
-        cr_assert_eq(num(at(check_of(rec, 3), "findings"), "rows_differ"), 0);
+        cr_assert_eq(kpt_num(kpt_at(kpt_check(rec, 3), "findings"), "rows_differ"), 0);
         cJSON_Delete(rec);
     }
     free(cfg), free(bundle);
@@ -190,15 +157,15 @@ Test(mla_checks, the_clean_plugin_passes_tolerance_repeat_and_batch_and_is_split
 /* lse in log2: every lse is log2(e) times the reference; out and max_logits untouched. */
 Test(mla_checks, an_lse_left_in_log2_is_incorrect_on_lse_alone) {
     cJSON *rec = tolerance_of("-DKPT_LSE_LOG2", "mla.lse_log2@host", 1);
-    const cJSON *chk = check_of(rec, 0), *lse = tensor_of(chk, "lse");
-    cr_assert_str_eq(str(chk, "result"), "INCORRECT");
-    cr_assert_str_eq(str(lse, "result"), "INCORRECT");
+    const cJSON *chk = kpt_check(rec, 0), *lse = tensor_of(chk, "lse");
+    cr_assert_str_eq(kpt_str(chk, "result"), "INCORRECT");
+    cr_assert_str_eq(kpt_str(lse, "result"), "INCORRECT");
     cr_assert_eq(count_of(lse, "over_tolerance"), 2 * 64, "every lse is over (a full row's lse is about 6)");
     cr_assert_eq(count_of(lse, "nonfinite_mismatch"), 0);
-    for (const cJSON *r = at(lse, "worst_per_row")->child; r; r = r->next) {
-        const double ratio = num(r, "value") / num(r, "reference");
-        cr_assert(fabs(ratio - LOG2E) < 1e-5, "request %g: lse %g against %g, a ratio of %g, not log2(e)", num(r, "row"),
-                  num(r, "value"), num(r, "reference"), ratio);
+    for (const cJSON *r = kpt_at(lse, "worst_per_row")->child; r; r = r->next) {
+        const double ratio = kpt_num(r, "value") / kpt_num(r, "reference");
+        cr_assert(fabs(ratio - LOG2E) < 1e-5, "request %g: lse %g against %g, a ratio of %g, not log2(e)", kpt_num(r, "row"),
+                  kpt_num(r, "value"), kpt_num(r, "reference"), ratio);
     }
     tensor_passes(chk, "out"), tensor_passes(chk, "max_logits");
     cJSON_Delete(rec);
@@ -213,17 +180,17 @@ Test(mla_checks, a_hole_read_as_slot_0_is_over_tolerance_on_out_in_every_request
                        "{\"case\":\"" HOLE_CASE "\",\"checks\":[{\"check\":\"tolerance\",\"impl\":\"candidate\"}]}");
     char *bundle = gate(cfg, "hole_read", 1);
     cJSON *rec = kpt_receipt(bundle, 1);
-    const cJSON *chk = check_of(rec, 0), *out = tensor_of(chk, "out");
-    cr_assert_str_eq(str(chk, "result"), "INCORRECT");
-    cr_assert_str_eq(str(out, "result"), "INCORRECT");
+    const cJSON *chk = kpt_check(rec, 0), *out = tensor_of(chk, "out");
+    cr_assert_str_eq(kpt_str(chk, "result"), "INCORRECT");
+    cr_assert_str_eq(kpt_str(out, "result"), "INCORRECT");
     cr_assert_eq(count_of(out, "nonfinite_mismatch"), 0, "slot 0 holds finite values");
     cr_assert(count_of(out, "over_tolerance") > 0);
-    cr_assert_eq(cJSON_GetArraySize(at(at(out, "over_tolerance"), "first")), 16, "the receipt lists the first 16 over");
-    cr_assert_not_null(at(at(out, "over_tolerance"), "artifact"), "and every one of them as an artifact");
-    cr_assert_eq(cJSON_GetArraySize(at(out, "worst_per_row")), 4);
-    for (const cJSON *r = at(out, "worst_per_row")->child; r; r = r->next)
-        cr_assert(num(r, "excess") > 0, "request %g has holes, yet its worst element is within tolerance", num(r, "row"));
-    cr_assert_str_eq(str(tensor_of(chk, "lse"), "result"), "INCORRECT", "the counted slot adds to the denominator");
+    cr_assert_eq(cJSON_GetArraySize(kpt_at(kpt_at(out, "over_tolerance"), "first")), 16, "the receipt lists the first 16 over");
+    cr_assert_not_null(kpt_at(kpt_at(out, "over_tolerance"), "artifact"), "and every one of them as an artifact");
+    cr_assert_eq(cJSON_GetArraySize(kpt_at(out, "worst_per_row")), 4);
+    for (const cJSON *r = kpt_at(out, "worst_per_row")->child; r; r = r->next)
+        cr_assert(kpt_num(r, "excess") > 0, "request %g has holes, yet its worst element is within tolerance", kpt_num(r, "row"));
+    cr_assert_str_eq(kpt_str(tensor_of(chk, "lse"), "result"), "INCORRECT", "the counted slot adds to the denominator");
     cJSON_Delete(rec);
     free(cfg), free(bundle);
 }
@@ -232,11 +199,11 @@ Test(mla_checks, a_hole_read_as_slot_0_is_over_tolerance_on_out_in_every_request
  * so out and lse carry NaN where the reference is finite. */
 Test(mla_checks, a_neighbouring_token_read_is_caught_by_nan_positions) {
     cJSON *rec = tolerance_of("-DKPT_NEXT_TOKEN", "mla.next_token@host", 1);
-    const cJSON *chk = check_of(rec, 0), *out = tensor_of(chk, "out"), *lse = tensor_of(chk, "lse");
-    cr_assert_str_eq(str(chk, "result"), "INCORRECT");
-    cr_assert_str_eq(str(out, "result"), "INCORRECT");
-    cr_assert(count_of(out, "nonfinite_mismatch") > 0, "out: %s", str(chk, "summary"));
-    cr_assert(count_of(lse, "nonfinite_mismatch") > 0, "lse: %s", str(chk, "summary"));
+    const cJSON *chk = kpt_check(rec, 0), *out = tensor_of(chk, "out"), *lse = tensor_of(chk, "lse");
+    cr_assert_str_eq(kpt_str(chk, "result"), "INCORRECT");
+    cr_assert_str_eq(kpt_str(out, "result"), "INCORRECT");
+    cr_assert(count_of(out, "nonfinite_mismatch") > 0, "out: %s", kpt_str(chk, "summary"));
+    cr_assert(count_of(lse, "nonfinite_mismatch") > 0, "lse: %s", kpt_str(chk, "summary"));
     cJSON_Delete(rec);
 }
 
@@ -244,33 +211,33 @@ Test(mla_checks, a_neighbouring_token_read_is_caught_by_nan_positions) {
  * INCORRECT though every finite pair is within tolerance. */
 Test(mla_checks, a_nan_written_into_out_is_never_accepted) {
     cJSON *rec = tolerance_of("-DKPT_NAN_ONE", "mla.nan_one@host", 1);
-    const cJSON *chk = check_of(rec, 0), *out = tensor_of(chk, "out");
-    cr_assert_str_eq(str(chk, "result"), "INCORRECT");
-    cr_assert_str_eq(str(out, "result"), "INCORRECT");
+    const cJSON *chk = kpt_check(rec, 0), *out = tensor_of(chk, "out");
+    cr_assert_str_eq(kpt_str(chk, "result"), "INCORRECT");
+    cr_assert_str_eq(kpt_str(out, "result"), "INCORRECT");
     cr_assert_eq(count_of(out, "nonfinite_mismatch"), 1);
     cr_assert_eq(first_of(out, "nonfinite_mismatch"), PERTURB_AT);
     cr_assert_eq(count_of(out, "over_tolerance"), 0, "every finite pair is within tolerance");
-    cr_assert_eq(num(out, "finite_pairs"), 2 * OUT_ROW - 1);
-    const cJSON *row1 = cJSON_GetArrayItem(at(out, "worst_per_row"), 1);
-    cr_assert_eq(num(row1, "index"), PERTURB_AT, "request 1's worst element is the NaN");
+    cr_assert_eq(kpt_num(out, "finite_pairs"), 2 * OUT_ROW - 1);
+    const cJSON *row1 = cJSON_GetArrayItem(kpt_at(out, "worst_per_row"), 1);
+    cr_assert_eq(kpt_num(row1, "index"), PERTURB_AT, "request 1's worst element is the NaN");
     tensor_passes(chk, "lse"), tensor_passes(chk, "max_logits");
     cJSON_Delete(rec);
 }
 
 Test(mla_checks, one_perturbed_element_is_the_one_over_and_the_receipt_names_its_index) {
     cJSON *rec = tolerance_of("-DKPT_PERTURB_ONE", "mla.perturb_one@host", 1);
-    const cJSON *chk = check_of(rec, 0), *out = tensor_of(chk, "out");
-    cr_assert_str_eq(str(out, "result"), "INCORRECT");
+    const cJSON *chk = kpt_check(rec, 0), *out = tensor_of(chk, "out");
+    cr_assert_str_eq(kpt_str(out, "result"), "INCORRECT");
     cr_assert_eq(count_of(out, "over_tolerance"), 1, "exactly one element over");
     cr_assert_eq(first_of(out, "over_tolerance"), PERTURB_AT, "the element over is the planted one");
     cr_assert_eq(count_of(out, "nonfinite_mismatch"), 0);
-    const cJSON *m = at(out, "metrics");
-    cr_assert_eq(num(m, "max_abs_at"), PERTURB_AT);
-    cr_assert(fabs(num(m, "max_abs") - 0.5) < 0.01, "max abs %g, planted 0.5 (then rounded to bf16)", num(m, "max_abs"));
-    const cJSON *row1 = cJSON_GetArrayItem(at(out, "worst_per_row"), 1);
-    cr_assert_eq(num(row1, "index"), PERTURB_AT);
-    cr_assert(num(row1, "excess") > 0.4);
-    cr_assert(num(cJSON_GetArrayItem(at(out, "worst_per_row"), 0), "excess") <= 0, "request 0 is untouched");
+    const cJSON *m = kpt_at(out, "metrics");
+    cr_assert_eq(kpt_num(m, "max_abs_at"), PERTURB_AT);
+    cr_assert(fabs(kpt_num(m, "max_abs") - 0.5) < 0.01, "max abs %g, planted 0.5 (then rounded to bf16)", kpt_num(m, "max_abs"));
+    const cJSON *row1 = cJSON_GetArrayItem(kpt_at(out, "worst_per_row"), 1);
+    cr_assert_eq(kpt_num(row1, "index"), PERTURB_AT);
+    cr_assert(kpt_num(row1, "excess") > 0.4);
+    cr_assert(kpt_num(cJSON_GetArrayItem(kpt_at(out, "worst_per_row"), 0), "excess") <= 0, "request 0 is untouched");
     tensor_passes(chk, "lse"), tensor_passes(chk, "max_logits");
     cJSON_Delete(rec);
 }
@@ -284,28 +251,28 @@ Test(mla_checks, splits_that_depend_on_the_batch_fail_batch_on_the_alone_probes_
                        "{\"check\":\"tolerance\",\"impl\":\"candidate\"},{\"check\":\"batch\",\"impl\":\"candidate\"}]}");
     char *bundle = gate(cfg, "batch_splits", 1);
     cJSON *rec = kpt_receipt(bundle, 1);
-    cr_assert_str_eq(str(check_of(rec, 0), "result"), "PASSED", "%s", str(check_of(rec, 0), "summary"));
-    const cJSON *chk = check_of(rec, 1), *f = at(chk, "findings");
-    cr_assert_str_eq(str(chk, "result"), "INCORRECT");
-    cr_assert_eq(num(f, "row_differences"), 4, "each request alone differs; no probe of two or more does");
-    cr_assert_eq(num(f, "vacuous_probes"), 0);
+    cr_assert_str_eq(kpt_str(kpt_check(rec, 0), "result"), "PASSED", "%s", kpt_str(kpt_check(rec, 0), "summary"));
+    const cJSON *chk = kpt_check(rec, 1), *f = kpt_at(chk, "findings");
+    cr_assert_str_eq(kpt_str(chk, "result"), "INCORRECT");
+    cr_assert_eq(kpt_num(f, "row_differences"), 4, "each request alone differs; no probe of two or more does");
+    cr_assert_eq(kpt_num(f, "vacuous_probes"), 0);
     int alone = 0;
-    for (const cJSON *p = at(f, "probes")->child; p; p = p->next) {
-        const char *name = str(p, "probe");
-        const cJSON *differ = at(p, "rows_differ"), *s = at(p, "splits");
+    for (const cJSON *p = kpt_at(f, "probes")->child; p; p = p->next) {
+        const char *name = kpt_str(p, "probe");
+        const cJSON *differ = kpt_at(p, "rows_differ"), *s = kpt_at(p, "splits");
         if (strncmp(name, "alone.row", 9)) {
             cr_assert_eq(cJSON_GetArraySize(differ), 0, "%s: a batch of %g cuts the same splits as the full batch", name,
-                         num(p, "batch"));
+                         kpt_num(p, "batch"));
             continue;
         }
         const int r = atoi(name + 9);
         alone++;
         cr_assert_eq(cJSON_GetArraySize(differ), 1, "%s", name);
-        cr_assert_eq(num(cJSON_GetArrayItem(differ, 0), "row"), r, "%s names its request", name);
-        const cJSON *moved = at(at(cJSON_GetArrayItem(differ, 0), "elements"), "out");
-        cr_assert(num(moved, "count") > 0, "%s lists the elements of out that moved", name);
-        cr_assert_eq(cJSON_GetArrayItem(at(s, "probe"), 0)->valuedouble, 4, "%s: 4 splits alone", name);
-        cr_assert_eq(cJSON_GetArrayItem(at(s, "full_batch"), 0)->valuedouble, 1, "%s: 1 in the full batch", name);
+        cr_assert_eq(kpt_num(cJSON_GetArrayItem(differ, 0), "row"), r, "%s names its request", name);
+        const cJSON *moved = kpt_at(kpt_at(cJSON_GetArrayItem(differ, 0), "elements"), "out");
+        cr_assert(kpt_num(moved, "count") > 0, "%s lists the elements of out that moved", name);
+        cr_assert_eq(cJSON_GetArrayItem(kpt_at(s, "probe"), 0)->valuedouble, 4, "%s: 4 splits alone", name);
+        cr_assert_eq(cJSON_GetArrayItem(kpt_at(s, "full_batch"), 0)->valuedouble, 1, "%s: 1 in the full batch", name);
     }
     cr_assert_eq(alone, 4);
     cJSON_Delete(rec);
@@ -320,13 +287,13 @@ Test(mla_checks, splits_that_change_between_calls_fail_repeat_with_the_order_cha
                        "{\"check\":\"repeat\",\"impl\":\"candidate\",\"runs\":4}]}");
     char *bundle = gate(cfg, "run_drift", 1);
     cJSON *rec = kpt_receipt(bundle, 1);
-    cr_assert_str_eq(str(check_of(rec, 0), "result"), "PASSED", "%s", str(check_of(rec, 0), "summary"));
-    const cJSON *chk = check_of(rec, 1), *f = at(chk, "findings");
-    cr_assert_str_eq(str(chk, "result"), "INCORRECT");
-    cr_assert_eq(num(f, "distinct_outputs"), 2);
-    cr_assert(cJSON_IsTrue(at(f, "order_changed")));
-    cr_assert_eq(num(at(f, "rows_varying_by_tensor"), "splits"), 2);
-    cr_assert(num(at(f, "rows_varying_by_tensor"), "out") > 0);
+    cr_assert_str_eq(kpt_str(kpt_check(rec, 0), "result"), "PASSED", "%s", kpt_str(kpt_check(rec, 0), "summary"));
+    const cJSON *chk = kpt_check(rec, 1), *f = kpt_at(chk, "findings");
+    cr_assert_str_eq(kpt_str(chk, "result"), "INCORRECT");
+    cr_assert_eq(kpt_num(f, "distinct_outputs"), 2);
+    cr_assert(cJSON_IsTrue(kpt_at(f, "order_changed")));
+    cr_assert_eq(kpt_num(kpt_at(f, "rows_varying_by_tensor"), "splits"), 2);
+    cr_assert(kpt_num(kpt_at(f, "rows_varying_by_tensor"), "out") > 0);
     cJSON_Delete(rec);
     free(cfg), free(bundle);
 }
@@ -343,10 +310,10 @@ Test(mla_checks, a_case_with_one_topk_length_a_request_passes_the_candidates_tol
     cr_assert_eq(kpt_write(path, body, strlen(body)), 0);
     char *bundle = gate(path, "request", 0);
     cJSON *rec = kpt_receipt(bundle, 1);
-    cr_assert_str_eq(str(at(rec, "case"), "name"), name);
-    cr_assert_str_eq(str(at(at(rec, "case"), "params"), "topk_length"), "request");
-    const cJSON *chk = check_of(rec, 0);
-    cr_assert_str_eq(str(chk, "result"), "PASSED", "%s", str(chk, "summary"));
+    cr_assert_str_eq(kpt_str(kpt_at(rec, "case"), "name"), name);
+    cr_assert_str_eq(kpt_str(kpt_at(kpt_at(rec, "case"), "params"), "topk_length"), "request");
+    const cJSON *chk = kpt_check(rec, 0);
+    cr_assert_str_eq(kpt_str(chk, "result"), "PASSED", "%s", kpt_str(chk, "summary"));
     tensor_passes(chk, "out"), tensor_passes(chk, "lse"), tensor_passes(chk, "max_logits");
     cJSON_Delete(rec);
     free(body), free(path), free(bundle);

@@ -23,19 +23,7 @@ TestSuite(moe_checks, .init = kpt_dir_setup, .fini = kpt_dir_teardown, .timeout 
 
 /* Build the defect plugin with one -D flag (or none) and a name; returns its path. */
 static char *plugin(const char *flag, const char *name) {
-    char *so, *src, *inc, *def, *at;
-    cr_assert(asprintf(&so, "%s/%s.so", kpt_dir, name) > 0);
-    cr_assert(asprintf(&src, "%s/tests/fixtures/plugin_moe_defects.c", kpt_source_dir()) > 0);
-    cr_assert(asprintf(&inc, "-I%s/kernels", kpt_source_dir()) > 0);
-    cr_assert(asprintf(&def, "-DKPT_NAME=\"%s\"", name) > 0);
-    cr_assert(asprintf(&at, "-DKPT_PERTURB_AT=%d", PERTURB_AT) > 0);
-    char *argv[] = {"/usr/bin/cc", "-shared", "-fPIC", "-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", inc, def, at,
-                    (char *)(flag ? flag : "-DKPT_CLEAN"), "-o", so, src, "-lm", NULL};
-    char *out, *err;
-    int rc = kpt_run(argv, &out, &err);
-    cr_assert_eq(rc, 0, "building the plugin failed: %s", err);
-    free(out), free(err), free(src), free(inc), free(def), free(at);
-    return so;
+    return kpt_build_plugin("plugin_moe_defects.c", flag, name, PERTURB_AT);
 }
 
 /* A config: optionally one plugin, the candidate role, atol 0.04 and rtol 0, and the cases (JSON). */
@@ -56,44 +44,23 @@ static char *config(const char *tag, const char *so, const char *candidate, cons
 static cJSON *gate(const char *cfg, const char *tag, int want_rc) {
     char *out, *o, *e;
     cr_assert(asprintf(&out, "%s/%s", kpt_dir, tag) > 0);
-    char *argv[] = {kpt_binary(), "gate", "--config", (char *)cfg, "--out", out, "--quiet", NULL};
-    const int rc = kpt_run(argv, &o, &e);
+    const int rc = kpt_gate(cfg, out, &o, &e);
     cr_assert_eq(rc, want_rc, "%s: exit %d, not %d\n%s\n%s", tag, rc, want_rc, o, e);
     cJSON *rec = kpt_receipt(out, 1);
     free(out), free(o), free(e);
     return rec;
 }
 
-static const cJSON *at(const cJSON *obj, const char *key) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    cr_assert_not_null(v, "no field %s", key);
-    return v;
-}
-static const char *str(const cJSON *obj, const char *key) {
-    const cJSON *v = at(obj, key);
-    cr_assert(cJSON_IsString(v), "%s is not a string", key);
-    return v->valuestring;
-}
-static double num(const cJSON *obj, const char *key) {
-    const cJSON *v = at(obj, key);
-    cr_assert(cJSON_IsNumber(v), "%s is not a number", key);
-    return v->valuedouble;
-}
-static const cJSON *check_of(const cJSON *rec, int k) {
-    const cJSON *c = cJSON_GetArrayItem(at(rec, "checks"), k);
-    cr_assert_not_null(c, "no check %d", k);
-    return c;
-}
 
 /* The tolerance check of the plugin built with `flag`, named `name`, on TOL_CASE: the check's only tensor. */
 static cJSON *tolerance_of(const char *flag, const char *name, int want_rc, const cJSON **tensor) {
     char *so = plugin(flag, name);
     char *cfg = config(name, so, name, "{\"case\":\"" TOL_CASE "\",\"checks\":[{\"check\":\"tolerance\",\"impl\":\"candidate\"}]}");
     cJSON *rec = gate(cfg, name, want_rc);
-    const cJSON *f = at(check_of(rec, 0), "findings");
-    cr_assert_eq(cJSON_GetArraySize(at(f, "tensors")), 1, "moe's tolerance covers 'out' alone");
-    *tensor = cJSON_GetArrayItem(at(f, "tensors"), 0);
-    cr_assert_str_eq(str(*tensor, "tensor"), "out");
+    const cJSON *f = kpt_at(kpt_check(rec, 0), "findings");
+    cr_assert_eq(cJSON_GetArraySize(kpt_at(f, "tensors")), 1, "moe's tolerance covers 'out' alone");
+    *tensor = cJSON_GetArrayItem(kpt_at(f, "tensors"), 0);
+    cr_assert_str_eq(kpt_str(*tensor, "tensor"), "out");
     free(so), free(cfg);
     return rec;
 }
@@ -101,42 +68,42 @@ static cJSON *tolerance_of(const char *flag, const char *name, int want_rc, cons
 /* The receipt's worst element must be where the metrics say: the row whose worst element goes furthest
  * past the tolerance holds the max-abs index, its |value - reference|, and a positive excess. */
 static void worst_is_named(const cJSON *tensor, const char *what) {
-    const cJSON *m = at(tensor, "metrics"), *rows = at(tensor, "worst_per_row");
-    const double max_abs = num(m, "max_abs"), max_abs_at = num(m, "max_abs_at");
+    const cJSON *m = kpt_at(tensor, "metrics"), *rows = kpt_at(tensor, "worst_per_row");
+    const double max_abs = kpt_num(m, "max_abs"), max_abs_at = kpt_num(m, "max_abs_at");
     cr_assert(max_abs > ATOL, "%s: max abs %g is within the tolerance", what, max_abs);
     cr_assert_eq(cJSON_GetArraySize(rows), 4, "%s: one worst element per row", what);
     const cJSON *worst = NULL;
     for (const cJSON *r = rows->child; r; r = r->next) {
-        const double index = num(r, "index");
-        cr_assert(index >= num(r, "row") * 256 && index < (num(r, "row") + 1) * 256, "%s: row %g's worst is at %g", what,
-                  num(r, "row"), index);
-        if (!worst || num(r, "excess") > num(worst, "excess")) worst = r;
+        const double index = kpt_num(r, "index");
+        cr_assert(index >= kpt_num(r, "row") * 256 && index < (kpt_num(r, "row") + 1) * 256, "%s: row %g's worst is at %g", what,
+                  kpt_num(r, "row"), index);
+        if (!worst || kpt_num(r, "excess") > kpt_num(worst, "excess")) worst = r;
     }
-    cr_assert(num(worst, "excess") > 0, "%s", what);
-    cr_assert_eq(num(worst, "index"), max_abs_at, "%s: the worst row's element %g is not the max-abs element %g", what,
-                 num(worst, "index"), max_abs_at);
-    cr_assert(fabs(num(worst, "abs") - max_abs) <= 1e-12 * max_abs, "%s: abs %g, max abs %g", what, num(worst, "abs"), max_abs);
-    cr_assert(fabs(fabs(num(worst, "value") - num(worst, "reference")) - max_abs) <= 1e-9 * max_abs, "%s", what);
+    cr_assert(kpt_num(worst, "excess") > 0, "%s", what);
+    cr_assert_eq(kpt_num(worst, "index"), max_abs_at, "%s: the worst row's element %g is not the max-abs element %g", what,
+                 kpt_num(worst, "index"), max_abs_at);
+    cr_assert(fabs(kpt_num(worst, "abs") - max_abs) <= 1e-12 * max_abs, "%s: abs %g, max abs %g", what, kpt_num(worst, "abs"), max_abs);
+    cr_assert(fabs(fabs(kpt_num(worst, "value") - kpt_num(worst, "reference")) - max_abs) <= 1e-9 * max_abs, "%s", what);
 }
 
 Test(moe_checks, a_clean_plain_plugin_passes_the_tolerance_check) {
     const cJSON *t;
     cJSON *rec = tolerance_of(NULL, "moe.plain@host", 0, &t);
-    cr_assert_str_eq(str(check_of(rec, 0), "result"), "PASSED");
-    cr_assert_str_eq(str(t, "result"), "PASSED");
-    cr_assert_eq(num(at(t, "over_tolerance"), "count"), 0);
-    cr_assert_eq(num(t, "elements"), 4 * 256);
-    cr_assert(num(at(t, "metrics"), "max_abs") < 1e-3, "a plain f32 MoE is %g from the reference", num(at(t, "metrics"), "max_abs"));
+    cr_assert_str_eq(kpt_str(kpt_check(rec, 0), "result"), "PASSED");
+    cr_assert_str_eq(kpt_str(t, "result"), "PASSED");
+    cr_assert_eq(kpt_num(kpt_at(t, "over_tolerance"), "count"), 0);
+    cr_assert_eq(kpt_num(t, "elements"), 4 * 256);
+    cr_assert(kpt_num(kpt_at(t, "metrics"), "max_abs") < 1e-3, "a plain f32 MoE is %g from the reference", kpt_num(kpt_at(t, "metrics"), "max_abs"));
     cJSON_Delete(rec);
 }
 
 Test(moe_checks, nibbles_read_the_wrong_way_round_are_incorrect_and_the_worst_element_is_named) {
     const cJSON *t;
     cJSON *rec = tolerance_of("-DKPT_NIBBLE_SWAP", "moe.nibble_swap@host", 1, &t);
-    cr_assert_str_eq(str(check_of(rec, 0), "result"), "INCORRECT");
-    cr_assert_str_eq(str(t, "result"), "INCORRECT");
-    cr_assert_eq(num(at(t, "nonfinite_mismatch"), "count"), 0);
-    cr_assert(num(at(t, "over_tolerance"), "count") > 0);
+    cr_assert_str_eq(kpt_str(kpt_check(rec, 0), "result"), "INCORRECT");
+    cr_assert_str_eq(kpt_str(t, "result"), "INCORRECT");
+    cr_assert_eq(kpt_num(kpt_at(t, "nonfinite_mismatch"), "count"), 0);
+    cr_assert(kpt_num(kpt_at(t, "over_tolerance"), "count") > 0);
     worst_is_named(t, "nibble swap");
     cJSON_Delete(rec);
 }
@@ -144,31 +111,31 @@ Test(moe_checks, nibbles_read_the_wrong_way_round_are_incorrect_and_the_worst_el
 Test(moe_checks, a_global_scale_in_the_wrong_direction_is_incorrect_and_the_worst_element_is_named) {
     const cJSON *t;
     cJSON *rec = tolerance_of("-DKPT_SCALE_FLIP", "moe.scale_flip@host", 1, &t);
-    cr_assert_str_eq(str(check_of(rec, 0), "result"), "INCORRECT");
-    cr_assert_str_eq(str(t, "result"), "INCORRECT");
-    cr_assert_eq(num(at(t, "nonfinite_mismatch"), "count"), 0, "the flipped scale stays finite at this shape");
-    cr_assert(num(at(t, "over_tolerance"), "count") > 4 * 256 / 2, "most elements are off by orders of magnitude");
+    cr_assert_str_eq(kpt_str(kpt_check(rec, 0), "result"), "INCORRECT");
+    cr_assert_str_eq(kpt_str(t, "result"), "INCORRECT");
+    cr_assert_eq(kpt_num(kpt_at(t, "nonfinite_mismatch"), "count"), 0, "the flipped scale stays finite at this shape");
+    cr_assert(kpt_num(kpt_at(t, "over_tolerance"), "count") > 4 * 256 / 2, "most elements are off by orders of magnitude");
     worst_is_named(t, "scale flip");
-    cr_assert(num(at(t, "metrics"), "max_abs") > 1e6, "max abs %g", num(at(t, "metrics"), "max_abs"));
+    cr_assert(kpt_num(kpt_at(t, "metrics"), "max_abs") > 1e6, "max abs %g", kpt_num(kpt_at(t, "metrics"), "max_abs"));
     cJSON_Delete(rec);
 }
 
 Test(moe_checks, one_perturbed_element_is_the_one_over_and_the_receipt_names_its_index) {
     const cJSON *t;
     cJSON *rec = tolerance_of("-DKPT_PERTURB_ONE", "moe.perturb_one@host", 1, &t);
-    cr_assert_str_eq(str(t, "result"), "INCORRECT");
-    const cJSON *over = at(t, "over_tolerance");
-    cr_assert_eq(num(over, "count"), 1, "exactly one element over");
-    cr_assert_eq(cJSON_GetArraySize(at(over, "first")), 1);
-    cr_assert_eq(cJSON_GetArrayItem(at(over, "first"), 0)->valuedouble, PERTURB_AT, "the element over is the planted one");
-    const cJSON *m = at(t, "metrics");
-    cr_assert_eq(num(m, "max_abs_at"), PERTURB_AT);
-    cr_assert(fabs(num(m, "max_abs") - 0.5) < 1e-3, "max abs %g, planted 0.5", num(m, "max_abs"));
-    const cJSON *row1 = cJSON_GetArrayItem(at(t, "worst_per_row"), PERTURB_AT / 256);
-    cr_assert_eq(num(row1, "row"), PERTURB_AT / 256);
-    cr_assert_eq(num(row1, "index"), PERTURB_AT);
-    cr_assert(fabs(num(row1, "value") - num(row1, "reference") - 0.5) < 1e-3, "value %g, reference %g", num(row1, "value"),
-              num(row1, "reference"));
+    cr_assert_str_eq(kpt_str(t, "result"), "INCORRECT");
+    const cJSON *over = kpt_at(t, "over_tolerance");
+    cr_assert_eq(kpt_num(over, "count"), 1, "exactly one element over");
+    cr_assert_eq(cJSON_GetArraySize(kpt_at(over, "first")), 1);
+    cr_assert_eq(cJSON_GetArrayItem(kpt_at(over, "first"), 0)->valuedouble, PERTURB_AT, "the element over is the planted one");
+    const cJSON *m = kpt_at(t, "metrics");
+    cr_assert_eq(kpt_num(m, "max_abs_at"), PERTURB_AT);
+    cr_assert(fabs(kpt_num(m, "max_abs") - 0.5) < 1e-3, "max abs %g, planted 0.5", kpt_num(m, "max_abs"));
+    const cJSON *row1 = cJSON_GetArrayItem(kpt_at(t, "worst_per_row"), PERTURB_AT / 256);
+    cr_assert_eq(kpt_num(row1, "row"), PERTURB_AT / 256);
+    cr_assert_eq(kpt_num(row1, "index"), PERTURB_AT);
+    cr_assert(fabs(kpt_num(row1, "value") - kpt_num(row1, "reference") - 0.5) < 1e-3, "value %g, reference %g", kpt_num(row1, "value"),
+              kpt_num(row1, "reference"));
     worst_is_named(t, "perturb one");
     cJSON_Delete(rec);
 }
@@ -181,32 +148,32 @@ Test(moe_checks, batch_passes_the_candidate_with_no_vacuous_probe_and_fails_gemv
                        "{\"case\":\"moe(hidden=256,inter=128,m=8,model=glm47,profile=hot,seed=21)\","
                        "\"checks\":[{\"check\":\"batch\",\"impl\":\"candidate\"}]}");
     cJSON *rec = gate(cfg, "batch", 0);
-    const cJSON *chk = check_of(rec, 0), *f = at(chk, "findings");
-    cr_assert_str_eq(str(chk, "result"), "PASSED", "%s", str(chk, "summary"));
-    cr_assert_eq(num(f, "vacuous_probes"), 0);
-    cr_assert_eq(num(f, "row_differences"), 0);
+    const cJSON *chk = kpt_check(rec, 0), *f = kpt_at(chk, "findings");
+    cr_assert_str_eq(kpt_str(chk, "result"), "PASSED", "%s", kpt_str(chk, "summary"));
+    cr_assert_eq(kpt_num(f, "vacuous_probes"), 0);
+    cr_assert_eq(kpt_num(f, "row_differences"), 0);
     /* alone x 8, two halves, reversed, and T, T + 1 for glm47's thresholds (32, 115, 230, 255, 460, 691) */
-    cr_assert(cJSON_GetArraySize(at(f, "probes")) >= 8 + 2 + 1 + 2 * 6, "%d probes", cJSON_GetArraySize(at(f, "probes")));
+    cr_assert(cJSON_GetArraySize(kpt_at(f, "probes")) >= 8 + 2 + 1 + 2 * 6, "%d probes", cJSON_GetArraySize(kpt_at(f, "probes")));
     const cJSON *permuted = NULL;
-    for (const cJSON *p = at(f, "probes")->child; p; p = p->next)
-        if (!strcmp(str(p, "probe"), "permuted")) permuted = p;
+    for (const cJSON *p = kpt_at(f, "probes")->child; p; p = p->next)
+        if (!strcmp(kpt_str(p, "probe"), "permuted")) permuted = p;
     cr_assert_not_null(permuted);
-    cr_assert_eq(num(permuted, "rows_moved"), 8, "the reversed batch moves every row to another slot of expert 0");
+    cr_assert_eq(kpt_num(permuted, "rows_moved"), 8, "the reversed batch moves every row to another slot of expert 0");
     cJSON_Delete(rec);
     free(cfg);
     cfg = config("batch_gemv", NULL, "moe.marlin_gemv32@host",
                  "{\"case\":\"moe(hidden=64,inter=32,m=33,model=glm47,profile=straddle,seed=22)\","
                  "\"checks\":[{\"check\":\"batch\",\"impl\":\"candidate\"}]}");
     rec = gate(cfg, "batch_gemv", 1);
-    chk = check_of(rec, 0);
-    cr_assert_str_eq(str(chk, "result"), "INCORRECT");
-    cr_assert(num(at(chk, "findings"), "row_differences") > 0);
+    chk = kpt_check(rec, 0);
+    cr_assert_str_eq(kpt_str(chk, "result"), "INCORRECT");
+    cr_assert(kpt_num(kpt_at(chk, "findings"), "row_differences") > 0);
     /* the case's own thresholds: the 32-row gemv switch, Marlin's block-size steps for 64 experts and top 4
        (rows * 4 / 64 / bsm reaching 0.9 for bsm 8, 16, 32, 48) and the atomic slot order from 1,024 slots */
     const int64_t want[] = {32, 115, 230, 460, 691, 255};
-    const cJSON *ths = at(at(chk, "params"), "thresholds");
+    const cJSON *ths = kpt_at(kpt_at(chk, "params"), "thresholds");
     cr_assert_eq(cJSON_GetArraySize(ths), 6);
-    for (int i = 0; i < 6; i++) cr_assert_eq(num(cJSON_GetArrayItem(ths, i), "rows"), want[i], "threshold %d", i);
+    for (int i = 0; i < 6; i++) cr_assert_eq(kpt_num(cJSON_GetArrayItem(ths, i), "rows"), want[i], "threshold %d", i);
     cJSON_Delete(rec);
     free(cfg);
 }
@@ -219,18 +186,18 @@ Test(moe_checks, repeat_fails_marlin_like_with_its_order_changed_and_passes_the_
                        "{\"check\":\"repeat\",\"impl\":\"candidate\",\"runs\":3},"
                        "{\"check\":\"repeat\",\"impl\":\"moe.invariant@host\",\"runs\":3}]}");
     cJSON *rec = gate(cfg, "repeat", 1);
-    const cJSON *inc = check_of(rec, 0), *f = at(inc, "findings");
-    cr_assert_str_eq(str(inc, "impl"), "moe.marlin_like@host");
-    cr_assert_str_eq(str(inc, "result"), "INCORRECT", "%s", str(inc, "summary"));
-    cr_assert(cJSON_IsTrue(at(f, "order_changed")), "order_changed");
-    cr_assert(num(at(f, "rows_varying_by_tensor"), "slots") > 0);
-    cr_assert(num(at(f, "rows_varying_by_tensor"), "out") > 0);
-    cr_assert(num(f, "distinct_outputs") >= 2);
-    const cJSON *cand = check_of(rec, 1), *g = at(cand, "findings");
-    cr_assert_str_eq(str(cand, "impl"), "moe.invariant@host");
-    cr_assert_str_eq(str(cand, "result"), "PASSED", "%s", str(cand, "summary"));
-    cr_assert(cJSON_IsFalse(at(g, "order_changed")), "the candidate's slots are token order, every run");
-    cr_assert_eq(num(at(g, "rows_varying_by_tensor"), "slots"), 0);
+    const cJSON *inc = kpt_check(rec, 0), *f = kpt_at(inc, "findings");
+    cr_assert_str_eq(kpt_str(inc, "impl"), "moe.marlin_like@host");
+    cr_assert_str_eq(kpt_str(inc, "result"), "INCORRECT", "%s", kpt_str(inc, "summary"));
+    cr_assert(cJSON_IsTrue(kpt_at(f, "order_changed")), "order_changed");
+    cr_assert(kpt_num(kpt_at(f, "rows_varying_by_tensor"), "slots") > 0);
+    cr_assert(kpt_num(kpt_at(f, "rows_varying_by_tensor"), "out") > 0);
+    cr_assert(kpt_num(f, "distinct_outputs") >= 2);
+    const cJSON *cand = kpt_check(rec, 1), *g = kpt_at(cand, "findings");
+    cr_assert_str_eq(kpt_str(cand, "impl"), "moe.invariant@host");
+    cr_assert_str_eq(kpt_str(cand, "result"), "PASSED", "%s", kpt_str(cand, "summary"));
+    cr_assert(cJSON_IsFalse(kpt_at(g, "order_changed")), "the candidate's slots are token order, every run");
+    cr_assert_eq(kpt_num(kpt_at(g, "rows_varying_by_tensor"), "slots"), 0);
     cJSON_Delete(rec);
     free(cfg);
 }

@@ -13,8 +13,11 @@
 #include <unistd.h>
 
 #include "../receipts/kp_bundle.h"
+#include "../receipts/kp_fileio.h"
 #include "../receipts/kp_json.h"
 #include "../receipts/kp_npy.h"
+#include "../receipts/kp_verdict.h"
+#include "../receipts/kp_verify.h"
 #include "kp_test_util.h"
 
 static char *path_in(const char *dir, const char *rel) {

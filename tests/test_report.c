@@ -13,6 +13,7 @@
 
 #include "../receipts/kp_bundle.h"
 #include "../receipts/kp_json.h"
+#include "../receipts/kp_report.h"
 #include "kp_test_util.h"
 
 TestSuite(report, .init = kpt_dir_setup, .fini = kpt_dir_teardown);

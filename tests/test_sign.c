@@ -18,6 +18,7 @@
 
 #include "../receipts/kp_bundle.h"
 #include "../receipts/kp_json.h"
+#include "../receipts/kp_report.h"
 #include "../receipts/kp_sign.h"
 #include "kp_test_util.h"
 
