@@ -27,13 +27,6 @@ int kp_family_thresholds(const kp_family *fam, const kp_case *c, kp_threshold t[
     return n;
 }
 
-int64_t kp_threshold_probe_rows(const kp_threshold *t, int n) {
-    int64_t most = 0;
-    for (int i = 0; i < n; i++)
-        if (t[i].rows + 1 > most) most = t[i].rows + 1;
-    return most;
-}
-
 int kp_family_output_index(const kp_family *fam, const char *name) {
     for (int k = 0; name && fam->output_names && fam->output_names[k]; k++)
         if (!strcmp(fam->output_names[k], name)) return k;

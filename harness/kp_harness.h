@@ -367,8 +367,14 @@ static inline void kp_family_names(char *buf, size_t len) { kp_table_names(&kp_f
 /* A case's batch thresholds (the family's case_thresholds, else its static list) into t; their count. */
 int kp_family_thresholds(const kp_family *fam, const kp_case *c, kp_threshold t[KP_THRESHOLDS_MAX]);
 /* The filler rows a batch check's probes need beyond a case's own rows: probes fill up to the largest threshold
- * + 1 (0 without thresholds). The one place that rule is written; the families' estimates and the checks use it. */
-int64_t kp_threshold_probe_rows(const kp_threshold *t, int n);
+ * + 1 (0 without thresholds). The one place that rule is written; the families' estimates and the checks use it
+ * (inline: the family files call it, and families.c lists them, so an out-of-line copy there would be a call loop). */
+static inline int64_t kp_threshold_probe_rows(const kp_threshold *t, int n) {
+    int64_t most = 0;
+    for (int i = 0; i < n; i++)
+        if (t[i].rows + 1 > most) most = t[i].rows + 1;
+    return most;
+}
 static inline int64_t kp_family_probe_rows(const kp_family *fam, const kp_case *c) {
     kp_threshold t[KP_THRESHOLDS_MAX];
     return kp_threshold_probe_rows(t, kp_family_thresholds(fam, c, t));
