@@ -37,8 +37,9 @@ build=${KPARITY_COV_BUILD_DIR:-build-cov}
 command -v gcc >/dev/null 2>&1 && command -v gcov >/dev/null 2>&1 ||
   { echo "coverage.sh: needs gcc and its gcov. Hint: apt-get install build-essential" >&2; exit 3; }
 mkdir -p "$build"
-# -O1: close to what is measured at -O0 (few branches folded away) and the reference and the host gates run in
-# reasonable time; kernels/ is not instrumented and builds at -O2 (CMakeLists.txt says why).
+# -O1 so that the references and the host gates run in reasonable time; its price: gcc may merge the tests of a compound
+# condition into one, so a branch of such a line need not map to one operand (lines never run read as they are).
+# kernels/ is not instrumented and builds at -O2 (CMakeLists.txt says why).
 if ! { CC=gcc cmake -S . -B "$build" -DKP_COVERAGE=ON -DKP_CUDA=OFF -DKP_TESTS=ON -DCMAKE_BUILD_TYPE=Debug \
          -DCMAKE_C_FLAGS_DEBUG="-O1 -g" && cmake --build "$build" -j"$(nproc)"; } >"$build/setup.log" 2>&1; then
   cat "$build/setup.log" >&2
