@@ -101,9 +101,9 @@ def main():
                 continue
             for count, branches, _ in per.values():
                 lt += 1
-                lh += count > 0
+                lh += count != 0  # a count raced below zero (a build without atomic updates) still ran
                 bt += len(branches)
-                bh += sum(1 for c in branches if c > 0)
+                bh += sum(1 for c in branches if c != 0)
         rows.append((folder + "/", lh, lt, bh, bt))
         for i, v in enumerate((lh, lt, bh, bt)):
             totals[i] += v
@@ -124,12 +124,12 @@ def main():
             src = []
         for line in sorted(lines[rel]):
             count, branches, fname = lines[rel][line]
-            if not branches or all(c > 0 for c in branches):
+            if not branches or all(c != 0 for c in branches):
                 continue
             span = next(((s, e, n) for s, e, n in spans if s <= line <= e), (0, 0, fname))
             if not judged(rel, *span):
                 continue
-            taken = sum(1 for c in branches if c > 0)
+            taken = sum(1 for c in branches if c != 0)
             text = src[line - 1].strip() if 0 < line <= len(src) else ""
             state = "line never run" if count == 0 else f"{taken}/{len(branches)} taken"
             out.append(f"{rel}:{line}: {span[2]}: {state}: {text}")
