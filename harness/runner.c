@@ -225,11 +225,23 @@ static cJSON *stub_receipt(run_state *st, const kp_case_spec *cs, kp_result resu
     return receipt;
 }
 
+#ifdef KP_COVERAGE
+void __gcov_dump(void); /* libgcov's (gcc 11 on): writes this process's counts to the .gcda files now */
+#endif
+/* A worker's counts, written before _exit: gcov writes them from an atexit handler, which _exit skips, so without this
+ * scripts/coverage.sh would miss all a gate ran in its workers. Nothing in a build without KP_COVERAGE. */
+static void coverage_dump(void) {
+#ifdef KP_COVERAGE
+    __gcov_dump();
+#endif
+}
+
 /* A worker leaves through here: what it returned goes to the supervisor, and nothing of the process runs
  * after (no atexit handler, no plugin destructor: the record is already made). */
 _Noreturn static void worker_exit(run_shared *shared, int code, const kp_error *err) {
     if (err) shared->err = *err;
     shared->code = code;
+    coverage_dump(); /* before the supervisor is told: it may stop waiting for this process */
     __atomic_store_n(&shared->returned, 1, __ATOMIC_SEQ_CST);
     fflush(NULL);
     _exit(code);
@@ -298,6 +310,7 @@ _Noreturn static void hand_off(run_state *st, int ci) {
     sh->device_lost = 0;
     fprintf(stderr, "kparity: %s: the device was lost to a sticky CUDA error; the cases after it run in a fresh worker "
             "process, with a fresh CUDA context\n", st->cfg->cases[ci].name);
+    coverage_dump();
     __atomic_store_n(&sh->handed_off, 1, __ATOMIC_SEQ_CST);
     fflush(NULL);
     _exit(KP_EXIT_ENV);
