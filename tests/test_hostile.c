@@ -112,6 +112,30 @@ static cJSON *bundle_json(const char *out) {
     return doc;
 }
 
+/* An expected defect whose check could not run is no defect reproduced: an expect of a rule check on an impl that
+ * fails (KP_RUN_FAILED) is FAILED, saying the expected check could not run, never PASSED or INCORRECT, and the gate
+ * exits 3 without starting the command. */
+Test(hostile, an_expect_whose_check_fails_is_failed_not_a_reproduced_defect) {
+    const char *flags[] = {"-DKPT_FAIL", NULL};
+    char *so = plugin_with("fails", flags), *cfg, *body, *out, *o, *e;
+    cr_assert(asprintf(&body,
+                       "{\"schema\":\"kparity.gate/v1\",\"name\":\"expect-failed\",\"plugins\":[{\"path\":\"%s\"}],"
+                       "\"impls\":{\"incumbent\":\"topp.fails@host\"},\"defaults\":{\"tie_policy\":\"minimal_index\",\"band\":1e-6},"
+                       "\"cases\":[{\"case\":\"topp(batch=3,profile=ordinary,seed=2,top_p=0.9,vocab=500)\",\"checks\":"
+                       "[{\"check\":\"expect\",\"impl\":\"incumbent\",\"of\":\"rule\",\"result\":\"INCORRECT\"}]}]}", so) > 0);
+    cr_assert(asprintf(&cfg, "%s/expect-failed.json", kpt_dir) > 0);
+    cr_assert_eq(kpt_write(cfg, body, strlen(body)), 0);
+    cr_assert(asprintf(&out, "%s/b-expect-failed", kpt_dir) > 0);
+    cr_assert_eq(gate(cfg, out, &o, &e), 3, "%s%s", o, e);
+    cr_assert_null(strstr(o, "serving-started"), "the command started: %s", o);
+    cJSON *r = kpt_receipt(out, 1);
+    cr_assert_str_eq(str(check_of(r, 0), "result"), "FAILED", "%s", str(check_of(r, 0), "summary"));
+    cr_assert(strstr(str(check_of(r, 0), "summary"), "could not run (FAILED)"), "%s", str(check_of(r, 0), "summary"));
+    cr_assert_str_eq(str(r, "result"), "FAILED");
+    cJSON_Delete(r);
+    free(so), free(cfg), free(body), free(out), free(o), free(e);
+}
+
 /* The gate with an impl that dies in case 2's second check: exit 3, the command not started; case 2 FAILED saying
  * how, in which check, the first check's findings lost with it and the third not reached; cases 3 and 4 PASSED in
  * a second worker process; and verify (with --replay) accepts the bundle, listing case 2 (no inputs) as not replayed. */
