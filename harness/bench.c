@@ -195,18 +195,26 @@ int kp_bench(const kp_bench_options *opt, kp_error *err) {
         free(cases);
         return err->code;
     }
+    /* the header counts the impls that will run: those of a family some case is of (--case may name one family) */
+    int used = 0;
+    for (int i = 0; i < n; i++)
+        for (int c = 0; c < ncase; c++)
+            if (!strcmp(impls[i]->family, cases[c].family)) {
+                used++;
+                break;
+            }
     const char *shapes = opt->ncase ? "the cases given" : gpu ? "each family's GPU shapes (a CUDA device is here)"
                                                               : "each family's host shapes (no CUDA device here)";
     const double copy_bw = gpu ? kp_device_copy_bandwidth() : 0;
     if (opt->json) {
-        printf("{\"event\":\"bench\",\"cases\":%d,\"impls\":%d,\"reps\":%d,\"shapes\":\"%s\",\"gpu\":%s", ncase, n,
-               reps, opt->ncase ? "given" : gpu ? "gpu" : "host", gpu ? "true" : "false");
+        printf("{\"event\":\"bench\",\"cases\":%d,\"impls\":%d,\"reps\":%d,\"shapes\":\"%s\",\"gpu\":%s", ncase,
+               used, reps, opt->ncase ? "given" : gpu ? "gpu" : "host", gpu ? "true" : "false");
         if (copy_bw > 0) printf(",\"copy_gb_per_s\":%.17g", copy_bw / 1e9);
         printf("}\n");
     } else {
         printf("%d case%s: %s%s%s%s; %d impl%s, %d timed reps each\n", ncase, ncase == 1 ? "" : "s", shapes,
-               none_here[0] ? "; none for " : "", none_here, none_here[0] ? " (--case names some)" : "", n,
-               n == 1 ? "" : "s", reps);
+               none_here[0] ? "; none for " : "", none_here, none_here[0] ? " (--case names some)" : "", used,
+               used == 1 ? "" : "s", reps);
         if (copy_bw > 0) printf("device copy bandwidth (1 GiB D2D, median of 5): %.1f GB/s\n", copy_bw / 1e9);
         printf("%-26s %-70s %12s %19s %10s %8s\n", "IMPL", "CASE", "MEDIAN us", "P10-P90 us", "GB/s", "% copy");
     }

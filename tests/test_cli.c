@@ -542,6 +542,23 @@ Test(cli, bench_impl_makes_only_its_familys_cases) {
     cr_assert_null(strstr(out, "reference.topp"), "its reference was made: %s", out);
 }
 
+/* bench's header counts the impls that run: with no --impl, a --case of one family runs that family's impls only, so
+ * the --json bench line's "impls" equals its impl rows (reference rows aside). Before, it counted every impl of the
+ * machine's kind (9 on the H200 for a top-k case with 2 rows). */
+Test(cli, bench_header_counts_the_impls_that_run) {
+    char *out, *err;
+    char *argv[] = {kpt_binary(), "bench", "--case", "topk(k=16,profile=randn,rows=4,seed=1,width=100)", "--reps", "1",
+                    "--json", "--quiet", NULL};
+    cr_assert_eq(run_cli(argv, &out, &err), 0, "%s%s", out, err);
+    const char *head = strstr(out, "\"impls\":");
+    cr_assert(head, "%s", out);
+    int rows = 0;
+    const char *row = "{\"event\":\"row\",\"impl\":\"";
+    for (const char *at = out; (at = strstr(at, row)); at++) rows += strncmp(at + strlen(row), "reference.", 10) != 0;
+    cr_assert_gt(rows, 0, "%s", out);
+    cr_assert_eq(atoi(head + 8), rows, "the header's impls differ from the impl rows:\n%s", out);
+}
+
 /* Each row is printed as it finishes, and each case's progress line (with the time left) after its rows: stdout and
  * stderr into one file, the rows of case 1 come before "[1/2]" and those of case 2 between it and "[2/2]". A bench
  * that buffered its rows to the end (stdout to a file or pipe is fully buffered unless flushed) printed them after
