@@ -82,10 +82,17 @@ typedef struct kp_plot_series {
     const char *key;  /* its judgement's member in a per_row entry: "impl" (rule) or the impl's name (exact) */
 } kp_plot_series;
 
+/* A family's rule and exact plot (plot_families.c lists them): drawn for a rule or exact check whose first per-row
+ * judgement holds `key`; `rule` and `exact` name the figure (its data-plot attribute) for either check. */
+typedef struct kp_rule_plot {
+    const char *key, *rule, *exact;
+    void (*draw)(kp_text *b, const cJSON *findings, const kp_plot_series *s, int ns);
+} kp_rule_plot;
+extern const kp_rule_plot kp_rule_plots[];
+extern const int kp_rule_plot_count;
+
 /* The plots, each one SVG (and notes or a table after it) from a check's findings. */
-void kp_plot_topp(kp_text *b, const cJSON *findings, const kp_plot_series *s, int ns); /* kp_plot_rule.c */
-void kp_plot_topk(kp_text *b, const cJSON *findings, const kp_plot_series *s, int ns);
-void kp_plot_differ(kp_text *b, const cJSON *findings);
+void kp_plot_differ(kp_text *b, const cJSON *findings); /* kp_plot_rule.c */
 void kp_plot_tolerance(kp_text *b, const cJSON *findings); /* kp_plot_checks.c */
 void kp_plot_repeat(kp_text *b, const cJSON *check, const cJSON *findings);
 void kp_plot_batch(kp_text *b, const cJSON *findings);

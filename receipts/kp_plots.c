@@ -62,14 +62,11 @@ static const char *plot_check(kp_text *b, const cJSON *chk) {
                                      {str(chk, "impl_b", "?"), str(chk, "impl_b", "?")}};
         const int ns = exact ? 2 : 1;
         const cJSON *first = cJSON_GetArrayItem(get(f, "per_row"), 0), *j = get(first, s[0].key);
-        if (j && get(j, "kept_mass")) {
-            kp_plot_topp(b, f, s, ns);
-            return exact ? "topp-exact" : "topp-rule";
-        }
-        if (j && get(j, "missing")) {
-            kp_plot_topk(b, f, s, ns);
-            return exact ? "topk-exact" : "topk-rule";
-        }
+        for (int i = 0; j && i < kp_rule_plot_count; i++)
+            if (get(j, kp_rule_plots[i].key)) {
+                kp_rule_plots[i].draw(b, f, s, ns);
+                return exact ? kp_rule_plots[i].exact : kp_rule_plots[i].rule;
+            }
         if (exact) {
             kp_plot_differ(b, f);
             return "exact";
