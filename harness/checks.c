@@ -333,10 +333,10 @@ static kp_result check_exact(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON 
     /* where they differ, say who meets the rule: the evidence the seed's gate lacked
        (a failure here leaves its message in err, which fails the check below); the rule reads every output, so
        not where one is absent */
-    if (nrows_diff && !err.msg[0] && !note[0] && ctx->fam->explain_exact && spec->has_params && !reference_for(ctx, spec, &err)) {
+    if (nrows_diff && !err.msg[0] && !note[0] && ctx->fam->rule && spec->has_params && !reference_for(ctx, spec, &err)) {
         const kp_impl *const impls[2] = {spec->impl[0], spec->impl[1]};
         const kp_output *const outs[2] = {a->out, b->out};
-        ctx->fam->explain_exact(ctx->prep.v.data, spec->params, impls, outs, rows, nrows_diff, per_row, ctx->ev, &err);
+        kp_rule_explain_exact(&ctx->prep.judged, spec->params, impls, outs, rows, nrows_diff, per_row, ctx->ev, &err);
     }
     free(rows);
     if (err.msg[0]) {
@@ -385,7 +385,7 @@ static kp_result check_rule(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON *
             return KP_NOT_RUN;
         }
     kp_error err = {0};
-    r = ctx->fam->rule(ctx->prep.v.data, spec->params, a->out, spec->impl[0], chk, ctx->ev, &err);
+    r = kp_rule_check(&ctx->prep.judged, spec->params, a->out, spec->impl[0], chk, ctx->ev, &err);
     if (r == KP_FAILED && err.msg[0]) cJSON_AddStringToObject(chk, "summary", err.msg);
     return r;
 }
@@ -495,7 +495,7 @@ static kp_result check_repeat(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON
             cJSON_AddItemToArray(varying, row);
         }
         add_rate(f, "rows_varying_rate", (double)nvary, (double)B);
-        /* per output tensor, the rows where it varied; an order output (a MoE's slots) is not part of the
+        /* per output tensor, the rows where it varied; an order output is not part of the
            answer, but says whether the impl's work order changed at all: a run whose order never changed
            tested nothing about order */
         cJSON *by_tensor = cJSON_AddObjectToObject(f, "rows_varying_by_tensor");
@@ -614,7 +614,7 @@ static kp_result check_batch(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON 
         result = kp_batch_probe(ctx, spec->impl[0], a->out, half ? "upper_half" : "lower_half", rows, hi - lo, 1, probes, &pr);
         differ += pr.rows_differ, vacuous += pr.vacuous, not_given += pr.not_given, nprobes++;
     }
-    /* the whole batch reversed: the same rows in other positions (in a MoE, other slots of their experts);
+    /* the whole batch reversed: the same rows in other positions (where an impl orders work by position, other places in that order);
        moving fewer than a tenth of its rows makes it vacuous */
     if (B > 1 && result == KP_PASSED) {
         for (int64_t r = 0; r < B; r++) rows[r] = B - 1 - r;
@@ -693,7 +693,7 @@ static kp_result check_expect(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON
     int defect_ok = 1;
     if (spec->defect[0] && r == KP_INCORRECT) {
         const kp_case_out *a = full_output(ctx, spec->impl[0], spec->role[0]);
-        defect_ok = ctx->fam->has_defect(ctx->prep.v.data, a->out, spec->defect, &rows_with);
+        defect_ok = ctx->fam->has_defect(ctx->prep.v.data, &ctx->prep.judged, a->out, spec->defect, &rows_with);
         kp_json_add_int(cJSON_AddObjectToObject(chk, "findings"), "rows_with_defect", rows_with);
     }
     if (r == KP_INCORRECT && defect_ok) {

@@ -512,7 +512,7 @@ static int serve(const void *args, char *message, size_t len, int slot) {
             cJSON_AddStringToObject(e, "name", t->name);
             kp_json_add_int(e, "offset", (int64_t)at);
             kp_json_add_int(e, "bytes", (int64_t)bytes);
-            /* the program may keep what it made of an unchanged shared input (a MoE's weights, an MLA cache) */
+            /* the program may keep what it made of an unchanged shared input (weights, a cache) */
             if (!t->batched && reuse) cJSON_AddBoolToObject(e, "reused", 1);
             cJSON_AddItemToArray(ins, e);
             at = align64(at + bytes);

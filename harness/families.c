@@ -82,6 +82,11 @@ int kp_family_check(const kp_family *fam, kp_error *err) {
     for (int t = 0; t < fam->nthresholds; t++)
         if (fam->thresholds[t].rows < 1 || !fam->thresholds[t].why)
             return kp_fail(err, KP_EXIT_USAGE, "family %s: threshold %d needs rows >= 1 and a reason", fam->name, t);
+    const kp_rule *rule = fam->rule;
+    if (rule && (!rule->judge || !rule->free_judgement || !rule->row_ok || !rule->row_figures || !rule->lists ||
+                 !rule->row_list || !rule->reference_row || !rule->totals || !fam->parse_params))
+        return kp_fail(err, KP_EXIT_USAGE, "family %s: a rule needs every hook of kp_rule but notes, and parse_params",
+                       fam->name);
     if ((fam->defects != NULL) != (fam->has_defect != NULL))
         return kp_fail(err, KP_EXIT_USAGE, "family %s: defects and has_defect come together", fam->name);
     return 0;

@@ -1,7 +1,7 @@
 /* judge.c: `kparity judge CASE --impl NAME=FILE[,FILE...] ... --config FILE --out B`: outputs made outside kparity
  * (PyTorch, Triton, another project: anything that writes .npy) judged by the family's checks as if the impl had
  * run inside. Each --impl NAME=... is one full-batch run's outputs, one file per output tensor in the family's
- * order (an order output such as moe's slots or mla's splits may be left out; --absent NAME=OUT[,OUT...] declares
+ * order (an order output, which records the order an impl worked in, may be left out; --absent NAME=OUT[,OUT...] declares
  * outputs the impl does not produce, which have no file and no check judges); NAME given again is another run
  * (for repeat); NAME@N=... is the outputs of the case's first N rows run as a batch of N (the same case name with
  * batch/rows N holds the same rows), which a batch check compares with the full batch's rows. The checks come

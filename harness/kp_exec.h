@@ -17,7 +17,7 @@
  *     Each input is a whole .npy (header and data) at its offset, in the family's names, dtypes and layouts (bf16 as
  *     '<u2' bits; a batched input holds the run's rows only). A shared (not batched) input that is, byte for byte and at
  *     the same offset, the one of the program's previous request has "reused": true: the program may keep what it made
- *     of it (a batch check at 800 rows is 800+ requests, each re-reading a MoE's 340 MB of weights otherwise). The program writes each output as a whole .npy at its
+ *     of it (a batch check at 800 rows is 800+ requests, each re-reading hundreds of MB of weights otherwise). The program writes each output as a whole .npy at its
  *     offset, at most `capacity` bytes, and replies
  *     {"id": N, "status": "ok" | "error" | "not_supported", "message": ..., "outputs": {"NAME": bytes written},
  *     "device_us": its own timing of the call (optional), "note": free text (optional), "context_lost": true (with
@@ -38,7 +38,7 @@
 
 /* An outside program as a config declares it: impls.ROLE = {"exec": [argv...], "impl": NAME (absent: the one impl the
  * program serves), "family": F (when the role does not name it), "absent": [outputs it does not produce, e.g.
- * FlashMLA decode's max_logits or an order output], "sha256": {"FILE": hex, ...} (pins), "timeout_s": seconds a
+ * an output the program does not make, or an order output], "sha256": {"FILE": hex, ...} (pins), "timeout_s": seconds a
  * request may take}. */
 typedef struct kp_exec_decl {
     char family[16];
@@ -56,7 +56,7 @@ typedef struct kp_exec_decl {
  * launches. `where` names the config field in errors. */
 int kp_exec_register(const kp_exec_decl *decl, const char *where, const kp_impl **out, kp_error *err);
 /* The command line's form, "[FAMILY:]IMPL=COMMAND ARGS..." (split at spaces; family defaults to `family` when not
- * NULL), e.g. --exec topk:torch.topk="python3 examples/peers/torch_topk.py": into decl (kp_exec_decl_free). */
+ * NULL), e.g. --exec FAMILY:NAME="python3 PROGRAM.py": into decl (kp_exec_decl_free). */
 int kp_exec_arg(const char *arg, const char *family, kp_exec_decl *decl, kp_error *err);
 /* Parse impls.ROLE's object form into decl (argv malloc'd: kp_exec_decl_free). */
 int kp_exec_parse(const cJSON *obj, const char *role, const char *where, kp_exec_decl *decl, kp_error *err);

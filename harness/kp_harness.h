@@ -51,9 +51,9 @@ int kp_check_parse(const char *name); /* the kind, or -1 */
 /* Declared bounds of a tolerance check on one output tensor (DESIGN.md "tolerance"); the effective
  * values go into the receipt. atol and rtol are required: an element fails when
  * |x - r| > atol + rtol * |r| ("element_rule": "sum", the default, torch.allclose's), or when it exceeds
- * both, |x - r| > max(atol, rtol * |r|) ("both", FlashMLA's tests' rule). With "round_reference" the
- * reference is first rounded to the output's dtype (nearest even), as FlashMLA's check_is_allclose
- * compares a bf16 output with a bf16 reference; every metric then uses the rounded value. The others
+ * both, |x - r| > max(atol, rtol * |r|) ("both", as some kernels' own tests hold). With "round_reference" the
+ * reference is first rounded to the output's dtype (nearest even), as a kernel's own test may
+ * compare a bf16 output with a bf16 reference; every metric then uses the rounded value. The others
  * bound an aggregate only where declared. */
 typedef struct kp_tolerance {
     double atol, rtol;
@@ -230,24 +230,40 @@ typedef struct kp_reference {
     int narrays;
 } kp_reference;
 
-/* A family's judgements of outputs, one per (output, rule parameters), so the checks of a case judge an
- * output once whatever asks; past KP_MEMO_MAX the oldest is freed (harness/memo.c). Parameters compare
- * by their bytes: keep them in zeroed storage (check specs are). */
-#define KP_MEMO_MAX 8
-typedef struct kp_memo {
-    struct {
-        const kp_output *out;
-        unsigned char params[KP_PARAMS_MAX];
-        void *value;
-    } e[KP_MEMO_MAX];
-    int n;
-    size_t params_bytes;
-    void (*free_value)(void *value); /* frees what a value holds and the value */
-} kp_memo;
-void *kp_memo_find(const kp_memo *m, const kp_output *out, const void *params);
-/* Keeps value for (out, params) and returns it. */
-void *kp_memo_add(kp_memo *m, const kp_output *out, const void *params, void *value);
-void kp_memo_clear(kp_memo *m);
+/* A rule check, judged by the family and reported by the harness (harness/rule.c): the family turns an output into a
+ * judgement and answers small questions about it; the harness keeps one judgement per (output, rule parameters), times
+ * the judging, and writes the findings (rows, rows_meeting_rule, the family's totals, one record per row), the summary
+ * and, for an exact check that found differences, who of the two meets the rule on each differing row. A row's record is
+ * {"row", "reference": reference_row, "impl": row_figures then "meets_rule" then every index list as evidence}. */
+typedef struct kp_index_list {
+    const int64_t *idx;
+    int64_t n;
+} kp_index_list;
+typedef struct kp_rule {
+    /* A new judgement of out under params (the reference is computed first), or NULL with err set. */
+    void *(*judge)(void *data, const void *params, const kp_output *out, kp_error *err);
+    void (*free_judgement)(void *judgement); /* what it holds, and itself */
+    bool (*row_ok)(const void *judgement, int64_t r);
+    /* The row's figures (counts, masses, flags), first in its record. */
+    void (*row_figures)(const void *judgement, int64_t r, cJSON *row);
+    /* The row's index lists, in receipt order (lists: their names, NULL-terminated): stored whole as evidence. */
+    const char *const *lists;
+    kp_index_list (*row_list)(const void *judgement, int list, int64_t r);
+    /* What the reference says of row r under params (its boundary, its tie group, ...). */
+    void (*reference_row)(const void *data, const void *params, int64_t r, cJSON *row);
+    /* The output's totals into findings (after "rows" and "rows_meeting_rule", before "per_row") and the summary's
+     * words after "K/N rows meet the rule; " appended to summary (len bytes in all). */
+    void (*totals)(const void *data, const void *params, const void *judgement, int64_t rows, cJSON *findings,
+                   char *summary, size_t len);
+    /* (optional) More findings after "per_row", and more summary words, the same way. */
+    void (*notes)(const void *data, const void *params, const void *judgement, int64_t rows, cJSON *findings,
+                  char *summary, size_t len);
+} kp_rule;
+
+/* The judgements of a prepared case's outputs (harness/rule.c): what has_defect asks for one through. */
+typedef struct kp_judgements kp_judgements;
+/* The family's judgement of out under params, judged once per (output, params); NULL with err set. */
+const void *kp_judgement(kp_judgements *js, const void *params, const kp_output *out, kp_error *err);
 
 /* A batch size at which some impl changes what it runs: batch probes straddle it (T rows, T + 1). */
 typedef struct kp_threshold {
@@ -286,7 +302,7 @@ typedef struct kp_family {
     const char *const *tolerance_outputs;  /* outputs the reference gives in float64 for a tolerance check, in
                                               output order from the first, NULL-terminated (or NULL: no check) */
     const char *const *order_outputs;      /* outputs that record the order an impl worked in rather than its answer
-                                              (a MoE's slots), NULL-terminated (or NULL): exact, batch and repeat's
+                                              (slots an impl handed out), NULL-terminated (or NULL): exact, batch and repeat's
                                               verdict leave them out; repeat reports where they changed */
     const kp_threshold *thresholds;        /* batch sizes where impls switch paths (or NULL) */
     int nthresholds;
@@ -318,25 +334,22 @@ typedef struct kp_family {
     int (*parse_params)(const kp_param_reader *r, void *params, kp_error *err);
     void (*describe_params)(const void *params, cJSON *out);
     void (*default_params)(void *params);
-    /* The rule check of one impl's full-batch output: findings and summary into `check`. */
-    kp_result (*rule)(void *data, const void *params, const kp_output *out, const kp_impl *impl, cJSON *check,
-                      kp_evidence *ev, kp_error *err);
-    /* Extra evidence for an exact check that found differences: per differing row, who meets the rule. */
-    int (*explain_exact)(void *data, const void *params, const kp_impl *const impls[2], const kp_output *const outs[2],
-                         const int64_t *rows, int64_t nrows, cJSON *rows_json, kp_evidence *ev, kp_error *err);
-    /* Whether a named defect shows on every row of this output; *rows_with counts the rows that show it. */
-    int (*has_defect)(void *data, const kp_output *out, const char *defect, int64_t *rows_with);
-    /* The canonical form of one output tensor's row before exact and batch compare rows (a top-k row is a
+    /* The rule check (kp_rule above): also explains an exact check's differences with the rule parameters. */
+    const kp_rule *rule;
+    /* Whether a named defect shows on every row of this output; *rows_with counts the rows that show it (js: the
+     * rule's judgements, where the defect is read from one). */
+    int (*has_defect)(void *data, kp_judgements *js, const kp_output *out, const char *defect, int64_t *rows_with);
+    /* The canonical form of one output tensor's row before exact and batch compare rows (a row that is a
      * set: sorted); `elems` elements of the tensor's dtype from row into canon. NULL: bits as they are.
      * repeat compares the bits as written: an order that changes run to run is a change. */
     void (*canonical_row)(const void *data, int tensor, const void *row, void *canon, int64_t elems);
-    /* The batch sizes where impls switch paths for this case, when they depend on its fields (a MoE's block
-     * sizes depend on its experts and top-k): at most KP_THRESHOLDS_MAX into t, their count returned.
+    /* The batch sizes where impls switch paths for this case, when they depend on its fields (block sizes
+     * that depend on the case's fields): at most KP_THRESHOLDS_MAX into t, their count returned.
      * NULL: the static thresholds above. */
     int (*case_thresholds)(const kp_case *c, kp_threshold *t);
     /* Whether a row ran in another situation in a probe of the case's own batch size than in the full batch
-     * (row full_row of full, row probe_row of probe), judged from what the impls wrote (a MoE says which slot
-     * each routed pair took). NULL: a row moved when its position did. A probe of another size always
+     * (row full_row of full, row probe_row of probe), judged from what the impls wrote (an order output says
+     * where each row's work went). NULL: a row moved when its position did. A probe of another size always
      * moves its rows. */
     bool (*row_moved)(const void *data, const kp_output *full, int64_t full_row, const kp_output *probe, int64_t probe_row);
     /* What a batch probe ran, from its order outputs, into its receipt entry p (how many splits each of its rows

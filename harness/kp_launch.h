@@ -6,11 +6,35 @@
 
 #include "kp_harness.h"
 
+/* A family's judgements of outputs, one per (output, rule parameters), so the checks of a case judge an output once
+ * whatever asks; past KP_MEMO_MAX the oldest is freed (harness/rule.c). Parameters compare by their bytes: keep them in
+ * zeroed storage (check specs are). */
+#define KP_MEMO_MAX 8
+struct kp_judgements {
+    const kp_family *fam;
+    void *data; /* the family's prepared case */
+    struct {
+        const kp_output *out;
+        unsigned char params[KP_PARAMS_MAX];
+        void *value;
+    } e[KP_MEMO_MAX];
+    int n;
+};
+void kp_judgements_clear(kp_judgements *js);
+/* The rule check of one impl's full-batch output (findings and summary into check), and an exact check's explanation:
+ * per differing row (rows, the entries of rows_json), the reference's row, each impl's record and who meets the rule. */
+kp_result kp_rule_check(kp_judgements *js, const void *params, const kp_output *out, const kp_impl *impl, cJSON *check,
+                        kp_evidence *ev, kp_error *err);
+int kp_rule_explain_exact(kp_judgements *js, const void *params, const kp_impl *const impls[2],
+                          const kp_output *const outs[2], const int64_t *rows, int64_t nrows, cJSON *rows_json,
+                          kp_evidence *ev, kp_error *err);
+
 /* One case, prepared: the family's inputs (rows [0, batch + extra)) and, once asked, its reference. */
 typedef struct kp_prepared {
     const kp_family *fam;
     kp_case c;
     kp_case_view v;
+    kp_judgements judged; /* the rule's judgements of this case's outputs */
     uint64_t generation; /* which prepared case this is: the launch cache uploads inputs once per case */
     bool have_ref;
     kp_reference ref;

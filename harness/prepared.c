@@ -21,7 +21,8 @@ int kp_view_input(kp_case_view *v, const char *name, kp_dtype dtype, int ndim, c
     return 0;
 }
 
-static void view_free(const kp_family *fam, kp_case_view *v) {
+static void view_free(const kp_family *fam, kp_judgements *judged, kp_case_view *v) {
+    if (judged->fam) kp_judgements_clear(judged); /* judgements may point into the family's data */
     if (v->data) fam->release(v->data);
     for (int k = 0; k < v->ninputs; k++) kp_tensor_free(&v->inputs[k]);
     memset(v, 0, sizeof *v);
@@ -36,7 +37,7 @@ int kp_prepare(const kp_family *fam, const kp_case *c, int64_t extra_rows, kp_pr
     int rc = fam->prepare(c, extra_rows, &p->v, err);
     kp_stage_add(KP_STAGE_GENERATION, kp_now() - t0);
     if (rc) {
-        view_free(fam, &p->v);
+        view_free(fam, &p->judged, &p->v);
         p->fam = NULL;
         return rc;
     }
@@ -46,13 +47,14 @@ int kp_prepare(const kp_family *fam, const kp_case *c, int64_t extra_rows, kp_pr
     const int nout = fam->outputs(p->v.data, 1, outs);
     for (int k = 0; k < nout; k++) KP_ASSERT(fam->output_names[k] && !strcmp(fam->output_names[k], outs[k].name));
     KP_ASSERT(!fam->output_names[nout]);
+    if (fam->rule) p->judged = (kp_judgements){.fam = fam, .data = p->v.data};
     return 0;
 }
 
 void kp_prepared_release(kp_prepared *p) {
     if (!p->fam) return;
     kp_digests_settle(); /* digests may still be reading the inputs or the reference */
-    view_free(p->fam, &p->v);
+    view_free(p->fam, &p->judged, &p->v);
     memset(p, 0, sizeof *p);
 }
 

@@ -25,10 +25,7 @@ typedef struct topk_data {
     int32_t *starts, *ends;
     int have_ref[2];
     kp_topk_ref ref[2]; /* the answer per NaN rank (kp_topk_nan), each computed when first asked for */
-    kp_memo judged; /* judgements of outputs, per rule parameters */
 } topk_data;
-
-static void free_judgement(void *j); /* the memo's: a judgement and what it holds */
 
 /* vLLM's indexer top-k takes an exact path at <= 32 rows and a bucketed one above (families.md §C2). */
 static const kp_threshold thresholds[] = {
@@ -40,7 +37,6 @@ static const kp_threshold thresholds[] = {
 static int topk_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp_error *err) {
     topk_data *d = v->data = kp_calloc(1, sizeof *d, "topk case", err);
     if (!d) return err->code;
-    d->judged = (kp_memo){.params_bytes = sizeof(topk_params), .free_value = free_judgement};
     int rc = kp_topk_case_read(c, &d->tc, err);
     if (rc) return rc;
     v->batch = d->tc.rows, v->rows_total = d->tc.rows + extra_rows;
@@ -55,7 +51,6 @@ static int topk_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, k
 
 static void topk_release(void *data) {
     topk_data *d = data;
-    kp_memo_clear(&d->judged);
     for (int n = 0; n < 2; n++)
         if (d->have_ref[n]) kp_topk_ref_free(&d->ref[n]);
     free(d);
@@ -159,27 +154,28 @@ static void topk_default_params(void *params) {
     p->ties = KP_TOPK_TIES_LOWEST_INDEX, p->order = KP_TOPK_ORDER_ANY, p->nan = KP_TOPK_NAN_BELOW;
 }
 
+/* --- the rule: the family judges (reference/topk_ref.c), the harness reports (harness/rule.c) --- */
+
+static void *topk_judge(void *data, const void *params, const kp_output *o, kp_error *err) {
+    topk_data *d = data;
+    const topk_params *p = params;
+    KP_ASSERT(d->have_ref[KP_TOPK_NAN_BELOW]); /* the harness computes the reference before any judging */
+    const kp_topk_ref *ref = answer(d, p->nan, err);
+    kp_topk_judgement *j = ref ? kp_calloc(1, sizeof *j, "a judgement", err) : NULL;
+    if (j && kp_topk_judge(ref, d->scores, d->tc.stride, o->t[0].data, o->t[1].data, p->ties, p->order, j, err))
+        return free(j), NULL;
+    return j;
+}
+
 static void free_judgement(void *j) {
     kp_topk_judgement_free(j);
     free(j);
 }
 
-static const kp_topk_judgement *judge(topk_data *d, const topk_params *params, const kp_output *o, kp_error *err) {
-    kp_topk_judgement *j = kp_memo_find(&d->judged, o, params);
-    if (j) return j;
-    KP_ASSERT(d->have_ref[KP_TOPK_NAN_BELOW]); /* the harness computes the reference before any judging */
-    const kp_topk_ref *ref = answer(d, params->nan, err);
-    if (!ref || !(j = kp_calloc(1, sizeof *j, "a judgement", err))) return NULL;
-    const double t0 = kp_now();
-    const int rc = kp_topk_judge(ref, d->scores, d->tc.stride, o->t[0].data, o->t[1].data, params->ties, params->order, j, err);
-    kp_stage_add(KP_STAGE_JUDGING, kp_now() - t0);
-    if (rc) return free(j), NULL;
-    return kp_memo_add(&d->judged, o, params, j);
-}
+static bool row_ok(const void *j, int64_t r) { return ((const kp_topk_judgement *)j)->row[r].rule_ok; }
 
-/* One row of a judgement, with its index lists as evidence. */
-static int row_json(const kp_topk_judgement *j, int64_t r, cJSON *row, kp_evidence *ev, const char *tag, kp_error *err) {
-    const kp_topk_row_judgement *rj = &j->row[r];
+static void row_figures(const void *judgement, int64_t r, cJSON *row) {
+    const kp_topk_row_judgement *rj = &((const kp_topk_judgement *)judgement)->row[r];
     kp_json_add_int(row, "valid", rj->valid);
     kp_json_add_int(row, "dropped", rj->dropped);
     kp_json_add_int(row, "out_of_window", rj->out_of_window);
@@ -188,21 +184,21 @@ static int row_json(const kp_topk_judgement *j, int64_t r, cJSON *row, kp_eviden
     kp_json_add_int(row, "fill_misplaced", rj->fill_misplaced + rj->fill_value_bad);
     cJSON_AddBoolToObject(row, "order_ok", rj->order_ok);
     cJSON_AddStringToObject(row, "set_sha256", rj->set_sha256);
-    cJSON_AddBoolToObject(row, "meets_rule", rj->rule_ok);
-    char name[160];
-    snprintf(name, sizeof name, "%s.row%lld.strict", tag, (long long)r);
-    if (kp_evidence_list(ev, row, "strict", name, j->strict_idx + j->strict_off[r], j->strict_off[r + 1] - j->strict_off[r], err))
-        return err->code;
-    snprintf(name, sizeof name, "%s.row%lld.tie", tag, (long long)r);
-    if (kp_evidence_list(ev, row, "tie", name, j->tie_idx + j->tie_off[r], j->tie_off[r + 1] - j->tie_off[r], err))
-        return err->code;
-    snprintf(name, sizeof name, "%s.row%lld.missing", tag, (long long)r);
-    return kp_evidence_list(ev, row, "missing", name, j->missing_idx + j->missing_off[r],
-                            j->missing_off[r + 1] - j->missing_off[r], err);
 }
 
-static void ref_row_json(const topk_data *d, kp_topk_nan nan, int64_t r, cJSON *row) {
-    const kp_topk_ref_row *rr = &d->ref[nan].row[r];
+/* Indices held past the answer's boundary (strict) or from its tie group against the policy (tie), and the answer's
+ * indices the output misses. */
+static const char *const lists[] = {"strict", "tie", "missing", NULL};
+
+static kp_index_list row_list(const void *judgement, int list, int64_t r) {
+    const kp_topk_judgement *j = judgement;
+    const int64_t *idx = list == 0 ? j->strict_idx : list == 1 ? j->tie_idx : j->missing_idx;
+    const int64_t *off = list == 0 ? j->strict_off : list == 1 ? j->tie_off : j->missing_off;
+    return (kp_index_list){idx + off[r], off[r + 1] - off[r]};
+}
+
+static void reference_row(const void *data, const void *params, int64_t r, cJSON *row) {
+    const kp_topk_ref_row *rr = &((const topk_data *)data)->ref[((const topk_params *)params)->nan].row[r];
     kp_json_add_int(row, "window_start", rr->start);
     kp_json_add_int(row, "window_len", rr->len);
     kp_json_add_int(row, "count", rr->count);
@@ -212,87 +208,69 @@ static void ref_row_json(const topk_data *d, kp_topk_nan nan, int64_t r, cJSON *
     if (rr->nan_count) kp_json_add_int(row, "nan_in_window", rr->nan_count); /* where the NaN rank decides */
 }
 
-static kp_result topk_rule(void *data, const void *params, const kp_output *out, const kp_impl *impl, cJSON *check,
-                           kp_evidence *ev, kp_error *err) {
-    topk_data *d = data;
-    const topk_params *p = params;
-    const kp_topk_judgement *j = judge(d, params, out, err);
-    if (!j) return KP_FAILED;
+static void totals(const void *data, const void *params, const void *judgement, int64_t rows, cJSON *f, char *summary,
+                   size_t len) {
+    (void)data, (void)params;
+    const kp_topk_judgement *j = judgement;
     int64_t strict = 0, tie = 0, dropped = 0, dropped_rows = 0, bad_order = 0, malformed = 0;
-    for (int64_t r = 0; r < j->rows; r++) {
+    for (int64_t r = 0; r < rows; r++) {
         const kp_topk_row_judgement *rj = &j->row[r];
         strict += rj->strict_count, tie += rj->tie_count, dropped += rj->dropped, dropped_rows += rj->dropped > 0;
         bad_order += !rj->order_ok;
         malformed += rj->out_of_window + rj->duplicates + rj->value_mismatch + rj->fill_misplaced + rj->fill_value_bad;
     }
-    cJSON *f = cJSON_AddObjectToObject(check, "findings");
-    kp_json_add_int(f, "rows", j->rows);
-    kp_json_add_int(f, "rows_meeting_rule", j->rows_rule_ok);
     kp_json_add_int(f, "strict", strict);
     kp_json_add_int(f, "tie", tie);
     kp_json_add_int(f, "dropped", dropped);
     kp_json_add_int(f, "rows_with_dropped", dropped_rows);
     kp_json_add_int(f, "rows_out_of_order", bad_order);
     kp_json_add_int(f, "malformed_entries", malformed);
-    cJSON *rows = cJSON_AddArrayToObject(f, "per_row");
-    for (int64_t r = 0; r < j->rows; r++) {
-        cJSON *row = cJSON_CreateObject();
-        cJSON_AddItemToArray(rows, row);
-        kp_json_add_int(row, "row", r);
-        ref_row_json(d, p->nan, r, cJSON_AddObjectToObject(row, "reference"));
-        if (row_json(j, r, cJSON_AddObjectToObject(row, "impl"), ev, impl->name, err)) return KP_FAILED;
-    }
-    char summary[600];
-    int n = snprintf(summary, sizeof summary, "%lld/%lld rows meet the rule; %lld strict, %lld tie; %lld dropped in %lld "
-                     "rows; %lld out of order; %lld malformed", (long long)j->rows_rule_ok, (long long)j->rows,
-                     (long long)strict, (long long)tie, (long long)dropped, (long long)dropped_rows, (long long)bad_order,
-                     (long long)malformed);
-    /* rows that fail with NaN in their window, named: where a NaN rank convention (nan: below or above) may be why */
+    snprintf(summary, len, "%lld strict, %lld tie; %lld dropped in %lld rows; %lld out of order; %lld malformed",
+             (long long)strict, (long long)tie, (long long)dropped, (long long)dropped_rows, (long long)bad_order,
+             (long long)malformed);
+}
+
+/* Rows that fail with NaN in their window, named: where a NaN rank convention (nan: below or above) may be why. */
+static void notes(const void *data, const void *params, const void *judgement, int64_t rows, cJSON *f, char *summary,
+                  size_t len) {
+    const topk_data *d = data;
+    const topk_params *p = params;
+    const kp_topk_judgement *j = judgement;
     cJSON *nan_rows = NULL;
-    for (int64_t r = 0; r < j->rows; r++) {
+    size_t n = 0;
+    for (int64_t r = 0; r < rows; r++) {
         if (j->row[r].rule_ok || !d->ref[p->nan].row[r].nan_count) continue;
         if (!nan_rows) {
             nan_rows = cJSON_AddArrayToObject(f, "rows_failing_with_nan");
-            if (n > 0 && (size_t)n < sizeof summary)
-                n += snprintf(summary + n, sizeof summary - n, "; rows failing with NaN in their window (NaN ranked %s "
-                              "every number):", kp_topk_nan_name(p->nan));
+            n += (size_t)snprintf(summary, len, "; rows failing with NaN in their window (NaN ranked %s every number):",
+                                  kp_topk_nan_name(p->nan));
         }
         cJSON_AddItemToArray(nan_rows, kp_json_int(r));
-        if (n > 0 && (size_t)n < sizeof summary) n += snprintf(summary + n, sizeof summary - n, " %lld", (long long)r);
+        if (n < len) n += (size_t)snprintf(summary + n, len - n, " %lld", (long long)r);
     }
-    cJSON_AddStringToObject(check, "summary", summary);
-    return j->rows_rule_ok == j->rows ? KP_PASSED : KP_INCORRECT;
 }
 
-static int topk_explain_exact(void *data, const void *params, const kp_impl *const impls[2],
-                              const kp_output *const outs[2], const int64_t *rows, int64_t nrows, cJSON *rows_json,
-                              kp_evidence *ev, kp_error *err) {
-    topk_data *d = data;
-    const kp_topk_judgement *ja = judge(d, params, outs[0], err);
-    const kp_topk_judgement *jb = ja ? judge(d, params, outs[1], err) : NULL;
-    if (!ja || !jb) return err->code;
-    for (int64_t q = 0; q < nrows; q++) {
-        const int64_t r = rows[q];
-        cJSON *row = cJSON_GetArrayItem(rows_json, (int)q);
-        ref_row_json(d, ((const topk_params *)params)->nan, r, cJSON_AddObjectToObject(row, "reference"));
-        if (row_json(ja, r, cJSON_AddObjectToObject(row, impls[0]->name), ev, impls[0]->name, err) ||
-            row_json(jb, r, cJSON_AddObjectToObject(row, impls[1]->name), ev, impls[1]->name, err))
-            return err->code;
-        const int a = ja->row[r].rule_ok, b = jb->row[r].rule_ok;
-        cJSON_AddStringToObject(row, "meets_rule", a && b ? "both" : a ? impls[0]->name : b ? impls[1]->name : "neither");
-    }
-    return 0;
-}
+static const kp_rule rule = {
+    .judge = topk_judge,
+    .free_judgement = free_judgement,
+    .row_ok = row_ok,
+    .row_figures = row_figures,
+    .lists = lists,
+    .row_list = row_list,
+    .reference_row = reference_row,
+    .totals = totals,
+    .notes = notes,
+};
 
 /* dropped_values: some row misses an entry strictly before its boundary value (a lost candidate). */
-static int topk_has_defect(void *data, const kp_output *out, const char *defect, int64_t *rows_with) {
+static int topk_has_defect(void *data, kp_judgements *js, const kp_output *out, const char *defect, int64_t *rows_with) {
     topk_data *d = data;
     *rows_with = 0;
     kp_error err = {0};
     kp_reference unused;
     const topk_params params = {KP_TOPK_TIES_ANY, KP_TOPK_ORDER_ANY, KP_TOPK_NAN_BELOW};
     if (strcmp(defect, "dropped_values") || (!d->have_ref[KP_TOPK_NAN_BELOW] && topk_reference(d, NULL, &unused, &err))) return 0;
-    const kp_topk_judgement *j = judge(d, &params, out, &err);
+    const kp_topk_judgement *j = kp_judgement(js, &params, out, &err);
     for (int64_t r = 0; j && r < j->rows; r++) *rows_with += j->row[r].dropped > 0;
     return *rows_with > 0;
 }
@@ -371,8 +349,7 @@ const kp_family kp_topk_family = {
     .parse_params = topk_parse_params,
     .describe_params = topk_describe_params,
     .default_params = topk_default_params,
-    .rule = topk_rule,
-    .explain_exact = topk_explain_exact,
+    .rule = &rule,
     .has_defect = topk_has_defect,
     .canonical_row = topk_canonical_row,
     .bytes_moved = topk_bytes_moved,

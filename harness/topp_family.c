@@ -25,10 +25,7 @@ typedef struct topp_data {
     float *top_p;  /* [rows_total] */
     int have_ref;
     kp_topp_ref ref;
-    kp_memo judged; /* judgements of outputs, per rule parameters */
 } topp_data;
-
-static void free_judgement(void *j); /* the memo's: a judgement and what it holds */
 
 /* Batch sizes where a topp impl changes path: probes of T and T + 1 rows straddle each (63/64/65). */
 static const kp_threshold thresholds[] = {
@@ -41,7 +38,6 @@ static const kp_threshold thresholds[] = {
 static int topp_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp_error *err) {
     topp_data *d = v->data = kp_calloc(1, sizeof *d, "topp case", err);
     if (!d) return err->code;
-    d->judged = (kp_memo){.params_bytes = sizeof(topp_params), .free_value = free_judgement};
     int rc = kp_topp_case_read(c, &d->tc, err);
     if (rc) return rc;
     v->batch = d->tc.batch, v->rows_total = d->tc.batch + extra_rows;
@@ -55,7 +51,6 @@ static int topp_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, k
 
 static void topp_release(void *data) {
     topp_data *d = data;
-    kp_memo_clear(&d->judged);
     if (d->have_ref) kp_topp_ref_free(&d->ref);
     free(d);
 }
@@ -142,35 +137,27 @@ static void topp_default_params(void *params) { /* field by field: the padding s
     p->tie_policy = KP_TIE_MINIMAL_INDEX, p->band = 1e-6;
 }
 
+/* --- the rule: the family judges (reference/topp_ref.c), the harness reports (harness/rule.c) --- */
+
+static void *topp_judge(void *data, const void *params, const kp_output *o, kp_error *err) {
+    topp_data *d = data;
+    const topp_params *p = params;
+    KP_ASSERT(d->have_ref); /* the harness computes the reference before any judging */
+    kp_topp_judgement *j = kp_calloc(1, sizeof *j, "a judgement", err);
+    if (j && kp_topp_judge(&d->ref, d->logits, o->t[0].data, o->t[0].row_stride, p->tie_policy, p->band, j, err))
+        return free(j), NULL;
+    return j;
+}
+
 static void free_judgement(void *j) {
     kp_topp_judgement_free(j);
     free(j);
 }
 
-static const kp_topp_judgement *judge(topp_data *d, const topp_params *params, const kp_output *o, kp_error *err) {
-    kp_topp_judgement *j = kp_memo_find(&d->judged, o, params);
-    if (j) return j;
-    KP_ASSERT(d->have_ref); /* the harness computes the reference before any judging */
-    if (!(j = kp_calloc(1, sizeof *j, "a judgement", err))) return NULL;
-    const double t0 = kp_now();
-    const int rc = kp_topp_judge(&d->ref, d->logits, o->t[0].data, o->t[0].row_stride, params->tie_policy, params->band, j, err);
-    kp_stage_add(KP_STAGE_JUDGING, kp_now() - t0);
-    if (rc) return free(j), NULL;
-    return kp_memo_add(&d->judged, o, params, j);
-}
+static bool row_ok(const void *j, int64_t r) { return ((const kp_topp_judgement *)j)->rows[r].rule_ok; }
 
-static void add_bits(cJSON *obj, const char *key, float v) {
-    char text[64];
-    uint32_t bits;
-    memcpy(&bits, &v, 4);
-    snprintf(text, sizeof text, "%.9g (0x%08x)", (double)v, bits);
-    cJSON_AddStringToObject(obj, key, text);
-}
-
-/* One row of a judgement, with its index lists as evidence. */
-static int row_json(topp_data *d, const kp_topp_judgement *j, int64_t r, cJSON *row, kp_evidence *ev, const char *tag,
-                    kp_error *err) {
-    const kp_topp_row_judgement *rj = &j->rows[r];
+static void row_figures(const void *judgement, int64_t r, cJSON *row) {
+    const kp_topp_row_judgement *rj = &((const kp_topp_judgement *)judgement)->rows[r];
     kp_json_add_int(row, "kept", rj->kept_count);
     kp_json_add_double(row, "kept_mass", rj->kept_mass);
     kp_json_add_int(row, "group_kept", rj->group_kept);
@@ -184,23 +171,30 @@ static int row_json(topp_data *d, const kp_topp_judgement *j, int64_t r, cJSON *
     cJSON_AddBoolToObject(flags, "monotone", rj->monotone_ok);
     cJSON_AddBoolToObject(flags, "no_nan", rj->no_nan_ok);
     cJSON_AddBoolToObject(flags, "nonempty", rj->nonempty_ok);
-    cJSON_AddBoolToObject(row, "meets_rule", rj->rule_ok);
-    char name[96];
-    snprintf(name, sizeof name, "%s.row%lld.strict", tag, (long long)r);
-    if (kp_evidence_list(ev, row, "strict", name, j->strict_idx + j->strict_off[r], j->strict_off[r + 1] - j->strict_off[r], err))
-        return err->code;
-    snprintf(name, sizeof name, "%s.row%lld.tie", tag, (long long)r);
-    if (kp_evidence_list(ev, row, "tie", name, j->tie_idx + j->tie_off[r], j->tie_off[r + 1] - j->tie_off[r], err))
-        return err->code;
-    snprintf(name, sizeof name, "%s.row%lld.band", tag, (long long)r);
-    if (kp_evidence_list(ev, row, "band", name, j->band_idx + j->band_off[r], j->band_off[r + 1] - j->band_off[r], err))
-        return err->code;
-    (void)d;
-    return 0;
 }
 
-static void ref_row_json(const topp_data *d, int64_t r, cJSON *row) {
-    const kp_topp_ref_row *rr = &d->ref.rows[r];
+/* Tokens kept past the rule's prefix (strict), the boundary tie group taken otherwise than the policy says (tie), and
+ * differences within the band of the boundary's mass (band). */
+static const char *const lists[] = {"strict", "tie", "band", NULL};
+
+static kp_index_list row_list(const void *judgement, int list, int64_t r) {
+    const kp_topp_judgement *j = judgement;
+    const int64_t *idx = list == 0 ? j->strict_idx : list == 1 ? j->tie_idx : j->band_idx;
+    const int64_t *off = list == 0 ? j->strict_off : list == 1 ? j->tie_off : j->band_off;
+    return (kp_index_list){idx + off[r], off[r + 1] - off[r]};
+}
+
+static void add_bits(cJSON *obj, const char *key, float v) {
+    char text[64];
+    uint32_t bits;
+    memcpy(&bits, &v, 4);
+    snprintf(text, sizeof text, "%.9g (0x%08x)", (double)v, bits);
+    cJSON_AddStringToObject(obj, key, text);
+}
+
+static void reference_row(const void *data, const void *params, int64_t r, cJSON *row) {
+    (void)params;
+    const kp_topp_ref_row *rr = &((const topp_data *)data)->ref.rows[r];
     kp_json_add_float(row, "top_p", (float)rr->top_p);
     kp_json_add_int(row, "finite", rr->finite_count);
     if (rr->nan_count) kp_json_add_int(row, "nan_inputs", rr->nan_count);
@@ -213,74 +207,37 @@ static void ref_row_json(const topp_data *d, int64_t r, cJSON *row) {
     kp_json_add_int(row, "band_tokens", rr->band_count);
 }
 
-static kp_result topp_rule(void *data, const void *params, const kp_output *out, const kp_impl *impl, cJSON *check,
-                           kp_evidence *ev, kp_error *err) {
-    topp_data *d = data;
-    const kp_topp_judgement *j = judge(d, params, out, err);
-    if (!j) return KP_FAILED;
-    int64_t strict = 0, tie = 0, band = 0, neginf_rows = 0, B = d->tc.batch;
-    for (int64_t r = 0; r < B; r++) {
+static void totals(const void *data, const void *params, const void *judgement, int64_t rows, cJSON *f, char *summary,
+                   size_t len) {
+    (void)data, (void)params;
+    const kp_topp_judgement *j = judgement;
+    int64_t strict = 0, tie = 0, band = 0, neginf_rows = 0;
+    for (int64_t r = 0; r < rows; r++) {
         strict += j->rows[r].strict_count, tie += j->rows[r].tie_count, band += j->rows[r].band_count;
         neginf_rows += j->rows[r].all_neginf;
     }
-    cJSON *f = cJSON_AddObjectToObject(check, "findings");
-    kp_json_add_int(f, "rows", B);
-    kp_json_add_int(f, "rows_meeting_rule", j->rows_rule_ok);
     kp_json_add_int(f, "strict", strict);
     kp_json_add_int(f, "tie", tie);
     kp_json_add_int(f, "band", band);
     kp_json_add_int(f, "all_neginf_rows", neginf_rows);
-    cJSON *rows = cJSON_AddArrayToObject(f, "per_row");
-    for (int64_t r = 0; r < B; r++) {
-        cJSON *row = cJSON_CreateObject();
-        cJSON_AddItemToArray(rows, row);
-        kp_json_add_int(row, "row", r);
-        cJSON *ref = cJSON_AddObjectToObject(row, "reference");
-        ref_row_json(d, r, ref);
-        cJSON *mine = cJSON_AddObjectToObject(row, "impl");
-        if (row_json(d, j, r, mine, ev, impl->name, err)) return KP_FAILED;
-    }
-    char summary[256];
-    snprintf(summary, sizeof summary, "%lld/%lld rows meet the rule; %lld strict, %lld tie, %lld band%s",
-             (long long)j->rows_rule_ok, (long long)B, (long long)strict, (long long)tie, (long long)band,
-             neginf_rows ? "; ALL -inf rows present" : "");
-    if (neginf_rows) {
-        size_t n = strlen(summary);
-        snprintf(summary + n, sizeof summary - n, " (%lld)", (long long)neginf_rows);
-    }
-    cJSON_AddStringToObject(check, "summary", summary);
-    return j->rows_rule_ok == B ? KP_PASSED : KP_INCORRECT;
+    int n = snprintf(summary, len, "%lld strict, %lld tie, %lld band", (long long)strict, (long long)tie, (long long)band);
+    if (neginf_rows && n >= 0 && (size_t)n < len)
+        snprintf(summary + n, len - (size_t)n, "; ALL -inf rows present (%lld)", (long long)neginf_rows);
 }
 
-static int topp_explain_exact(void *data, const void *params, const kp_impl *const impls[2],
-                              const kp_output *const outs[2], const int64_t *rows, int64_t nrows, cJSON *rows_json,
-                              kp_evidence *ev, kp_error *err) {
-    topp_data *d = data;
-    const kp_topp_judgement *ja = judge(d, params, outs[0], err);
-    if (!ja) return err->code;
-    const kp_topp_judgement *jb = judge(d, params, outs[1], err);
-    if (!jb) return err->code;
-    for (int64_t k = 0; k < nrows; k++) {
-        int64_t r = rows[k];
-        cJSON *row = cJSON_GetArrayItem(rows_json, (int)k);
-        cJSON *ref = cJSON_AddObjectToObject(row, "reference");
-        ref_row_json(d, r, ref);
-        cJSON *a = cJSON_AddObjectToObject(row, impls[0]->name);
-        cJSON *b = cJSON_AddObjectToObject(row, impls[1]->name);
-        if (row_json(d, ja, r, a, ev, impls[0]->name, err) || row_json(d, jb, r, b, ev, impls[1]->name, err))
-            return err->code;
-        int ok_a = ja->rows[r].rule_ok, ok_b = jb->rows[r].rule_ok;
-        char who[200];
-        if (ok_a && ok_b) snprintf(who, sizeof who, "both");
-        else if (ok_a) snprintf(who, sizeof who, "%s", impls[0]->name);
-        else if (ok_b) snprintf(who, sizeof who, "%s", impls[1]->name);
-        else snprintf(who, sizeof who, "neither");
-        cJSON_AddStringToObject(row, "meets_rule", who);
-    }
-    return 0;
-}
+static const kp_rule rule = {
+    .judge = topp_judge,
+    .free_judgement = free_judgement,
+    .row_ok = row_ok,
+    .row_figures = row_figures,
+    .lists = lists,
+    .row_list = row_list,
+    .reference_row = reference_row,
+    .totals = totals,
+};
 
-static int topp_has_defect(void *data, const kp_output *out, const char *defect, int64_t *rows_with) {
+static int topp_has_defect(void *data, kp_judgements *js, const kp_output *out, const char *defect, int64_t *rows_with) {
+    (void)js;
     topp_data *d = data;
     *rows_with = 0;
     if (strcmp(defect, "all_neginf")) return 0;
@@ -360,8 +317,7 @@ const kp_family kp_topp_family = {
     .parse_params = topp_parse_params,
     .describe_params = topp_describe_params,
     .default_params = topp_default_params,
-    .rule = topp_rule,
-    .explain_exact = topp_explain_exact,
+    .rule = &rule,
     .has_defect = topp_has_defect,
     .bytes_moved = topp_bytes_moved,
     .array_docs = array_docs,

@@ -8,6 +8,7 @@
 
 #include "kp_json.h"
 #include "kp_plots.h"
+#include "kp_report.h"
 #include "kp_svg.h"
 #include "kp_text.h"
 
@@ -82,16 +83,18 @@ typedef struct kp_plot_series {
     const char *key;  /* its judgement's member in a per_row entry: "impl" (rule) or the impl's name (exact) */
 } kp_plot_series;
 
-/* A family's rule and exact plot (plot_families.c lists them): drawn for a rule or exact check whose first per-row
- * judgement holds `key`; `rule` and `exact` name the figure (its data-plot attribute) for either check. */
-typedef struct kp_rule_plot {
-    const char *key, *rule, *exact;
-    void (*draw)(kp_text *b, const cJSON *findings, const kp_plot_series *s, int ns);
-} kp_rule_plot;
-extern const kp_rule_plot kp_rule_plots[];
-extern const int kp_rule_plot_count;
+/* The figure of a receipt row's family (receipts/plot_families.c, by the case name's prefix), or NULL. */
+const kp_plot_figure *kp_plot_figure_of(const cJSON *row);
+/* Whether the figure is a number in judgement record j (else an index list's count, or absent). */
+int kp_plot_figure_is_number(const kp_plot_figure *fig, const cJSON *j);
+/* A figure's value in a judgement record j, with the row's reference record ref: a number less the reference's
+ * baseline (when it names one), or an index list's count; NaN when j lacks it. */
+double kp_plot_figure_value(const kp_plot_figure *fig, const cJSON *j, const cJSON *ref);
+/* d on a symmetric log scale, linear below floor: 0 at 0, one unit a decade past it. */
+double kp_plot_symlog(double d, double lin);
 
 /* The plots, each one SVG (and notes or a table after it) from a check's findings. */
+void kp_plot_rule(kp_text *b, const cJSON *findings, const kp_plot_series *s, int ns, const kp_plot_figure *fig);
 void kp_plot_differ(kp_text *b, const cJSON *findings); /* kp_plot_rule.c */
 void kp_plot_tolerance(kp_text *b, const cJSON *findings); /* kp_plot_checks.c */
 void kp_plot_repeat(kp_text *b, const cJSON *check, const cJSON *findings);

@@ -1,6 +1,7 @@
 /* kp_plots.c: report.html's pictures of what the checks found: which checks are findings, one figure
  * each (the plot by check kind: kp_plot_rule.c, kp_plot_checks.c), every rule check's rows at a glance,
- * and the impls' times against each other. Everything comes from the receipt rows; nothing is fetched. */
+ * and the impls' times against each other. Everything comes from the receipt rows and the figure each family
+ * plots for its rule (receipts/plot_families.c); nothing is fetched. */
 #include "kp_plot_parts.h"
 
 #include <math.h>
@@ -40,6 +41,15 @@ int kp_plot_is_finding(const cJSON *check) {
 
 void kp_plot_anchor(char *out, size_t size, int row, int check) { snprintf(out, size, "finding-%d-%d", row, check); }
 
+const kp_plot_figure *kp_plot_figure_of(const cJSON *row) {
+    const char *name = str(row, "case", ""), *paren = strchr(name, '(');
+    char family[64];
+    if (!paren || paren == name || (size_t)(paren - name) >= sizeof family) return NULL;
+    memcpy(family, name, (size_t)(paren - name));
+    family[paren - name] = 0;
+    return kp_table_find(&kp_plot_figures, family);
+}
+
 /* --- one figure per finding --- */
 
 static void plot_none(kp_text *b, const char *why) {
@@ -48,8 +58,8 @@ static void plot_none(kp_text *b, const char *why) {
     kp_svg_close(b);
 }
 
-/* The plot for one check (an expect's inner check, or the check itself). */
-static const char *plot_check(kp_text *b, const cJSON *chk) {
+/* The plot for one check (an expect's inner check, or the check itself) of a case whose family declares fig. */
+static const char *plot_check(kp_text *b, const cJSON *chk, const kp_plot_figure *fig) {
     const char *kind = str(chk, "check", "");
     const cJSON *f = get(chk, "findings");
     if (!f) {
@@ -61,17 +71,16 @@ static const char *plot_check(kp_text *b, const cJSON *chk) {
         const kp_plot_series s[2] = {{str(chk, "impl", "?"), exact ? str(chk, "impl", "?") : "impl"},
                                      {str(chk, "impl_b", "?"), str(chk, "impl_b", "?")}};
         const int ns = exact ? 2 : 1;
-        const cJSON *first = cJSON_GetArrayItem(get(f, "per_row"), 0), *j = get(first, s[0].key);
-        for (int i = 0; j && i < kp_rule_plot_count; i++)
-            if (get(j, kp_rule_plots[i].key)) {
-                kp_rule_plots[i].draw(b, f, s, ns);
-                return exact ? kp_rule_plots[i].exact : kp_rule_plots[i].rule;
-            }
+        const cJSON *first = cJSON_GetArrayItem(get(f, "per_row"), 0);
+        if (cJSON_IsObject(get(first, s[0].key))) { /* rows judged against the rule */
+            kp_plot_rule(b, f, s, ns, fig);
+            return exact ? "rule-exact" : "rule";
+        }
         if (exact) {
             kp_plot_differ(b, f);
             return "exact";
         }
-        plot_none(b, "this family's rule findings have no plot");
+        plot_none(b, "the rule check recorded no rows to draw");
         return "none";
     }
     if (!strcmp(kind, "tolerance")) return kp_plot_tolerance(b, f), "tolerance";
@@ -113,7 +122,7 @@ size_t kp_plot_findings(kp_text *b, const cJSON *rows) {
             kp_plot_anchor(id, sizeof id, r, c);
             /* the plot's kind is known once drawn; the figure opens around a plot drawn into its own buffer */
             kp_text plot = {0};
-            const char *kind = plot_check(&plot, shown);
+            const char *kind = plot_check(&plot, shown, kp_plot_figure_of(row));
             kp_text_printf(b, "<figure class=\"finding\" id=\"%s\" data-plot=\"%s\">\n<figcaption><b>", id, kind);
             kp_text_xml(b, str(chk, "label", str(chk, "check", "check")));
             kp_text_puts(b, "</b> ");
@@ -140,25 +149,45 @@ size_t kp_plot_findings(kp_text *b, const cJSON *rows) {
 
 /* --- the rule checks' rows at a glance --- */
 
-/* Shades for a row that broke the rule, lightest to darkest: by the mass kept beyond the reference's
- * (red) or short of it (purple) for top-p, by the indices missing for top-k. */
+/* Shades for a row that broke the rule, lightest to darkest: by how far its figure is beyond the reference's (red) or
+ * short of it (purple) for a number, by the count for an index list. */
 static const char *const excess_shades[5] = {"#ffcdd2", "#ef9a9a", "#e53935", "#b71c1c", "#5d0000"};
 static const char *const shortfall_shades[5] = {"#e1bee7", "#ce93d8", "#ab47bc", "#6a1b9a", "#311b92"};
 /* Parenthesized: the literals are split only to end a \x escape (clang -Wstring-concatenation). */
-static const char *const mass_buckets[5] = {"<1e-6", "<1e-4", "<1e-2", "<0.1", ("\xE2\x89\xA5" "0.1")};
 static const char *const count_buckets[5] = {"1", ("\xE2\x89\xA4" "4"), ("\xE2\x89\xA4" "16"), ("\xE2\x89\xA4" "64"), ">64"};
 #define MEETS_SHADE "#c8e6c9"
+#define MAX_FIGURES 4
 
-static int mass_bucket(double m) { return m < 1e-6 ? 0 : m < 1e-4 ? 1 : m < 1e-2 ? 2 : m < 0.1 ? 3 : 4; }
+/* A number's buckets: past 1e3, 1e5, 1e7 and 1e8 floors (for masses, floor 1e-9: 1e-6, 1e-4, 1e-2, 0.1). */
+static const int bucket_decades[4] = {3, 5, 7, 8};
+static int number_bucket(double d, double floor) {
+    int i = 0;
+    while (i < 4 && !(fabs(d) < floor * pow(10, bucket_decades[i]))) i++;
+    return i;
+}
 static int count_bucket(int64_t n) { return n <= 1 ? 0 : n <= 4 ? 1 : n <= 16 ? 2 : n <= 64 ? 3 : 4; }
 
-/* The rule check a check shows per row (itself, or an expect's inner rule), else NULL; *topp says which. */
-static const cJSON *rule_shown(const cJSON *chk, int *topp) {
+/* The rule check a check shows per row (itself, or an expect's inner rule) when it judged rows, else NULL. */
+static const cJSON *rule_shown(const cJSON *chk) {
     const cJSON *shown = !strcmp(str(chk, "check", ""), "expect") ? get(chk, "inner") : chk;
     if (strcmp(str(shown, "check", ""), "rule")) return NULL;
-    const cJSON *j = get(cJSON_GetArrayItem(get(get(shown, "findings"), "per_row"), 0), "impl");
-    *topp = get(j, "kept_mass") != NULL;
-    return *topp || get(j, "missing") ? shown : NULL;
+    return cJSON_IsObject(get(cJSON_GetArrayItem(get(get(shown, "findings"), "per_row"), 0), "impl")) ? shown : NULL;
+}
+
+/* Whether a figure is a number in these findings (else an index list's count, or none: every list's entries). */
+static int figure_is_number(const kp_plot_figure *fig, const cJSON *shown) {
+    return kp_plot_figure_is_number(fig, get(cJSON_GetArrayItem(get(get(shown, "findings"), "per_row"), 0), "impl"));
+}
+
+/* How far row e's judgement j broke the rule: a number's excess over the reference's, else a count. */
+static double row_excess(const kp_plot_figure *fig, int number, const cJSON *e, const cJSON *j) {
+    const cJSON *ref = get(e, "reference");
+    if (number) return kp_plot_figure_value(fig, j, ref) - kp_plot_figure_value(fig, ref, ref);
+    if (fig && fig->key) return (double)list_count(j, fig->key);
+    double n = 0;
+    for (const cJSON *m = j ? j->child : NULL; m; m = m->next)
+        if (m->string && cJSON_IsArray(get(m, "first"))) n += (double)inum(m, "count", 0);
+    return n;
 }
 
 static void swatches(kp_text *b, double y, const char *what, const char *const shades[5], const char *const labels[5]) {
@@ -169,34 +198,62 @@ static void swatches(kp_text *b, double y, const char *what, const char *const s
 
 void kp_plot_rule_overview(kp_text *b, const cJSON *rows) {
     const cJSON *row, *chk;
-    int strips = 0, any_topp = 0, any_topk = 0, topp;
-    cJSON_ArrayForEach(row, rows) cJSON_ArrayForEach(chk, get(row, "checks")) if (rule_shown(chk, &topp)) {
+    const kp_plot_figure *figs[MAX_FIGURES];
+    int strips = 0, nfigs = 0, numbers[MAX_FIGURES], legend_lines = 0;
+    cJSON_ArrayForEach(row, rows) cJSON_ArrayForEach(chk, get(row, "checks")) {
+        const cJSON *shown = rule_shown(chk);
+        if (!shown) continue;
         strips++;
-        any_topp |= topp, any_topk |= !topp;
+        const kp_plot_figure *fig = kp_plot_figure_of(row);
+        int known = 0;
+        for (int i = 0; i < nfigs; i++) known |= figs[i] == fig;
+        if (!known && nfigs < MAX_FIGURES) {
+            numbers[nfigs] = figure_is_number(fig, shown);
+            legend_lines += 1 + numbers[nfigs];
+            figs[nfigs++] = fig;
+        }
     }
     if (!strips) return;
     kp_text_puts(b, "<h2>Rows against the rule</h2>\n<p class=\"note\">One strip for each rule check, one cell a row: green "
                     "meets the rule; otherwise the shade says by how much it broke it. A strip links to its plot.</p>\n");
     const double strip = 36, cells_w = 600;
     double y = 8;
-    const double legend_h = 12 + 18.0 * (2 * any_topp + any_topk) + 10;
+    const double legend_h = 12 + 18.0 * legend_lines + 10;
     kp_svg_open(b, KP_PLOT_WIDTH, y + legend_h + strip * strips, "rows against the rule, per rule check");
     kp_svg_legend(b, 10, y += 12, MEETS_SHADE, 1, "row meets the rule");
-    if (any_topp) {
-        swatches(b, y += 18, "top-p, mass kept beyond the reference's:", excess_shades, mass_buckets);
-        swatches(b, y += 18, "              or short of it:", shortfall_shades, mass_buckets);
+    for (int i = 0; i < nfigs; i++) {
+        char what[200];
+        const char *label = figs[i] && figs[i]->key ? figs[i]->label : "index list entries";
+        if (numbers[i]) {
+            char buckets[5][24];
+            const char *labels[5];
+            const int dec0 = (int)floor(log10(figs[i]->floor > 0 ? figs[i]->floor : 1e-9));
+            for (int k = 0; k < 5; k++) {
+                if (k < 4) snprintf(buckets[k], sizeof buckets[k], "<1e%d", dec0 + bucket_decades[k]);
+                else snprintf(buckets[k], sizeof buckets[k], "\xE2\x89\xA5" "1e%d", dec0 + bucket_decades[3]);
+                labels[k] = buckets[k];
+            }
+            snprintf(what, sizeof what, "%s beyond the reference's:", label);
+            swatches(b, y += 18, what, excess_shades, labels);
+            swatches(b, y += 18, "              or short of it:", shortfall_shades, labels);
+        } else {
+            snprintf(what, sizeof what, "%s:", label);
+            swatches(b, y += 18, what, excess_shades, count_buckets);
+        }
     }
-    if (any_topk) swatches(b, y += 18, "top-k, indices missing:", excess_shades, count_buckets);
     y += 10;
     int r = 0;
     cJSON_ArrayForEach(row, rows) {
         int c = 0;
+        const kp_plot_figure *fig = kp_plot_figure_of(row);
         cJSON_ArrayForEach(chk, get(row, "checks")) {
-            const cJSON *shown = rule_shown(chk, &topp);
+            const cJSON *shown = rule_shown(chk);
             if (!shown) {
                 c++;
                 continue;
             }
+            const int number = figure_is_number(fig, shown);
+            const char *label = fig && fig->key ? fig->label : "index list entries";
             const cJSON *f = get(shown, "findings"), *per_row = get(f, "per_row"), *e;
             const int64_t nrows = rows_spanned(f, per_row);
             const int link = kp_plot_is_finding(chk);
@@ -218,29 +275,26 @@ void kp_plot_rule_overview(kp_text *b, const cJSON *rows) {
                 const cJSON *j = get(e, "impl");
                 const int64_t rr = inum(e, "row", 0);
                 const int ok = flag(j, "meets_rule");
+                const double d = row_excess(fig, number, e, j);
                 const char *fill = MEETS_SHADE;
-                char title[200];
-                if (topp) {
-                    const double d = num(j, "kept_mass", NAN) - num(get(e, "reference"), "kept_mass", NAN);
-                    if (!ok) fill = (d < 0 ? shortfall_shades : excess_shades)[mass_bucket(fabs(d))];
-                    if (!ok && (worst_at < 0 || fabs(d) > fabs(worst))) worst = d, worst_at = rr;
-                    snprintf(title, sizeof title, "row %lld: %s; kept mass %+.3g against the reference's", (long long)rr,
-                             ok ? "meets the rule" : "breaks the rule", d);
-                } else {
-                    const int64_t missing = list_count(j, "missing");
-                    if (!ok) fill = excess_shades[count_bucket(missing)];
-                    if (!ok && (worst_at < 0 || (double)missing > worst)) worst = (double)missing, worst_at = rr;
-                    snprintf(title, sizeof title, "row %lld: %s; %lld indices missing", (long long)rr,
-                             ok ? "meets the rule" : "breaks the rule", (long long)missing);
-                }
+                char title[300];
+                if (!ok && number) fill = (d < 0 ? shortfall_shades : excess_shades)[number_bucket(d, fig->floor > 0 ? fig->floor : 1e-9)];
+                else if (!ok) fill = excess_shades[count_bucket((int64_t)d)];
+                if (!ok && (worst_at < 0 || fabs(d) > fabs(worst))) worst = d, worst_at = rr;
+                if (number)
+                    snprintf(title, sizeof title, "row %lld: %s; %s %+.3g against the reference's", (long long)rr,
+                             ok ? "meets the rule" : "breaks the rule", label, d);
+                else
+                    snprintf(title, sizeof title, "row %lld: %s; %.0f %s", (long long)rr, ok ? "meets the rule" : "breaks the rule",
+                             d, label);
                 meet += ok;
                 kp_svg_rect(b, kp_svg_row_x(cells, nrows, rr) - w / 2, cells.y, w > 3 ? w - 1 : w, cells.h, fill, title);
             }
-            char what[160] = "";
-            if (worst_at >= 0 && topp)
-                snprintf(what, sizeof what, "; worst row %lld: mass %+.3g", (long long)worst_at, worst);
+            char what[200] = "";
+            if (worst_at >= 0 && number)
+                snprintf(what, sizeof what, "; worst row %lld: %s %+.3g", (long long)worst_at, label, worst);
             else if (worst_at >= 0)
-                snprintf(what, sizeof what, "; worst row %lld: %.0f missing", (long long)worst_at, worst);
+                snprintf(what, sizeof what, "; worst row %lld: %.0f %s", (long long)worst_at, worst, label);
             kp_svg_textf(b, cells.x + cells.w + 8, cells.y + 11, "start", meet == nrows ? "ok" : "bad", 0,
                          "%lld/%lld rows meet%s", (long long)meet, (long long)nrows, what);
             if (link) kp_text_puts(b, "</a>\n");

@@ -24,8 +24,8 @@ void kp_plot_anchor(char *out, size_t size, int row, int check);
  * Returns how many. */
 size_t kp_plot_findings(kp_text *b, const cJSON *rows);
 
-/* Every rule check's rows at a glance (top-p and top-k judgements per row): one strip of cells a check,
- * green where a row meets the rule, else shaded by how far it broke it; writes nothing without one. */
+/* Every rule check's rows at a glance: one strip of cells a check, green where a row meets the rule, else shaded
+ * by how far it broke it (its family's figure, plot_families.c); writes nothing without one. */
 void kp_plot_rule_overview(kp_text *b, const cJSON *rows);
 
 /* The impls' wall times (impls[].timing.wall_us of rows that carry "impls") against each other, per

@@ -1,14 +1,15 @@
-/* plot_families.c: the families' rule and exact plots in report.html, one row each (the one place receipts/ lists
- * them): the member of a per-row judgement that marks the family's findings, the figure's data-plot names, and the
- * function in the family's own file (receipts/<family>_plot.c) that draws it. Adding a family's plot: its file and
- * a row here. A family with no row gets the generic plots (kp_plot_differ for exact). */
-#include "kp_plot_parts.h"
+/* plot_families.c: the figure each family's rule findings plot per row in report.html (kp_plot_figure), the one place
+ * receipts/ lists families. Adding a family with a rule check: one row below (without one, its rule plot draws the
+ * index lists alone). */
+#include <stddef.h>
 
-void kp_plot_topp(kp_text *b, const cJSON *findings, const kp_plot_series *s, int ns); /* topp_plot.c */
-void kp_plot_topk(kp_text *b, const cJSON *findings, const kp_plot_series *s, int ns); /* topk_plot.c */
+#include "kp_report.h"
 
-const kp_rule_plot kp_rule_plots[] = {
-    {"kept_mass", "topp-rule", "topp-exact", kp_plot_topp},
-    {"missing", "topk-rule", "topk-exact", kp_plot_topk},
-};
-const int kp_rule_plot_count = (int)(sizeof kp_rule_plots / sizeof kp_rule_plots[0]);
+/* top-p: the mass a row kept against top_p, beside the reference's; masses differ meaningfully from 1e-9 on */
+static const kp_plot_figure topp = {"topp", "kept_mass", "kept mass", "top_p", 1e-9};
+/* top-k: the answer's indices a row misses */
+static const kp_plot_figure topk = {"topk", "missing", "missing indices", NULL, 0};
+
+static const void *const builtin[] = {&topp, &topk};
+_Static_assert(offsetof(kp_plot_figure, name) == 0, "a table row begins with its name (kp_table)");
+kp_table kp_plot_figures = {builtin, (int)(sizeof builtin / sizeof builtin[0]), {0}, 0};

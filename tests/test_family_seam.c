@@ -6,10 +6,13 @@
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
+#include <ctype.h>
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "../harness/kp_harness.h"
 #include "../harness/kp_replay.h"
@@ -367,4 +370,96 @@ Test(family_seam, one_config_holds_two_families_with_roles_of_their_own) {
     cr_assert_eq(kp_config_load(bad, &c, &err), KP_EXIT_USAGE);
     cr_assert(strstr(err.msg, "impls[0]: impl scale.f32@host is of family scale, the case is topp"), "%s", err.msg);
     kp_config_free(&c);
+}
+
+/* ------------------------------------------------------------------ generic files name no family */
+
+/* Whether text holds word (case-insensitive) with no letter or digit either side: "topk" in kp_topk_family, not
+ * "topp" in "stopped". Sets *line to the first such line. */
+static bool names_word(const char *text, const char *word, int *line) {
+    const size_t n = strlen(word);
+    for (const char *p = text; (p = strcasestr(p, word)); p++) {
+        const bool before = p > text && isalnum((unsigned char)p[-1]), after = isalnum((unsigned char)p[n]);
+        if (before || after) continue;
+        *line = 1;
+        for (const char *q = text; q < p; q++) *line += *q == '\n';
+        return true;
+    }
+    return false;
+}
+
+/* Every generic source file under root (harness, cases, receipts, reference, kernels outside kernels/host and
+ * kernels/cuda), but a family's own files (named <family>_...) and the tables that list the families: the places
+ * where one names a family (as its table row spells it, or as prose spells the built-in ones) into found. Returns how
+ * many files it read. */
+static int scan_generic(const char *root, char *found, size_t size) {
+    static const char *const dirs[] = {"harness", "cases", "receipts", "reference", "kernels"};
+    static const char *const tables[] = {"harness/families.c", "cases/case_families.c", "kernels/registry.c",
+                                         "kernels/kp_registry.h", "kernels/kparity_kernel.h", "receipts/plot_families.c"};
+    static const char *const prose[] = {"top-p", "top-k", "MoE", "MLA"};
+    const char *words[32];
+    int nwords = 0, files = 0;
+    /* the built-in families (the test's own, "scale", is a word prose uses) */
+    for (int i = 0; i < kp_families.nbuiltin && nwords < 28; i++) words[nwords++] = kp_family_at(i)->name;
+    for (size_t i = 0; i < sizeof prose / sizeof *prose; i++) words[nwords++] = prose[i];
+    size_t used = 0;
+    found[0] = 0;
+    for (size_t d = 0; d < sizeof dirs / sizeof *dirs; d++) {
+        char *dir;
+        cr_assert(asprintf(&dir, "%s/%s", root, dirs[d]) > 0);
+        DIR *dh = opendir(dir);
+        for (struct dirent *e; dh && (e = readdir(dh));) {
+            const char *dot = strrchr(e->d_name, '.');
+            if (!dot || (strcmp(dot, ".c") && strcmp(dot, ".h"))) continue;
+            char rel[300];
+            snprintf(rel, sizeof rel, "%s/%s", dirs[d], e->d_name);
+            bool skip = false;
+            for (size_t t = 0; t < sizeof tables / sizeof *tables; t++) skip |= !strcmp(rel, tables[t]);
+            for (int i = 0; i < kp_families.nbuiltin; i++) {
+                const char *f = kp_family_at(i)->name;
+                skip |= !strncmp(e->d_name, f, strlen(f)) && e->d_name[strlen(f)] == '_';
+            }
+            if (skip) continue;
+            char *path, *text;
+            cr_assert(asprintf(&path, "%s/%s", dir, e->d_name) > 0);
+            cr_assert_not_null(text = kpt_read(path, NULL), "%s", path);
+            files++;
+            for (int w = 0; w < nwords; w++) {
+                int line;
+                if (names_word(text, words[w], &line) && used < size)
+                    used += (size_t)snprintf(found + used, size - used, " %s:%d (%s)", rel, line, words[w]);
+            }
+            free(text), free(path);
+        }
+        if (dh) closedir(dh);
+        free(dir);
+    }
+    return files;
+}
+
+Test(family_seam, no_generic_file_names_a_family) {
+    char found[4096];
+    const int files = scan_generic(kpt_source_dir(), found, sizeof found);
+    cr_assert_gt(files, 40, "the scan read only %d files", files);
+    cr_assert_str_eq(found, "", "generic files naming a family:%s", found);
+    /* the positive control: a generic file naming a family is caught, a family's own file and a table are not, and a
+       family's name inside a word ("stopped") is no name */
+    const char *planted[][2] = {{"harness/planted.c", "int a;\n/* the run stopped */\nint b; /* as kp_topk_args */\n"},
+                                {"harness/topk_family.c", "/* topk */\n"},
+                                {"harness/families.c", "/* topp */\n"}};
+    char *root;
+    cr_assert(asprintf(&root, "%s/scan", kpt_dir) > 0);
+    char *harness_dir;
+    cr_assert(asprintf(&harness_dir, "%s/harness", root) > 0);
+    cr_assert(mkdir(root, 0700) == 0 && mkdir(harness_dir, 0700) == 0);
+    free(harness_dir);
+    for (size_t i = 0; i < sizeof planted / sizeof *planted; i++) {
+        char *path;
+        cr_assert(asprintf(&path, "%s/%s", root, planted[i][0]) > 0);
+        cr_assert_eq(kpt_write(path, planted[i][1], strlen(planted[i][1])), 0, "%s", path);
+        free(path);
+    }
+    cr_assert_eq(scan_generic(root, found, sizeof found), 1);
+    cr_assert_str_eq(found, " harness/planted.c:3 (topk)");
+    free(root);
 }

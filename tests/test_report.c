@@ -326,7 +326,7 @@ static const char *const planted_rows =
     " \"reasons\": [\"guard region overwritten\"], \"checks\": []}]";
 
 #define PLANTED_FIGURES                                                                                             \
-    "finding-0-0=topp-exact;finding-0-1=topp-rule;finding-0-2=topp-rule;finding-1-0=topk-rule;finding-1-1=repeat;" \
+    "finding-0-0=rule-exact;finding-0-1=rule;finding-0-2=rule;finding-1-0=rule;finding-1-1=repeat;" \
     "finding-1-3=batch;finding-2-0=tolerance;finding-2-2=batch;"
 
 static char *render(const char *rows_json) {
@@ -359,19 +359,19 @@ Test(report, planted_rows_give_one_well_formed_plot_per_finding) {
 
 Test(report, plots_say_what_the_receipts_say) {
     char *html = render(planted_rows);
-    /* top-p: which rows broke the rule, the mass each impl kept against top_p and the reference's */
-    cr_assert(strstr(html, "topp.a@host: rows breaking the rule: 1, 3 (2 of 4); most mass kept beyond the reference's: "
-                           "+9.9e-06 (row 1); most mass short of the reference's: -0.96 (row 3)."), "%s", html);
-    cr_assert(strstr(html, "row 1, topp.a@host: 1 strict, 0 tie, 1 band; kept 12 tokens, mass = top_p +1e-05 (reference +1e-07); "
+    /* top-p (its figure: kept mass against top_p): which rows broke the rule, each impl's mass and the reference's */
+    cr_assert(strstr(html, "topp.a@host: rows breaking the rule: 1, 3 (2 of 4); most kept mass beyond the reference's: "
+                           "+9.9e-06 (row 1); most kept mass short of the reference's: -0.96 (row 3)."), "%s", html);
+    cr_assert(strstr(html, "row 1, topp.a@host: 1 strict, 0 tie, 1 band; kept mass - top_p = +1e-05 (reference +1e-07); "
+                           "breaks the rule"), "%s", html);
+    cr_assert(strstr(html, "row 3, topp.a@host: 1 strict, 0 tie, 0 band; kept mass - top_p = -0.95 (reference +0.01); "
                            "breaks the rule"));
-    cr_assert(strstr(html, "row 3, topp.a@host: 1 strict, 0 tie, 0 band; kept 0 tokens, mass = top_p -0.95 (reference +0.01); "
-                           "every output logit -inf; breaks the rule"));
-    cr_assert(strstr(html, "topp.b@host: rows breaking the rule: none; most mass short of the reference's: -6e-07 (row 1)."),
+    cr_assert(strstr(html, "topp.b@host: rows breaking the rule: none; most kept mass short of the reference's: -6e-07 (row 1)."),
               "a passing rule check's allowed band difference is drawn");
-    /* top-k: extra and missing per row, allowed ties apart from breaks */
-    cr_assert(strstr(html, "row 1, topk.inc@host: 1 extra, 1 missing (0 strict, 2 tie); 0 dropped candidates; meets the rule"));
-    cr_assert(strstr(html, "row 2, topk.inc@host: 1 extra, 1 missing (2 strict, 0 tie); 1 dropped candidates; breaks the rule"));
-    cr_assert(strstr(html, "topk.inc@host: rows breaking the rule: 2 (1 of 3)."));
+    /* top-k (its figure: the missing indices): each list per row, allowed ties apart from breaks */
+    cr_assert(strstr(html, "row 1, topk.inc@host: 0 strict, 2 tie, 1 missing; meets the rule"));
+    cr_assert(strstr(html, "row 2, topk.inc@host: 2 strict, 0 tie, 1 missing; breaks the rule"));
+    cr_assert(strstr(html, "topk.inc@host: rows breaking the rule: 2 (1 of 3); most missing indices: 1 (row 1)."));
     /* marks sit where their numbers say: row 1's excess mass above top_p and row 3's shortfall below it,
        one bar up for an extra index and one down for a missing one */
     const char *rule_fig = strstr(html, "id=\"finding-0-1\""), *topk_fig = strstr(html, "id=\"finding-1-0\"");
@@ -383,9 +383,9 @@ Test(report, plots_say_what_the_receipts_say) {
     const double short_y = mark_attr(rule_fig, "circle", "row 3, topp.a@host", "cy");
     cr_assert(excess_y < zero && short_y > zero, "top_p at y %g: excess at %g, shortfall at %g", zero, excess_y, short_y);
     cr_assert(mark_attr(rule_fig, "rect", "row 3, topp.a@host", "height") > 0, "row 3's strict mismatch has a bar");
-    cr_assert_eq(count(topk_fig, "<title>row 2, topk.inc@host: 1 extra, 1 missing") -
-                     count(strstr(topk_fig, "</figure>"), "<title>row 2, topk.inc@host: 1 extra, 1 missing"), 2,
-                 "row 2 has one bar up and one down");
+    cr_assert_eq(count(topk_fig, "<title>row 2, topk.inc@host: 2 strict, 0 tie, 1 missing") -
+                     count(strstr(topk_fig, "</figure>"), "<title>row 2, topk.inc@host: 2 strict, 0 tie, 1 missing"), 2,
+                 "row 2 has a bar for its strict entries and one for its missing one, no tie bar");
     /* repeat: distinct outputs and the flip rate with its Wilson interval per varying row, and the share of rows */
     cr_assert(strstr(html, "row 0: 4 distinct outputs over 5 runs; flips 4/4 = 1, Wilson 95% [0.51, 1]"));
     cr_assert(strstr(html, "row 2: 2 distinct outputs over 5 runs; flips 1/4 = 0.25, Wilson 95% [0.0456, 0.699]"));
@@ -404,8 +404,8 @@ Test(report, plots_say_what_the_receipts_say) {
     size_t strips = 0;
     for (const char *p = glance; (p = strstr(p, "rows meet")) && p < glance_end; p++) strips++;
     cr_assert_eq(strips, 4);
-    cr_assert(strstr(glance, "2/4 rows meet; worst row 3: mass -0.96"));
-    cr_assert(strstr(glance, "2/3 rows meet; worst row 2: 1 missing"));
+    cr_assert(strstr(glance, "2/4 rows meet; worst row 3: kept mass -0.96"));
+    cr_assert(strstr(glance, "2/3 rows meet; worst row 2: 1 missing indices"));
     /* impl times, from the one row that carries impls */
     cr_assert(strstr(html, "<h2>Impl times</h2>") && strstr(html, "3 ms (1.50x the first)"));
     free(html);
@@ -524,7 +524,7 @@ Test(report, a_real_run_draws_every_finding_of_its_receipts, .timeout = 300) {
     for (char *p = list, *eq; (eq = strchr(p, '=')); p = strchr(eq, ';') + 1)
         used += (size_t)snprintf(ids + used, sizeof ids - used, "%.*s", (int)(eq - p + 1), p);
     cr_assert_str_eq(ids, want, "one plot per finding of the receipts: drawn %s", list);
-    cr_assert(strstr(list, "=topp-exact;") && strstr(list, "=topp-rule;") && strstr(list, "=topk-rule;") &&
+    cr_assert(strstr(list, "=rule-exact;") && strstr(list, "=rule;") &&
               strstr(list, "=tolerance;"), "%s", list);
     char *short_one = without_first_figure(html);
     cr_assert_eq(count(short_one, "<figure class=\"finding\""), findings - 1, "the count must see a missing plot");
