@@ -90,6 +90,8 @@ int kp_plot_figure_is_number(const kp_plot_figure *fig, const cJSON *j);
 /* A figure's value in a judgement record j, with the row's reference record ref: a number less the reference's
  * baseline (when it names one), or an index list's count; NaN when j lacks it. */
 double kp_plot_figure_value(const kp_plot_figure *fig, const cJSON *j, const cJSON *ref);
+/* The reference record's value of the figure, or 0 (the figure's zero: its baseline) when it gives none. */
+double kp_plot_figure_reference(const kp_plot_figure *fig, const cJSON *ref);
 /* d on a symmetric log scale, linear below floor: 0 at 0, one unit a decade past it. */
 double kp_plot_symlog(double d, double lin);
 

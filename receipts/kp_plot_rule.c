@@ -64,6 +64,10 @@ int kp_plot_figure_is_number(const kp_plot_figure *fig, const cJSON *j) {
     return fig && fig->key && !is_list(get(j, fig->key)) && j && kp_json_get_double(j, fig->key, &v) == 0;
 }
 
+double kp_plot_figure_reference(const kp_plot_figure *fig, const cJSON *ref) {
+    return get(ref, fig->key) ? kp_plot_figure_value(fig, ref, ref) : 0; /* none given: the figure's own zero */
+}
+
 double kp_plot_figure_value(const kp_plot_figure *fig, const cJSON *j, const cJSON *ref) {
     const cJSON *v = get(j, fig->key);
     if (is_list(v)) return (double)list_count(j, fig->key);
@@ -203,7 +207,7 @@ void kp_plot_rule(kp_text *b, const cJSON *f, const kp_plot_series *s, int ns, c
             const int64_t r = inum(e, "row", 0);
             if (!flag(j, "meets_rule")) row_list_add(&l, r);
             if (!fig || !fig->key) continue;
-            const double v = kp_plot_figure_value(fig, j, ref) - (number ? kp_plot_figure_value(fig, ref, ref) : 0);
+            const double v = kp_plot_figure_value(fig, j, ref) - (number ? kp_plot_figure_reference(fig, ref) : 0);
             if (v > hi) hi = v, at_hi = r;
             if (v < lo) lo = v, at_lo = r;
         }

@@ -182,7 +182,7 @@ static int figure_is_number(const kp_plot_figure *fig, const cJSON *shown) {
 /* How far row e's judgement j broke the rule: a number's excess over the reference's, else a count. */
 static double row_excess(const kp_plot_figure *fig, int number, const cJSON *e, const cJSON *j) {
     const cJSON *ref = get(e, "reference");
-    if (number) return kp_plot_figure_value(fig, j, ref) - kp_plot_figure_value(fig, ref, ref);
+    if (number) return kp_plot_figure_value(fig, j, ref) - kp_plot_figure_reference(fig, ref);
     if (fig && fig->key) return (double)list_count(j, fig->key);
     double n = 0;
     for (const cJSON *m = j ? j->child : NULL; m; m = m->next)

@@ -17,6 +17,7 @@
 #include "../harness/kp_harness.h"
 #include "../harness/kp_replay.h"
 #include "../harness/kp_runner.h"
+#include "../receipts/kp_report.h"
 #include "../receipts/kp_verify.h"
 #include "kp_test_util.h"
 
@@ -260,9 +261,59 @@ Test(family_seam, exact_names_the_differing_element_per_tensor) {
     cr_assert_eq(kpt_num(rec, "checks.0.findings.per_row.0.row"), 1);
     cr_assert_eq(kpt_num(rec, "checks.0.findings.per_row.0.differ.y.count"), 1);
     cr_assert_eq(kpt_num(rec, "checks.0.findings.per_row.0.differ.y.first.0"), 2);
-    cr_assert_null(cJSON_GetObjectItemCaseSensitive(kpt_at(rec, "checks.0.params"), "tie_policy"), "a family without rule "
-                                                                                              "parameters records none");
+    /* the rule explains the differing row (harness/rule.c): the family's defaults, recorded as such, and who meets it */
+    cr_assert_eq(kpt_num(rec, "checks.0.params.ulps"), 0);
+    cr_assert(strstr(kpt_str(rec, "checks.0.params.params_source"), "the family's defaults"));
+    cr_assert_str_eq(kpt_str(rec, "checks.0.findings.per_row.0.meets_rule"), "scale.f32@host", "perturb breaks the rule");
+    const cJSON *perturbed = cJSON_GetObjectItemCaseSensitive(kpt_at(rec, "checks.0.findings.per_row.0"), "scale.perturb@host");
+    cr_assert_eq(kpt_num(perturbed, "wrong.first.0"), 2, "its record names the column it got wrong");
     cJSON_Delete(rec);
+}
+
+/* The rule of a fifth family, through the harness's rule module: the clean impl meets it on every row, the perturbed
+ * one breaks it on row 1 alone, naming column 2; report.html plots it by the figure the family's table row gives
+ * (registered here, as receipts/plot_families.c lists the built-in ones), and verify renders the same report. */
+Test(family_seam, a_fifth_familys_rule_is_judged_reported_and_plotted_by_the_harness) {
+    static const kp_plot_figure figure = {"scale", "max_ulp", "ulp distance", NULL, 1};
+    kp_error err = {0};
+    if (!kp_table_find(&kp_plot_figures, "scale")) cr_assert_eq(kp_plot_figure_register(&figure, &err), 0, "%s", err.msg);
+    char *bundle;
+    cJSON *rec = gate_case("rule", "\"ulps\":0", "[{\"check\":\"rule\",\"impl\":\"candidate\"},"
+                                                   "{\"check\":\"rule\",\"impl\":\"scale.perturb@host\"}]", 1, &bundle);
+    cr_assert_str_eq(kpt_str(rec, "checks.0.result"), "PASSED", "%s", kpt_str(rec, "checks.0.summary"));
+    cr_assert_str_eq(kpt_str(rec, "checks.0.summary"), "6/6 rows meet the rule; 0 elements past 0 ulps");
+    cr_assert_str_eq(kpt_str(rec, "checks.1.result"), "INCORRECT");
+    cr_assert_str_eq(kpt_str(rec, "checks.1.summary"), "5/6 rows meet the rule; 1 elements past 0 ulps");
+    cr_assert(cJSON_IsFalse(kpt_at(rec, "checks.1.findings.per_row.1.impl.meets_rule")));
+    cr_assert_eq(kpt_num(rec, "checks.1.findings.per_row.1.impl.wrong.first.0"), 2);
+    cr_assert_gt(kpt_num(rec, "checks.1.findings.per_row.1.impl.max_ulp"), 1000, "one part in 1e3 is thousands of ulps");
+    cr_assert_eq(kpt_num(rec, "checks.1.findings.per_row.0.impl.max_ulp"), 0);
+    cr_assert_eq(kpt_num(rec, "checks.1.findings.wrong"), 1);
+    cJSON_Delete(rec);
+    char *path, *html;
+    cr_assert(asprintf(&path, "%s/report.html", bundle) > 0);
+    cr_assert_not_null(html = kpt_read(path, NULL));
+    cr_assert(strstr(html, "data-plot=\"rule\""), "the failing rule check gets the rule plot");
+    cr_assert(strstr(html, "scale.perturb@host: rows breaking the rule: 1 (1 of 6); most ulp distance beyond the reference's: "), "%s", html);
+    cr_assert(strstr(html, "<h2>Rows against the rule</h2>") && strstr(html, "5/6 rows meet; worst row 1:"));
+    free(html), free(path);
+    cr_assert_eq(kp_bundle_verify(bundle, &err), 0, "%s", err.msg);
+}
+
+/* A family without a rule (its record has none) refuses a rule check when the config loads, naming the family. */
+Test(family_seam, a_rule_check_on_a_family_without_one_is_refused) {
+    char *path;
+    cr_assert(asprintf(&path, "%s/norule.json", kpt_dir) > 0);
+    kpt_scratch(path);
+    const char *body = "{\"schema\":\"kparity.gate/v1\",\"name\":\"t\",\"impls\":{},\"cases\":[{\"case\":"
+                       "\"moe(hidden=256,inter=128,m=4,model=glm47,profile=uniform,seed=11)\",\"checks\":"
+                       "[{\"check\":\"rule\",\"impl\":\"moe.invariant@host\"}]}]}";
+    cr_assert_eq(kpt_write(path, body, strlen(body)), 0);
+    kp_config c;
+    kp_error err = {0};
+    cr_assert_eq(kp_config_load(path, &c, &err), KP_EXIT_USAGE);
+    cr_assert(strstr(err.msg, "family moe has no rule check"), "%s", err.msg);
+    kp_config_free(&c);
 }
 
 /* expect of exact: two impls that differ reproduce the expected difference; two that agree do not, loudly. */
@@ -316,7 +367,7 @@ Test(family_seam, a_tolerance_config_is_checked_before_anything_runs) {
         {TOL, "[{\"check\":\"tolerance\",\"impl\":\"candidate\",\"tensors\":{\"z\":{\"atol\":1}}}]", "tensors.z: not an output"},
         {TOL, "[{\"check\":\"tolerance\",\"impl\":\"candidate\",\"ulp\":1.5}]", "checks[0].ulp: 1.5 must be an integer"},
         {TOL, "[{\"check\":\"tolerance\",\"impl\":\"candidate\",\"atol\":-1}]", "checks[0].atol: -1 must be a finite number"},
-        {TOL, "[{\"check\":\"rule\",\"impl\":\"candidate\"}]", "family scale has no rule check"},
+        {TOL, "[{\"check\":\"rule\",\"impl\":\"candidate\",\"ulps\":-1}]", "checks[0].ulps"},
         {TOL, "[{\"check\":\"tolerance\",\"impl\":\"candidate\",\"band\":1e-6}]", "checks[0].band: unknown field"},
         {TOL, "[{\"check\":\"tolerance\",\"impl\":\"candidate\",\"element_rule\":\"max\"}]",
          "checks[0].element_rule: 'max' is not an element rule"},
