@@ -12,19 +12,11 @@
 #include "kp_nvfp4.h"
 #include "kp_rng.h"
 
-static const char *const profile_names[KP_MLA_PROFILE_COUNT] = {"uniform", "holes", "invalid", "dup", "short", "mixed"};
-static const char *const cache_names[] = {"fp8_ds_mla", "bf16"};
-static const char *const scale_names[] = {"raw", "pow2"};
-static const char *const length_names[] = {"off", "on", "request"}; /* kp_mla_topk_length's order */
-static const char *const sink_names[] = {"off", "on", "inf"};
-static const char *const known_keys[] = {"batch", "seed",  "profile", "s_q",         "h_q",  "topk",    "s_kv",
-                                         "page",  "cache", "scale",   "topk_length", "sink", "sm_scale"};
-
-#define DEFAULT_SM_SCALE 0.135234 /* DeepSeek-V3.2 */
-#define DEFAULT_TOPK 2048
-#define DEFAULT_S_KV 4096
-#define DEFAULT_PAGE 64 /* vLLM's FLASHMLA_SPARSE supports only 64 */
-#define DEFAULT_H_Q 128
+static const char *const profile_names[] = {"uniform", "holes", "invalid", "dup", "short", "mixed", NULL};
+static const char *const cache_names[] = {"fp8_ds_mla", "bf16", NULL};
+static const char *const scale_names[] = {"raw", "pow2", NULL};
+static const char *const length_names[] = {"off", "on", "request", NULL}; /* kp_mla_topk_length's order */
+static const char *const sink_names[] = {"off", "on", "inf", NULL};
 
 /* Draws: each tensor its own slot (slot << 56), each request or row its own span in it. */
 enum { SLOT_Q = 0, SLOT_INDEX = 1, SLOT_PAGES = 2, SLOT_KV = 3, SLOT_GAIN = 4, SLOT_SINK = 5 };
@@ -36,127 +28,56 @@ static int64_t pages_per_request(const kp_mla_case *mc) { return (mc->s_kv + mc-
 
 /* ---- fields --------------------------------------------------------------------------------- */
 
-static int pick(const kp_case *c, const char *key, const char *const *names, int n, const char *fallback, int *out,
-                kp_error *err) {
-    const char *v = kp_case_get(c, key);
-    if (!v) v = fallback;
-    if (!v) return kp_fail(err, KP_EXIT_USAGE, "case mla: field '%s' is required", key);
-    char known[160] = "";
-    for (int i = 0; i < n; i++) {
-        if (!strcmp(v, names[i])) return *out = i, 0;
-        size_t l = strlen(known);
-        snprintf(known + l, sizeof known - l, "%s%s", i ? ", " : "", names[i]);
-    }
-    return kp_fail(err, KP_EXIT_USAGE, "case mla: field '%s': '%s' is unknown (%s)", key, v, known);
-}
+#define AT(member) KP_FIELD_AT(kp_mla_case, member)
+static const kp_case_field fields[] = {
+    {"batch", KP_FIELD_INT, AT(batch), .min = 1, .max = 4096, .help = "requests"},
+    {"seed", KP_FIELD_UINT, AT(seed), .help = "the generator's seed"},
+    {"profile", KP_FIELD_NAME, AT(profile), .names = profile_names, .help = "the top-k indices' shape (mla_case.h)"},
+    {"s_q", KP_FIELD_INT, AT(s_q), .min = 1, .max = 4, .fallback = "1", .help = "query rows a request"},
+    {"h_q", KP_FIELD_INT, AT(h_q), .min = 1, .max = 1024, .fallback = "128", .help = "query heads: 64 or 128"},
+    {"topk", KP_FIELD_INT, AT(topk), .min = KP_MLA_TOPK_BLOCK, .max = 16384, .fallback = "2048",
+     .help = "index slots a row, a multiple of 64"},
+    {"s_kv", KP_FIELD_INT, AT(s_kv), .min = 1, .max = 1 << 20, .fallback = "4096", .help = "tokens a request, at least s_q"},
+    {"page", KP_FIELD_INT, AT(page), .min = 1, .max = 1024, .fallback = "64",
+     .help = "tokens a page (vLLM's FLASHMLA_SPARSE supports only 64)"},
+    {"cache", KP_FIELD_NAME, AT(cache), .names = cache_names, .fallback = "fp8_ds_mla", .help = "the KV cache's format"},
+    {"scale", KP_FIELD_NAME, AT(scale), .names = scale_names, .fallback = "raw", .when = "cache", .when_is = "fp8_ds_mla",
+     .help = "tile scales: vLLM's f32 amax / 448 (raw) or FlashMLA's test quantizer's power of two (pow2)"},
+    {"topk_length", KP_FIELD_NAME, AT(topk_length), .names = length_names, .fallback = "off",
+     .help = "a length array with the indices: per row (on) or per request (request)"},
+    {"sink", KP_FIELD_NAME, AT(sink), .names = sink_names, .fallback = "off", .help = "attention sinks, some infinite (inf)"},
+    {"sm_scale", KP_FIELD_NUMBER, AT(sm_scale), .nmin = 0, .nmax = 1e30, .nmin_open = true, .fallback = "0.135234",
+     .help = "the softmax scale (DeepSeek-V3.2's by default)"},
+};
+#undef AT
 
-static int optional_int(const kp_case *c, const char *key, int64_t min, int64_t max, int64_t fallback, int64_t *out,
-                        kp_error *err) {
-    if (!kp_case_get(c, key)) return *out = fallback, 0;
-    return kp_case_int(c, key, min, max, out, err);
-}
-
-int kp_mla_case_read(const kp_case *c, kp_mla_case *out, kp_error *err) {
-    memset(out, 0, sizeof *out);
-    for (int i = 0; i < c->nparams; i++) {
-        int known = 0;
-        for (size_t k = 0; k < sizeof known_keys / sizeof *known_keys; k++) known |= !strcmp(c->params[i].key, known_keys[k]);
-        if (!known)
-            return kp_fail(err, KP_EXIT_USAGE, "case mla: field '%s' is unknown (known: batch, seed, profile, s_q, h_q, topk, "
-                           "s_kv, page, cache, scale, topk_length, sink, sm_scale)", c->params[i].key);
-    }
-    int rc, profile = 0, cache = 0, scale = 0, length = 0, sink = 0;
-    if ((rc = kp_case_int(c, "batch", 1, 4096, &out->batch, err)) || (rc = kp_case_uint(c, "seed", &out->seed, err)) ||
-        (rc = pick(c, "profile", profile_names, KP_MLA_PROFILE_COUNT, NULL, &profile, err)) ||
-        (rc = optional_int(c, "s_q", 1, 4, 1, &out->s_q, err)) ||
-        (rc = optional_int(c, "h_q", 1, 1024, DEFAULT_H_Q, &out->h_q, err)) ||
-        (rc = optional_int(c, "topk", KP_MLA_TOPK_BLOCK, 16384, DEFAULT_TOPK, &out->topk, err)) ||
-        (rc = optional_int(c, "s_kv", 1, 1 << 20, DEFAULT_S_KV, &out->s_kv, err)) ||
-        (rc = optional_int(c, "page", 1, 1024, DEFAULT_PAGE, &out->page, err)) ||
-        (rc = pick(c, "cache", cache_names, 2, "fp8_ds_mla", &cache, err)) ||
-        (rc = pick(c, "scale", scale_names, 2, "raw", &scale, err)) ||
-        (rc = pick(c, "topk_length", length_names, 3, "off", &length, err)) ||
-        (rc = pick(c, "sink", sink_names, 3, "off", &sink, err)))
-        return rc;
-    out->profile = (kp_mla_profile)profile, out->cache = (kp_mla_cache_format)cache;
-    out->scale = (kp_mla_scale_kind)scale, out->topk_length = (kp_mla_topk_length)length, out->sink = (kp_mla_sink)sink;
-    if (out->h_q != 64 && out->h_q != 128)
+/* What the decode kernels take, and a causal window for every query row. */
+static int check(void *fields_, kp_error *err) {
+    const kp_mla_case *mc = fields_;
+    if (mc->h_q != 64 && mc->h_q != 128)
         return kp_fail(err, KP_EXIT_USAGE, "case mla: field 'h_q': %lld is not 64 or 128 (the decode kernels' head counts; "
-                       "vLLM pads a rank's heads to one of them)", (long long)out->h_q);
-    if (out->topk % KP_MLA_TOPK_BLOCK)
+                       "vLLM pads a rank's heads to one of them)", (long long)mc->h_q);
+    if (mc->topk % KP_MLA_TOPK_BLOCK)
         return kp_fail(err, KP_EXIT_USAGE, "case mla: field 'topk': %lld is not a multiple of 64 (the decode kernels' "
-                       "TOPK_BLOCK_SIZE)", (long long)out->topk);
-    if (out->s_kv < out->s_q)
+                       "TOPK_BLOCK_SIZE)", (long long)mc->topk);
+    if (mc->s_kv < mc->s_q)
         return kp_fail(err, KP_EXIT_USAGE, "case mla: field 's_kv': %lld tokens are fewer than s_q %lld (query position i "
-                       "sees tokens [0, s_kv - s_q + i + 1))", (long long)out->s_kv, (long long)out->s_q);
-    if (out->cache == KP_MLA_BF16 && kp_case_get(c, "scale"))
-        return kp_fail(err, KP_EXIT_USAGE, "case mla: field 'scale' only applies to cache=fp8_ds_mla");
-    out->sm_scale = DEFAULT_SM_SCALE;
-    if (kp_case_get(c, "sm_scale") && (rc = kp_case_num(c, "sm_scale", &out->sm_scale, err))) return rc;
-    if (!(out->sm_scale > 0) || out->sm_scale > 1e30)
-        return kp_fail(err, KP_EXIT_USAGE, "case mla: field 'sm_scale': %g is not a positive finite number", out->sm_scale);
+                       "sees tokens [0, s_kv - s_q + i + 1))", (long long)mc->s_kv, (long long)mc->s_q);
     return 0;
-}
-
-static int set_int(kp_case *c, const char *key, int64_t v, int64_t fallback, kp_error *err) {
-    if (v == fallback) return kp_case_unset(c, key), 0;
-    char text[32];
-    snprintf(text, sizeof text, "%lld", (long long)v);
-    return kp_case_set(c, key, text, err);
-}
-
-/* Validate fields, rewrite values canonically, drop fields equal to their defaults. */
-static int normalize(kp_case *c, kp_error *err) {
-    kp_mla_case mc;
-    int rc = kp_mla_case_read(c, &mc, err);
-    if (rc) return rc;
-    char text[64];
-    snprintf(text, sizeof text, "%llu", (unsigned long long)mc.seed);
-    if ((rc = set_int(c, "batch", mc.batch, -1, err)) || (rc = kp_case_set(c, "seed", text, err)) ||
-        (rc = set_int(c, "s_q", mc.s_q, 1, err)) || (rc = set_int(c, "h_q", mc.h_q, DEFAULT_H_Q, err)) ||
-        (rc = set_int(c, "topk", mc.topk, DEFAULT_TOPK, err)) || (rc = set_int(c, "s_kv", mc.s_kv, DEFAULT_S_KV, err)) ||
-        (rc = set_int(c, "page", mc.page, DEFAULT_PAGE, err)))
-        return rc;
-    if (mc.cache == KP_MLA_FP8_DS_MLA) kp_case_unset(c, "cache");
-    if (mc.scale == KP_MLA_SCALE_RAW) kp_case_unset(c, "scale");
-    if (!mc.topk_length) kp_case_unset(c, "topk_length");
-    if (mc.sink == KP_MLA_SINK_OFF) kp_case_unset(c, "sink");
-    if (mc.sm_scale == DEFAULT_SM_SCALE) {
-        kp_case_unset(c, "sm_scale");
-    } else {
-        kp_format_number(mc.sm_scale, text, sizeof text);
-        if ((rc = kp_case_set(c, "sm_scale", text, err))) return rc;
-    }
-    return 0;
-}
-
-/* Every field, defaults included. */
-static int fill_defaults(kp_case *c, kp_error *err) {
-    kp_mla_case mc;
-    int rc = kp_mla_case_read(c, &mc, err);
-    char text[64];
-    if (!rc) rc = set_int(c, "s_q", mc.s_q, -1, err);
-    if (!rc) rc = set_int(c, "h_q", mc.h_q, -1, err);
-    if (!rc) rc = set_int(c, "topk", mc.topk, -1, err);
-    if (!rc) rc = set_int(c, "s_kv", mc.s_kv, -1, err);
-    if (!rc) rc = set_int(c, "page", mc.page, -1, err);
-    if (!rc) rc = kp_case_set(c, "cache", cache_names[mc.cache], err);
-    if (!rc && mc.cache == KP_MLA_FP8_DS_MLA) rc = kp_case_set(c, "scale", scale_names[mc.scale], err);
-    if (!rc) rc = kp_case_set(c, "topk_length", length_names[mc.topk_length], err);
-    if (!rc) rc = kp_case_set(c, "sink", sink_names[mc.sink], err);
-    if (!rc) kp_format_number(mc.sm_scale, text, sizeof text), rc = kp_case_set(c, "sm_scale", text, err);
-    return rc;
 }
 
 const kp_case_family kp_mla_case_family = {
     .name = "mla",
     .generator_version = KP_MLA_GENERATOR_VERSION,
-    .fields_help = "batch seed profile [s_q h_q topk s_kv page cache scale topk_length sink sm_scale]; profiles: uniform "
-                   "holes invalid dup short mixed; cache: fp8_ds_mla bf16; scale: raw pow2; topk_length: off on request; sink: "
-                   "off on inf",
-    .normalize = normalize,
-    .fill_defaults = fill_defaults,
+    .fields = fields,
+    .nfields = (int)(sizeof fields / sizeof *fields),
+    .fields_size = sizeof(kp_mla_case),
+    .check = check,
 };
+
+int kp_mla_case_read(const kp_case *c, kp_mla_case *out, kp_error *err) {
+    return kp_case_decode(c, &kp_mla_case_family, out, err);
+}
 
 void kp_mla_case_sizes(const kp_mla_case *mc, int64_t n, kp_mla_sizes *out) {
     memset(out, 0, sizeof *out);

@@ -125,8 +125,10 @@ typedef struct kp_mla_buffers {
 
 /* mla's row of the case-family table (cases/case_families.c). */
 extern const kp_case_family kp_mla_case_family;
-/* Read a case (normalized or not) into typed fields; errors name the field (KP_EXIT_USAGE). */
+/* Decode a case (normalized or not) from mla's field table (kp_case_decode): errors name the field. */
 int kp_mla_case_read(const kp_case *c, kp_mla_case *out, kp_error *err);
+/* A normalized mla case's typed fields, decoded once by kp_case_normalize. */
+static inline const kp_mla_case *kp_mla_case_of(const kp_case *c) { return kp_case_fields(c, &kp_mla_case_family); }
 void kp_mla_case_sizes(const kp_mla_case *mc, int64_t n, kp_mla_sizes *out);
 /* Requests [first, first + n) into out (requests past mc->batch are valid too: a batch probe's extra ones). */
 int kp_mla_case_requests(const kp_mla_case *mc, int64_t first, int64_t n, const kp_mla_buffers *out, kp_error *err);

@@ -22,92 +22,59 @@ static const struct {
 };
 #define NMODELS ((int)(sizeof models / sizeof models[0]))
 
-static const char *const profile_names[KP_MOE_PROFILE_COUNT] = {"uniform", "hot", "straddle", "single"};
-static const char *const known_keys[] = {"model", "m", "seed", "profile", "hidden", "inter", "scale_dir"};
+static const char *const model_names[] = {"glm53", "qwen3", "nemotron", "glm47", NULL}; /* models' order */
+static const char *const profile_names[] = {"uniform", "hot", "straddle", "single", NULL};
+static const char *const scale_dir_names[] = {"divide", "multiply", NULL};
+static const int64_t scale_dir_codes[] = {KP_NVFP4_DIVIDE, KP_NVFP4_MULTIPLY};
 
 enum { SLOT_X = 0, SLOT_ROUTE = 1, SLOT_WEIGHTS = 2 };
 
 static uint64_t slot_offset(int slot, uint64_t at) { return ((uint64_t)slot << 56) + at; }
 
-int kp_moe_case_read(const kp_case *c, kp_moe_case *out, kp_error *err) {
-    memset(out, 0, sizeof *out);
-    for (int i = 0; i < c->nparams; i++) {
-        int known = 0;
-        for (size_t k = 0; k < sizeof known_keys / sizeof *known_keys; k++) known |= !strcmp(c->params[i].key, known_keys[k]);
-        if (!known)
-            return kp_fail(err, KP_EXIT_USAGE, "case moe: field '%s' is unknown (known: model, m, seed, profile, hidden, "
-                           "inter, scale_dir)", c->params[i].key);
-    }
-    const char *model = kp_case_get(c, "model"), *profile = kp_case_get(c, "profile"), *dir = kp_case_get(c, "scale_dir");
-    if (!model) return kp_fail(err, KP_EXIT_USAGE, "case moe: field 'model' is required");
-    int found = -1;
-    for (int i = 0; i < NMODELS; i++)
-        if (!strcmp(model, models[i].name)) found = i;
-    if (found < 0) return kp_fail(err, KP_EXIT_USAGE, "case moe: field 'model': '%s' is unknown (glm53, qwen3, nemotron, glm47)", model);
-    out->model = models[found].name, out->hidden = models[found].hidden, out->inter = models[found].inter;
-    out->experts = models[found].experts, out->topk = models[found].topk, out->gated = models[found].gated;
-    if (!profile) return kp_fail(err, KP_EXIT_USAGE, "case moe: field 'profile' is required");
-    out->profile = KP_MOE_PROFILE_COUNT;
-    for (int p = 0; p < KP_MOE_PROFILE_COUNT; p++)
-        if (!strcmp(profile, profile_names[p])) out->profile = (kp_moe_profile)p;
-    if (out->profile == KP_MOE_PROFILE_COUNT)
-        return kp_fail(err, KP_EXIT_USAGE, "case moe: field 'profile': '%s' is unknown (uniform, hot, straddle, single)", profile);
-    if (dir && strcmp(dir, "divide") && strcmp(dir, "multiply"))
-        return kp_fail(err, KP_EXIT_USAGE, "case moe: field 'scale_dir': '%s' is unknown (divide, multiply)", dir);
-    out->scale_dir = dir && !strcmp(dir, "multiply") ? KP_NVFP4_MULTIPLY : KP_NVFP4_DIVIDE;
-    int rc;
-    if ((rc = kp_case_int(c, "m", 1, 65536, &out->m, err)) || (rc = kp_case_uint(c, "seed", &out->seed, err)) ||
-        (kp_case_get(c, "hidden") && (rc = kp_case_int(c, "hidden", 16, 65536, &out->hidden, err))) ||
-        (kp_case_get(c, "inter") && (rc = kp_case_int(c, "inter", 16, 65536, &out->inter, err))))
-        return rc;
-    if (out->hidden % KP_NVFP4_BLOCK || out->inter % KP_NVFP4_BLOCK)
+static int64_t preset_hidden(const void *mc) { return models[((const kp_moe_case *)mc)->model_index].hidden; }
+static int64_t preset_inter(const void *mc) { return models[((const kp_moe_case *)mc)->model_index].inter; }
+
+#define AT(member) KP_FIELD_AT(kp_moe_case, member)
+static const kp_case_field fields[] = {
+    {"model", KP_FIELD_NAME, AT(model_index), .names = model_names, .help = "the layer's model: its sizes, experts and top-k"},
+    {"m", KP_FIELD_INT, AT(m), .min = 1, .max = 65536, .help = "rows (tokens)"},
+    {"seed", KP_FIELD_UINT, AT(seed), .help = "the generator's seed"},
+    {"profile", KP_FIELD_NAME, AT(profile), .names = profile_names, .help = "the routing (moe_case.h)"},
+    {"hidden", KP_FIELD_INT, AT(hidden), .min = 16, .max = 65536, .preset = preset_hidden,
+     .help = "a smaller hidden size than the model's, a multiple of 16"},
+    {"inter", KP_FIELD_INT, AT(inter), .min = 16, .max = 65536, .preset = preset_inter,
+     .help = "a smaller intermediate size than the model's, a multiple of 16"},
+    {"scale_dir", KP_FIELD_NAME, AT(scale_dir), .names = scale_dir_names, .codes = scale_dir_codes, .fallback = "divide",
+     .help = "the NVFP4 global scale stored as 2688 / amax (divide) or amax / 2688 (multiply)"},
+};
+#undef AT
+_Static_assert(sizeof model_names / sizeof *model_names == NMODELS + 1, "a name for every model");
+
+/* The model's preset, NVFP4's blocks along K, and single's one row. */
+static int check(void *fields_, kp_error *err) {
+    kp_moe_case *mc = fields_;
+    mc->model = models[mc->model_index].name, mc->experts = models[mc->model_index].experts;
+    mc->topk = models[mc->model_index].topk, mc->gated = models[mc->model_index].gated;
+    if (mc->hidden % KP_NVFP4_BLOCK || mc->inter % KP_NVFP4_BLOCK)
         return kp_fail(err, KP_EXIT_USAGE, "case moe: fields 'hidden' and 'inter': %lld and %lld must be multiples of 16 "
-                       "(NVFP4 blocks along K)", (long long)out->hidden, (long long)out->inter);
-    if (out->profile == KP_MOE_SINGLE && out->m != 1)
-        return kp_fail(err, KP_EXIT_USAGE, "case moe: field 'm': profile=single is one row, not %lld", (long long)out->m);
+                       "(NVFP4 blocks along K)", (long long)mc->hidden, (long long)mc->inter);
+    if (mc->profile == KP_MOE_SINGLE && mc->m != 1)
+        return kp_fail(err, KP_EXIT_USAGE, "case moe: field 'm': profile=single is one row, not %lld", (long long)mc->m);
     return 0;
-}
-
-/* Validate fields, rewrite values canonically, drop fields equal to their defaults. */
-static int normalize(kp_case *c, kp_error *err) {
-    kp_moe_case mc;
-    int rc = kp_moe_case_read(c, &mc, err);
-    if (rc) return rc;
-    char text[32];
-    for (int i = 0; i < NMODELS; i++) {
-        if (strcmp(models[i].name, mc.model)) continue;
-        if (mc.hidden == models[i].hidden) kp_case_unset(c, "hidden");
-        if (mc.inter == models[i].inter) kp_case_unset(c, "inter");
-    }
-    if (mc.scale_dir == KP_NVFP4_DIVIDE) kp_case_unset(c, "scale_dir");
-    snprintf(text, sizeof text, "%lld", (long long)mc.m);
-    if ((rc = kp_case_set(c, "m", text, err))) return rc;
-    snprintf(text, sizeof text, "%llu", (unsigned long long)mc.seed);
-    if ((rc = kp_case_set(c, "seed", text, err))) return rc;
-    if (kp_case_get(c, "hidden")) snprintf(text, sizeof text, "%lld", (long long)mc.hidden), rc = kp_case_set(c, "hidden", text, err);
-    if (!rc && kp_case_get(c, "inter")) snprintf(text, sizeof text, "%lld", (long long)mc.inter), rc = kp_case_set(c, "inter", text, err);
-    return rc;
-}
-
-/* Every field, defaults included (hidden and inter from the model's preset). */
-static int fill_defaults(kp_case *c, kp_error *err) {
-    kp_moe_case mc;
-    int rc = kp_moe_case_read(c, &mc, err);
-    char text[32];
-    if (!rc) snprintf(text, sizeof text, "%lld", (long long)mc.hidden), rc = kp_case_set(c, "hidden", text, err);
-    if (!rc) snprintf(text, sizeof text, "%lld", (long long)mc.inter), rc = kp_case_set(c, "inter", text, err);
-    if (!rc) rc = kp_case_set(c, "scale_dir", mc.scale_dir == KP_NVFP4_MULTIPLY ? "multiply" : "divide", err);
-    return rc;
 }
 
 const kp_case_family kp_moe_case_family = {
     .name = "moe",
     .generator_version = KP_MOE_GENERATOR_VERSION,
-    .fields_help = "model m seed profile [hidden inter scale_dir]; models: glm53 qwen3 nemotron glm47; profiles: uniform "
-                   "hot straddle single; scale_dir: divide multiply",
-    .normalize = normalize,
-    .fill_defaults = fill_defaults,
+    .fields = fields,
+    .nfields = (int)(sizeof fields / sizeof *fields),
+    .fields_size = sizeof(kp_moe_case),
+    .check = check,
 };
+
+int kp_moe_case_read(const kp_case *c, kp_moe_case *out, kp_error *err) {
+    return kp_case_decode(c, &kp_moe_case_family, out, err);
+}
 
 int64_t kp_moe_w13_rows(const kp_moe_case *mc) { return mc->gated ? 2 * mc->inter : mc->inter; }
 

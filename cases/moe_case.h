@@ -31,6 +31,7 @@ typedef enum kp_moe_profile { KP_MOE_UNIFORM = 0, KP_MOE_HOT, KP_MOE_STRADDLE, K
 
 typedef struct kp_moe_case {
     const char *model;
+    int model_index; /* the model's preset in moe_case.c */
     int64_t hidden, inter, experts, topk, m;
     int gated; /* SiLU(gate) * up when 1, relu(up)^2 when 0 */
     uint64_t seed;
@@ -42,7 +43,10 @@ typedef struct kp_moe_case {
 
 /* moe's row of the case-family table (cases/case_families.c). */
 extern const kp_case_family kp_moe_case_family;
+/* Decode a case (normalized or not) from moe's field table (kp_case_decode): errors name the field. */
 int kp_moe_case_read(const kp_case *c, kp_moe_case *out, kp_error *err);
+/* A normalized moe case's typed fields, decoded once by kp_case_normalize. */
+static inline const kp_moe_case *kp_moe_case_of(const kp_case *c) { return kp_case_fields(c, &kp_moe_case_family); }
 /* Rows of W13 (2 inter when gated, else inter). */
 int64_t kp_moe_w13_rows(const kp_moe_case *mc);
 /* Expert e's quantized weights: w13 [w13_rows, hidden / 2] with scales [w13_rows, hidden / 16] and its

@@ -9,118 +9,59 @@
 
 #include "kp_rng.h"
 
-static const char *const profile_names[KP_TOPK_PROFILE_COUNT] = {"randn", "narrow", "relu", "bf16",
-                                                                 "same",  "bits",   "nan"};
-static const char *const window_names[] = {"full", "prefill", "decode"};
-static const char *const known_keys[] = {"rows", "width", "k", "seed", "profile", "stride", "window",
-                                         "next_n", "ctx", "base", "fill"};
+static const char *const profile_names[] = {"randn", "narrow", "relu", "bf16", "same", "bits", "nan", NULL};
+static const char *const window_names[] = {"full", "prefill", "decode", NULL};
+static const char *const base_names[] = {"row", "window", NULL};
+static const char *const fill_names[] = {"-1", "int32_max", NULL};
+static const int64_t fill_codes[] = {-1, INT32_MAX}; /* base stores its index: KP_TOPK_BASE_ROW, _WINDOW */
 
-static int pick(const kp_case *c, const char *key, const char *const *names, int n, const char *fallback, int *out,
-                kp_error *err) {
-    const char *v = kp_case_get(c, key);
-    if (!v) v = fallback;
-    if (!v) return kp_fail(err, KP_EXIT_USAGE, "case topk: field '%s' is required", key);
-    char known[160] = "";
-    for (int i = 0; i < n; i++) {
-        if (!strcmp(v, names[i])) return *out = i, 0;
-        size_t l = strlen(known);
-        snprintf(known + l, sizeof known - l, "%s%s", i ? ", " : "", names[i]);
-    }
-    return kp_fail(err, KP_EXIT_USAGE, "case topk: field '%s': '%s' is unknown (%s)", key, v, known);
-}
+#define AT(member) KP_FIELD_AT(kp_topk_case, member)
+static const kp_case_field fields[] = {
+    {"rows", KP_FIELD_INT, AT(rows), .min = 1, .max = 65536, .help = "rows (queries)"},
+    {"width", KP_FIELD_INT, AT(width), .min = 1, .max = 1 << 24, .help = "scores a row"},
+    {"k", KP_FIELD_INT, AT(k), .min = 1, .max = 8192, .help = "entries selected a row"},
+    {"seed", KP_FIELD_UINT, AT(seed), .help = "the generator's seed"},
+    {"profile", KP_FIELD_NAME, AT(profile), .names = profile_names, .help = "the scores' shape (topk_case.h)"},
+    {"stride", KP_FIELD_INT, AT(stride), .min = 1, .max = (1 << 24) + (1 << 20), .same_as = "width",
+     .help = "row stride in elements, width to width + 2^20; the padding holds a NaN sentinel"},
+    {"window", KP_FIELD_NAME, AT(window), .names = window_names, .fallback = "full", .help = "each row's window of scores"},
+    {"next_n", KP_FIELD_INT, AT(next_n), .min = 1, .max = 1 << 24, .fallback = "1", .when = "window", .when_is = "decode",
+     .help = "draft positions a request, up to ctx"},
+    {"ctx", KP_FIELD_INT, AT(ctx), .min = 1, .max = 1 << 24, .same_as = "width", .when = "window", .when_is = "decode",
+     .help = "a request's context length, up to width"},
+    {"base", KP_FIELD_NAME, AT(index_base), .names = base_names, .fallback = "row",
+     .help = "what output indices count from"},
+    {"fill", KP_FIELD_NAME, AT(fill), .names = fill_names, .codes = fill_codes, .fallback = "-1",
+     .help = "the index of an unused entry when a window is shorter than k"},
+};
+#undef AT
 
-int kp_topk_case_read(const kp_case *c, kp_topk_case *out, kp_error *err) {
-    memset(out, 0, sizeof *out);
-    for (int i = 0; i < c->nparams; i++) {
-        int known = 0;
-        for (size_t k = 0; k < sizeof known_keys / sizeof *known_keys; k++) known |= !strcmp(c->params[i].key, known_keys[k]);
-        if (!known)
-            return kp_fail(err, KP_EXIT_USAGE, "case topk: field '%s' is unknown (known: rows, width, k, seed, profile, "
-                           "stride, window, next_n, ctx, base, fill)", c->params[i].key);
-    }
-    int rc, profile = 0, window = 0, base = 0, fill = 0;
-    int64_t k;
-    static const char *const bases[] = {"row", "window"}, *const fills[] = {"-1", "int32_max"};
-    if ((rc = kp_case_int(c, "rows", 1, 65536, &out->rows, err)) || (rc = kp_case_int(c, "width", 1, 1 << 24, &out->width, err)) ||
-        (rc = kp_case_int(c, "k", 1, 8192, &k, err)) || (rc = kp_case_uint(c, "seed", &out->seed, err)) ||
-        (rc = pick(c, "profile", profile_names, KP_TOPK_PROFILE_COUNT, NULL, &profile, err)) ||
-        (rc = pick(c, "window", window_names, 3, "full", &window, err)) || (rc = pick(c, "base", bases, 2, "row", &base, err)) ||
-        (rc = pick(c, "fill", fills, 2, "-1", &fill, err)))
-        return rc;
-    out->k = (int32_t)k, out->profile = (kp_topk_profile)profile, out->window = (kp_topk_window)window;
-    out->index_base = base, out->fill = fill ? INT32_MAX : -1;
-    out->stride = out->width;
-    if (kp_case_get(c, "stride") && (rc = kp_case_int(c, "stride", out->width, out->width + (1 << 20), &out->stride, err)))
-        return rc;
-    if (out->window != KP_TOPK_DECODE && (kp_case_get(c, "next_n") || kp_case_get(c, "ctx")))
-        return kp_fail(err, KP_EXIT_USAGE, "case topk: fields 'next_n' and 'ctx' only apply to window=decode");
-    if (out->window == KP_TOPK_PREFILL && out->width < 2)
-        return kp_fail(err, KP_EXIT_USAGE, "case topk: field 'width': a prefill window starts past 0, so width >= 2");
-    out->next_n = 1, out->ctx = out->width;
-    if (out->window == KP_TOPK_DECODE) {
-        if ((kp_case_get(c, "ctx") && (rc = kp_case_int(c, "ctx", 1, out->width, &out->ctx, err))) ||
-            (kp_case_get(c, "next_n") && (rc = kp_case_int(c, "next_n", 1, out->ctx, &out->next_n, err))))
-            return rc;
-        if (out->next_n > out->ctx)
-            return kp_fail(err, KP_EXIT_USAGE, "case topk: field 'next_n': %lld draft positions do not fit ctx %lld",
-                           (long long)out->next_n, (long long)out->ctx);
-    }
-    return 0;
-}
-
-static int set_int(kp_case *c, const char *key, int64_t v, kp_error *err) {
-    char text[32];
-    snprintf(text, sizeof text, "%lld", (long long)v);
-    return kp_case_set(c, key, text, err);
-}
-
-/* Validate fields, rewrite values canonically, drop fields equal to their defaults. */
-static int normalize(kp_case *c, kp_error *err) {
-    kp_topk_case tc;
-    int rc = kp_topk_case_read(c, &tc, err);
-    if (rc) return rc;
-    char seed[32];
-    snprintf(seed, sizeof seed, "%llu", (unsigned long long)tc.seed);
-    if ((rc = set_int(c, "rows", tc.rows, err)) || (rc = set_int(c, "width", tc.width, err)) ||
-        (rc = set_int(c, "k", tc.k, err)) || (rc = kp_case_set(c, "seed", seed, err)))
-        return rc;
-    if (tc.stride == tc.width) kp_case_unset(c, "stride");
-    else if ((rc = set_int(c, "stride", tc.stride, err))) return rc;
-    if (tc.window == KP_TOPK_FULL) kp_case_unset(c, "window");
-    if (tc.index_base == 0) kp_case_unset(c, "base");
-    if (tc.fill == -1) kp_case_unset(c, "fill");
-    if (tc.window == KP_TOPK_DECODE) {
-        if (tc.next_n == 1) kp_case_unset(c, "next_n");
-        else if ((rc = set_int(c, "next_n", tc.next_n, err))) return rc;
-        if (tc.ctx == tc.width) kp_case_unset(c, "ctx");
-        else if ((rc = set_int(c, "ctx", tc.ctx, err))) return rc;
-    }
-    return 0;
-}
-
-/* Every field, defaults included. */
-static int fill_defaults(kp_case *c, kp_error *err) {
-    kp_topk_case tc;
-    int rc = kp_topk_case_read(c, &tc, err);
-    if (!rc) rc = set_int(c, "stride", tc.stride, err);
-    if (!rc) rc = kp_case_set(c, "window", window_names[tc.window], err);
-    if (!rc) rc = kp_case_set(c, "base", tc.index_base ? "window" : "row", err);
-    if (!rc) rc = kp_case_set(c, "fill", tc.fill == -1 ? "-1" : "int32_max", err);
-    if (!rc && tc.window == KP_TOPK_DECODE) {
-        rc = set_int(c, "next_n", tc.next_n, err);
-        if (!rc) rc = set_int(c, "ctx", tc.ctx, err);
-    }
+/* Bounds set by width and ctx. */
+static int check(void *fields_, kp_error *err) {
+    const kp_topk_case *tc = fields_;
+    const kp_case_family *f = &kp_topk_case_family;
+    int rc = kp_case_field_range(f, "stride", tc->stride, tc->width, tc->width + (1 << 20), err);
+    if (!rc && tc->window == KP_TOPK_PREFILL && tc->width < 2)
+        rc = kp_fail(err, KP_EXIT_USAGE, "case topk: field 'width': a prefill window starts past 0, so width >= 2");
+    if (!rc && tc->window == KP_TOPK_DECODE) rc = kp_case_field_range(f, "ctx", tc->ctx, 1, tc->width, err);
+    if (!rc && tc->window == KP_TOPK_DECODE && tc->next_n > tc->ctx)
+        rc = kp_fail(err, KP_EXIT_USAGE, "case topk: field 'next_n': %lld draft positions do not fit ctx %lld",
+                     (long long)tc->next_n, (long long)tc->ctx);
     return rc;
 }
 
 const kp_case_family kp_topk_case_family = {
     .name = "topk",
     .generator_version = KP_TOPK_GENERATOR_VERSION,
-    .fields_help = "rows width k seed profile [stride window next_n ctx base fill]; profiles: randn narrow relu "
-                   "bf16 same bits nan; window: full prefill decode; base: row window; fill: -1 int32_max",
-    .normalize = normalize,
-    .fill_defaults = fill_defaults,
+    .fields = fields,
+    .nfields = (int)(sizeof fields / sizeof *fields),
+    .fields_size = sizeof(kp_topk_case),
+    .check = check,
 };
+
+int kp_topk_case_read(const kp_case *c, kp_topk_case *out, kp_error *err) {
+    return kp_case_decode(c, &kp_topk_case_family, out, err);
+}
 
 /* ---- generation ---------------------------------------------------------------------------- */
 

@@ -57,8 +57,10 @@ typedef struct kp_topk_case {
 
 /* topk's row of the case-family table (cases/case_families.c). */
 extern const kp_case_family kp_topk_case_family;
-/* Read a case (normalized or not) into typed fields; errors name the field. */
+/* Decode a case (normalized or not) from topk's field table (kp_case_decode): errors name the field. */
 int kp_topk_case_read(const kp_case *c, kp_topk_case *out, kp_error *err);
+/* A normalized topk case's typed fields, decoded once by kp_case_normalize. */
+static inline const kp_topk_case *kp_topk_case_of(const kp_case *c) { return kp_case_fields(c, &kp_topk_case_family); }
 /* Rows [first, first + n): scores [n, stride] (outside each window and in the padding: the NaN
  * sentinel), and each row's window into starts and ends. Rows past tc->rows are valid too. */
 int kp_topk_case_rows(const kp_topk_case *tc, int64_t first, int64_t n, float *scores, int32_t *starts, int32_t *ends,

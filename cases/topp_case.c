@@ -9,178 +9,70 @@
 
 #include "kp_rng.h"
 
-static const char *const profile_names[KP_TOPP_PROFILE_COUNT] = {"ordinary", "forced", "ties", "flat", "neginf", "nan"};
+static const char *const profile_names[] = {"ordinary", "forced", "ties", "flat", "neginf", "nan", NULL};
+static const char *const top_p_words[] = {"mixed", NULL};
 static const float mixed_top_p[8] = {0.95f, 1e-8f, 1.0f, 0.5f, 0.99f, 0.8f, 0.1f, 0.9f};
 
 enum { SLOT_TAIL = 0, SLOT_HEAD = 1, SLOT_TIES = 2, SLOT_NEGINF = 3, SLOT_NAN = 4 };
 #define HEAD_MAX 16
-#define TIE_DEFAULT 1000
-#define NEGINF_DEFAULT 0.9
-#define NAN_DEFAULT 1
-#define SPREAD_DEFAULT 1e-6
 
-static const char *const known_keys[] = {"batch", "vocab", "seed", "top_p", "profile", "stride",
-                                         "force_token", "force_value", "tie_count", "neginf_frac", "nan_count", "spread"};
+#define AT(member) KP_FIELD_AT(kp_topp_case, member)
+static const kp_case_field fields[] = {
+    {"batch", KP_FIELD_INT, AT(batch), .min = 1, .max = KP_TOPP_MAX_BATCH, .help = "rows"},
+    {"vocab", KP_FIELD_INT, AT(vocab), .min = 1, .max = KP_TOPP_MAX_VOCAB - 1, .help = "tokens a row"},
+    {"seed", KP_FIELD_UINT, AT(seed), .help = "the generator's seed"},
+    {"top_p", KP_FIELD_NUMBER, AT(top_p), .nmin = 0, .nmax = 1, .nmin_open = true, .names = top_p_words,
+     .word_offset = offsetof(kp_topp_case, top_p_mixed), .help = "the mass kept; mixed cycles rows through eight values"},
+    {"profile", KP_FIELD_NAME, AT(profile), .names = profile_names, .help = "the logits' shape (topp_case.h)"},
+    {"stride", KP_FIELD_INT, AT(stride), .min = 1, .max = KP_TOPP_MAX_VOCAB + (1 << 20), .same_as = "vocab",
+     .help = "row stride in elements, vocab to vocab + 2^20; the padding holds a NaN sentinel"},
+    {"force_token", KP_FIELD_INT, AT(force_token), .min = 0, .max = KP_TOPP_MAX_VOCAB - 2, .when = "profile",
+     .when_is = "forced", .help = "the token set to force_value in every row, below vocab"},
+    {"force_value", KP_FIELD_NUMBER, AT(force_value), .nmin = -INFINITY, .nmax = INFINITY, .when = "profile",
+     .when_is = "forced", .help = "its logit, finite in f32"},
+    {"tie_count", KP_FIELD_INT, AT(tie_count), .min = 1, .max = KP_TOPP_MAX_VOCAB / 2, .fallback = "1000",
+     .when = "profile", .when_is = "ties", .help = "tokens in each of the two tie groups, up to vocab / 2"},
+    {"neginf_frac", KP_FIELD_NUMBER, AT(neginf_frac), .nmin = 0, .nmax = 1, .fallback = "0.9", .when = "profile",
+     .when_is = "neginf", .help = "each token's chance of -inf"},
+    {"nan_count", KP_FIELD_INT, AT(nan_count), .min = 0, .max = KP_TOPP_MAX_VOCAB - 1, .fallback = "1", .when = "profile",
+     .when_is = "nan", .help = "NaN tokens a row, up to vocab"},
+    {"spread", KP_FIELD_NUMBER, AT(spread), .nmin = 0, .nmax = 100, .nmin_open = true, .fallback = "1e-6", .when = "profile",
+     .when_is = "flat", .help = "the logits' range"},
+};
+#undef AT
 
-/* Fields that belong to one profile only. */
-static const struct {
-    const char *key;
-    kp_topp_profile profile;
-} profile_keys[] = {{"force_token", KP_TOPP_FORCED}, {"force_value", KP_TOPP_FORCED}, {"tie_count", KP_TOPP_TIES},
-                    {"neginf_frac", KP_TOPP_NEGINF}, {"nan_count", KP_TOPP_NAN},
-                    {"spread", KP_TOPP_FLAT}};
-
-int kp_topp_case_read(const kp_case *c, kp_topp_case *out, kp_error *err) {
-    memset(out, 0, sizeof *out);
-    for (int i = 0; i < c->nparams; i++) {
-        int known = 0;
-        for (size_t k = 0; k < sizeof known_keys / sizeof *known_keys; k++) known |= !strcmp(c->params[i].key, known_keys[k]);
-        if (!known)
-            return kp_fail(err, KP_EXIT_USAGE, "case topp: field '%s' is unknown (known: batch, vocab, seed, top_p, "
-                           "profile, stride, force_token, force_value, tie_count, neginf_frac, nan_count, spread)", c->params[i].key);
-    }
-    const char *profile = kp_case_get(c, "profile");
-    if (!profile) return kp_fail(err, KP_EXIT_USAGE, "case topp: field 'profile' is required");
-    out->profile = KP_TOPP_PROFILE_COUNT;
-    for (int p = 0; p < KP_TOPP_PROFILE_COUNT; p++)
-        if (!strcmp(profile, profile_names[p])) out->profile = (kp_topp_profile)p;
-    if (out->profile == KP_TOPP_PROFILE_COUNT)
-        return kp_fail(err, KP_EXIT_USAGE, "case topp: field 'profile': '%s' is unknown (ordinary, forced, ties, flat, "
-                       "neginf, nan)", profile);
-    for (size_t k = 0; k < sizeof profile_keys / sizeof *profile_keys; k++)
-        if (kp_case_get(c, profile_keys[k].key) && out->profile != profile_keys[k].profile)
-            return kp_fail(err, KP_EXIT_USAGE, "case topp: field '%s' only applies to profile=%s", profile_keys[k].key,
-                           profile_names[profile_keys[k].profile]);
-    int rc;
-    if ((rc = kp_case_int(c, "batch", 1, KP_TOPP_MAX_BATCH, &out->batch, err)) ||
-        (rc = kp_case_int(c, "vocab", 1, KP_TOPP_MAX_VOCAB - 1, &out->vocab, err)) ||
-        (rc = kp_case_uint(c, "seed", &out->seed, err)))
-        return rc;
-    out->stride = out->vocab;
-    if (kp_case_get(c, "stride") &&
-        (rc = kp_case_int(c, "stride", out->vocab, out->vocab + (1 << 20), &out->stride, err)))
-        return rc;
-    const char *top_p = kp_case_get(c, "top_p");
-    if (top_p && !strcmp(top_p, "mixed")) {
-        out->top_p_mixed = 1;
-    } else {
-        if ((rc = kp_case_num(c, "top_p", &out->top_p, err))) return rc;
-        if (!(out->top_p > 0.0 && out->top_p <= 1.0))
-            return kp_fail(err, KP_EXIT_USAGE, "case topp: field 'top_p': %g is outside (0, 1] (or use top_p=mixed)", out->top_p);
-        if (!((float)out->top_p > 0.0f))
-            return kp_fail(err, KP_EXIT_USAGE, "case topp: field 'top_p': %g rounds to 0 in f32", out->top_p);
-    }
-    out->tie_count = TIE_DEFAULT;
-    out->neginf_frac = NEGINF_DEFAULT;
-    out->nan_count = NAN_DEFAULT;
-    out->spread = SPREAD_DEFAULT;
-    switch (out->profile) {
+/* Bounds set by vocab, and what f32 must hold. */
+static int check(void *fields_, kp_error *err) {
+    const kp_topp_case *tc = fields_;
+    const kp_case_family *f = &kp_topp_case_family;
+    int rc = kp_case_field_range(f, "stride", tc->stride, tc->vocab, tc->vocab + (1 << 20), err);
+    if (!rc && !tc->top_p_mixed && !((float)tc->top_p > 0.0f))
+        rc = kp_fail(err, KP_EXIT_USAGE, "case topp: field 'top_p': %g rounds to 0 in f32", tc->top_p);
+    if (rc || tc->profile == KP_TOPP_ORDINARY) return rc;
+    switch (tc->profile) {
     case KP_TOPP_FORCED:
-        if ((rc = kp_case_int(c, "force_token", 0, out->vocab - 1, &out->force_token, err)) ||
-            (rc = kp_case_num(c, "force_value", &out->force_value, err)))
-            return rc;
-        if (!isfinite((float)out->force_value))
-            return kp_fail(err, KP_EXIT_USAGE, "case topp: field 'force_value': %g is not finite in f32", out->force_value);
-        break;
-    case KP_TOPP_TIES:
-        if (kp_case_get(c, "tie_count") && (rc = kp_case_int(c, "tie_count", 1, out->vocab / 2, &out->tie_count, err)))
-            return rc;
-        if (2 * out->tie_count > out->vocab)
-            return kp_fail(err, KP_EXIT_USAGE, "case topp: field 'tie_count': 2 x %lld tied tokens do not fit in vocab %lld",
-                           (long long)out->tie_count, (long long)out->vocab);
-        break;
-    case KP_TOPP_NEGINF:
-        if (kp_case_get(c, "neginf_frac") && (rc = kp_case_num(c, "neginf_frac", &out->neginf_frac, err))) return rc;
-        if (!(out->neginf_frac >= 0.0 && out->neginf_frac <= 1.0))
-            return kp_fail(err, KP_EXIT_USAGE, "case topp: field 'neginf_frac': %g is outside [0, 1]", out->neginf_frac);
-        break;
-    case KP_TOPP_NAN:
-        if (kp_case_get(c, "nan_count") && (rc = kp_case_int(c, "nan_count", 0, out->vocab, &out->nan_count, err)))
-            return rc;
-        break;
-    case KP_TOPP_FLAT:
-        if (kp_case_get(c, "spread") && (rc = kp_case_num(c, "spread", &out->spread, err))) return rc;
-        if (!(out->spread > 0.0 && out->spread <= 100.0))
-            return kp_fail(err, KP_EXIT_USAGE, "case topp: field 'spread': %g is outside (0, 100]", out->spread);
-        break;
-    default:
-        break;
+        if ((rc = kp_case_field_range(f, "force_token", tc->force_token, 0, tc->vocab - 1, err))) return rc;
+        if (!isfinite((float)tc->force_value))
+            return kp_fail(err, KP_EXIT_USAGE, "case topp: field 'force_value': %g is not finite in f32", tc->force_value);
+        return 0;
+    case KP_TOPP_TIES: return kp_case_field_range(f, "tie_count", tc->tie_count, 1, tc->vocab / 2, err);
+    case KP_TOPP_NAN: return kp_case_field_range(f, "nan_count", tc->nan_count, 0, tc->vocab, err);
+    default: return 0;
     }
-    return 0;
-}
-
-static int set_int(kp_case *c, const char *key, int64_t v, kp_error *err) {
-    char text[32];
-    snprintf(text, sizeof text, "%lld", (long long)v);
-    return kp_case_set(c, key, text, err);
-}
-
-static int set_num(kp_case *c, const char *key, double v, kp_error *err) {
-    char text[64];
-    kp_format_number(v, text, sizeof text);
-    return kp_case_set(c, key, text, err);
-}
-
-/* Validate fields, rewrite values canonically, drop fields equal to their defaults. */
-static int normalize(kp_case *c, kp_error *err) {
-    kp_topp_case tc;
-    int rc = kp_topp_case_read(c, &tc, err);
-    if (rc) return rc;
-    char seed[32];
-    snprintf(seed, sizeof seed, "%llu", (unsigned long long)tc.seed);
-    if ((rc = set_int(c, "batch", tc.batch, err)) || (rc = set_int(c, "vocab", tc.vocab, err)) ||
-        (rc = kp_case_set(c, "seed", seed, err)))
-        return rc;
-    if (!tc.top_p_mixed && (rc = set_num(c, "top_p", tc.top_p, err))) return rc;
-    if (tc.stride == tc.vocab) kp_case_unset(c, "stride");
-    else if ((rc = set_int(c, "stride", tc.stride, err))) return rc;
-    switch (tc.profile) {
-    case KP_TOPP_FORCED:
-        if ((rc = set_int(c, "force_token", tc.force_token, err)) || (rc = set_num(c, "force_value", tc.force_value, err)))
-            return rc;
-        break;
-    case KP_TOPP_TIES:
-        if (tc.tie_count == TIE_DEFAULT) kp_case_unset(c, "tie_count");
-        else if ((rc = set_int(c, "tie_count", tc.tie_count, err))) return rc;
-        break;
-    case KP_TOPP_NEGINF:
-        if (tc.neginf_frac == NEGINF_DEFAULT) kp_case_unset(c, "neginf_frac");
-        else if ((rc = set_num(c, "neginf_frac", tc.neginf_frac, err))) return rc;
-        break;
-    case KP_TOPP_NAN:
-        if (tc.nan_count == NAN_DEFAULT) kp_case_unset(c, "nan_count");
-        else if ((rc = set_int(c, "nan_count", tc.nan_count, err))) return rc;
-        break;
-    case KP_TOPP_FLAT:
-        if (tc.spread == SPREAD_DEFAULT) kp_case_unset(c, "spread");
-        else if ((rc = set_num(c, "spread", tc.spread, err))) return rc;
-        break;
-    default:
-        break;
-    }
-    return 0;
-}
-
-/* Every field, defaults included (a profile's own fields only for that profile). */
-static int fill_defaults(kp_case *c, kp_error *err) {
-    kp_topp_case tc;
-    int rc = kp_topp_case_read(c, &tc, err);
-    if (!rc) rc = set_int(c, "stride", tc.stride, err);
-    if (!rc && tc.profile == KP_TOPP_TIES) rc = set_int(c, "tie_count", tc.tie_count, err);
-    if (!rc && tc.profile == KP_TOPP_NEGINF) rc = set_num(c, "neginf_frac", tc.neginf_frac, err);
-    if (!rc && tc.profile == KP_TOPP_NAN) rc = set_int(c, "nan_count", tc.nan_count, err);
-    if (!rc && tc.profile == KP_TOPP_FLAT) rc = set_num(c, "spread", tc.spread, err);
-    return rc;
 }
 
 const kp_case_family kp_topp_case_family = {
     .name = "topp",
     .generator_version = KP_TOPP_GENERATOR_VERSION,
-    .fields_help = "batch vocab seed top_p profile [stride]; profiles: ordinary forced ties flat neginf nan; "
-                   "top_p: number in (0,1] or mixed",
-    .normalize = normalize,
-    .fill_defaults = fill_defaults,
+    .fields = fields,
+    .nfields = (int)(sizeof fields / sizeof *fields),
+    .fields_size = sizeof(kp_topp_case),
+    .check = check,
 };
+
+int kp_topp_case_read(const kp_case *c, kp_topp_case *out, kp_error *err) {
+    return kp_case_decode(c, &kp_topp_case_family, out, err);
+}
 
 float kp_topp_case_row_top_p(const kp_topp_case *tc, int64_t row) {
     return tc->top_p_mixed ? mixed_top_p[row % 8] : (float)tc->top_p;

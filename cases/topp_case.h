@@ -63,8 +63,10 @@ typedef struct kp_topp_case {
 /* topp's row of the case-family table (cases/case_families.c). */
 extern const kp_case_family kp_topp_case_family;
 
-/* Read a case (normalized or not) into typed fields; errors name the field. */
+/* Decode a case (normalized or not) from topp's field table (kp_case_decode): errors name the field. */
 int kp_topp_case_read(const kp_case *c, kp_topp_case *out, kp_error *err);
+/* A normalized topp case's typed fields, decoded once by kp_case_normalize. */
+static inline const kp_topp_case *kp_topp_case_of(const kp_case *c) { return kp_case_fields(c, &kp_topp_case_family); }
 /* The f32 top_p of a row. */
 float kp_topp_case_row_top_p(const kp_topp_case *tc, int64_t row);
 /* Rows [first_row, first_row + nrows) into logits ([nrows, stride], padding included) and, when

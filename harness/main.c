@@ -104,7 +104,13 @@ static int cmd_list(const char *config) {
         printf("families:\n");
         for (int i = 0; i < kp_family_count(); i++) {
             const kp_family *fam = kp_family_at(i);
-            printf("  %-6s %s (inputs %s)\n", fam->name, fam->cases->fields_help, fam->cases->generator_version);
+            char line[1024];
+            kp_case_family_help(fam->cases, line, sizeof line);
+            printf("  %-6s %s (inputs %s)\n", fam->name, line, fam->cases->generator_version);
+            for (int k = 0; k < fam->cases->nfields; k++) { /* one line a field, from its table */
+                kp_case_field_describe(fam->cases, &fam->cases->fields[k], line, sizeof line);
+                printf("         %-12s %s\n", fam->cases->fields[k].name, line);
+            }
         }
         printf("cuda: %s build, %d device(s)\n", kp_registry_has_cuda() ? "CUDA" : "CPU-only", kp_device_count());
         return 0;

@@ -45,9 +45,7 @@ static int64_t first_request_splits(const kp_mla_case *mc, int64_t n, int64_t *b
 /* The largest batch of full-length requests in which split_count still cuts the first into more than one split:
  * a probe of T requests and one of T + 1 straddle the last change of its plan. */
 static int mla_case_thresholds(const kp_case *c, kp_threshold *t) {
-    kp_mla_case mc;
-    kp_error err = {0};
-    if (kp_mla_case_read(c, &mc, &err)) return 0;
+    const kp_mla_case mc = *kp_mla_case_of(c);
     int64_t *blocks = malloc(sizeof *blocks * THRESHOLD_SEARCH), *splits = malloc(sizeof *splits * THRESHOLD_SEARCH);
     int64_t last = 0;
     for (int64_t n = 1; blocks && splits && n < THRESHOLD_SEARCH; n++)
@@ -67,8 +65,8 @@ static int64_t extra_requests(const kp_case *c) {
 static int mla_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp_error *err) {
     mla_data *d = v->data = kp_calloc(1, sizeof *d, "mla case", err);
     if (!d) return err->code;
-    int rc = kp_mla_case_read(c, &d->mc, err);
-    if (rc) return rc;
+    d->mc = *kp_mla_case_of(c);
+    int rc;
     const kp_mla_case *mc = &d->mc;
     /* the cache (not batched: indices are global slots) holds every request's pages, so its bytes, recorded in
        receipts, must not depend on which checks asked for filler requests: always the family's own count, which
@@ -127,8 +125,8 @@ static void mla_release(void *data) {
 static double heads_of(const kp_mla_case *mc, int64_t n) { return (double)n * (double)mc->s_q * (double)mc->h_q; }
 
 static size_t mla_estimate(const kp_case *c, int nimpls, kp_error *err) {
-    kp_mla_case mc;
-    if (kp_mla_case_read(c, &mc, err)) return 0;
+    const kp_mla_case mc = *kp_mla_case_of(c);
+    (void)err; /* decoded once, when the case was normalized */
     kp_mla_sizes sz;
     kp_mla_case_sizes(&mc, mc.batch + extra_requests(c), &sz);
     const double heads = heads_of(&mc, mc.batch), out_bytes = heads * (KP_MLA_D_V * 2.0 + 8.0) + (double)mc.batch * 4.0;
@@ -149,8 +147,8 @@ static kp_mla_args args_for(const kp_mla_case *mc, const kp_mla_sizes *sz, int64
 }
 
 static size_t mla_estimate_device(const kp_case *c, const kp_impl *impl, kp_error *err) {
-    kp_mla_case mc;
-    if (kp_mla_case_read(c, &mc, err)) return 0;
+    const kp_mla_case mc = *kp_mla_case_of(c);
+    (void)err; /* decoded once, when the case was normalized */
     const int64_t extra = extra_requests(c), n = mc.batch > extra ? mc.batch : extra;
     kp_mla_sizes sz;
     kp_mla_case_sizes(&mc, mc.batch + extra, &sz);

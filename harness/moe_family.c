@@ -32,9 +32,7 @@ static int moe_case_thresholds(const kp_case *c, kp_threshold *t) {
         "marlin_like's block_size_m steps from 32 to 48 rows above here (and its tile from {n 128, k 128} to {n 256, k 64})",
         "marlin_like's block_size_m steps from 48 to 64 rows above here",
     };
-    kp_moe_case mc;
-    kp_error err = {0};
-    if (kp_moe_case_read(c, &mc, &err)) return 0;
+    const kp_moe_case mc = *kp_moe_case_of(c);
     int n = 0;
     t[n++] = (kp_threshold){KP_MOE_GEMV_ROWS, "marlin_gemv32 runs an expert with at most 32 rows in f32 and one with more "
                                               "in bf16: a hot or straddle expert crosses 32 rows here"};
@@ -83,8 +81,8 @@ static void gen_group(void *ctx, int64_t i) {
 static int moe_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp_error *err) {
     moe_data *d = v->data = kp_calloc(1, sizeof *d, "moe case", err);
     if (!d) return err->code;
-    int rc = kp_moe_case_read(c, &d->mc, err);
-    if (rc) return rc;
+    d->mc = *kp_moe_case_of(c);
+    int rc;
     const kp_moe_case *mc = &d->mc;
     const int64_t H = mc->hidden, I = mc->inter, E = mc->experts, K = mc->topk, R = kp_moe_w13_rows(mc);
     v->batch = mc->m, v->rows_total = mc->m + extra_rows;
@@ -119,8 +117,8 @@ static void moe_release(void *data) {
 }
 
 static size_t moe_estimate(const kp_case *c, int nimpls, kp_error *err) {
-    kp_moe_case mc;
-    if (kp_moe_case_read(c, &mc, err)) return 0;
+    const kp_moe_case mc = *kp_moe_case_of(c);
+    (void)err; /* decoded once, when the case was normalized */
     const double rows = (double)(mc.m + probe_rows(c)), pairs = (double)mc.m * (double)mc.topk;
     const double most = (double)(kp_moe_w13_rows(&mc) > mc.hidden ? kp_moe_w13_rows(&mc) : mc.hidden) * (double)mc.hidden;
     /* inputs, the generator's per-thread scratch, the reference and its scratch, and per impl run kept at once
@@ -139,8 +137,8 @@ static kp_moe_args args_for(const kp_moe_case *mc, int64_t rows) {
 }
 
 static size_t moe_estimate_device(const kp_case *c, const kp_impl *impl, kp_error *err) {
-    kp_moe_case mc;
-    if (kp_moe_case_read(c, &mc, err)) return 0;
+    const kp_moe_case mc = *kp_moe_case_of(c);
+    (void)err; /* decoded once, when the case was normalized */
     const int64_t extra = probe_rows(c), rows = mc.m > extra ? mc.m : extra;
     kp_moe_args args = args_for(&mc, rows);
     args.sm_count = kp_device_sm_count();

@@ -38,8 +38,8 @@ static const kp_threshold thresholds[] = {
 static int topp_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp_error *err) {
     topp_data *d = v->data = kp_calloc(1, sizeof *d, "topp case", err);
     if (!d) return err->code;
-    int rc = kp_topp_case_read(c, &d->tc, err);
-    if (rc) return rc;
+    d->tc = *kp_topp_case_of(c);
+    int rc;
     v->batch = d->tc.batch, v->rows_total = d->tc.batch + extra_rows;
     const int64_t lshape[2] = {d->tc.batch, d->tc.vocab}, pshape[1] = {d->tc.batch};
     if ((rc = kp_view_input(v, "logits", KP_F32, 2, lshape, d->tc.stride, true, err)) ||
@@ -56,8 +56,8 @@ static void topp_release(void *data) {
 }
 
 static size_t topp_estimate(const kp_case *c, int nimpls, kp_error *err) {
-    kp_topp_case tc;
-    if (kp_topp_case_read(c, &tc, err)) return 0;
+    const kp_topp_case tc = *kp_topp_case_of(c);
+    (void)err; /* decoded once, when the case was normalized */
     /* inputs (+ filler rows), one output per impl run kept at once (+ repeat/probe scratch),
      * the reference (keep, in_group: 1 byte; prob, mass_before: 8 bytes) and judgements */
     double rows = (double)tc.batch + PROBE_ROWS, elems = (double)tc.batch * (double)tc.vocab;
@@ -66,8 +66,8 @@ static size_t topp_estimate(const kp_case *c, int nimpls, kp_error *err) {
 }
 
 static size_t topp_estimate_device(const kp_case *c, const kp_impl *impl, kp_error *err) {
-    kp_topp_case tc;
-    if (kp_topp_case_read(c, &tc, err)) return 0;
+    const kp_topp_case tc = *kp_topp_case_of(c);
+    (void)err; /* decoded once, when the case was normalized */
     int64_t rows = tc.batch > PROBE_ROWS ? tc.batch : PROBE_ROWS;
     kp_topp_args args = {.batch = rows, .vocab = tc.vocab, .row_stride = tc.stride, .sm_count = kp_device_sm_count()};
     size_t ws = impl->workspace_bytes ? impl->workspace_bytes(&args) : 0;
