@@ -75,6 +75,8 @@ typedef struct kp_case_field {
 } kp_case_field;
 
 #define KP_FIELD_AT(type, member) .offset = offsetof(type, member), .size = sizeof(((type *)0)->member)
+/* A family row's table and typed struct: .fields, .nfields and .fields_size. */
+#define KP_CASE_FIELDS(table, type) .fields = (table), .nfields = (int)(sizeof(table) / sizeof *(table)), .fields_size = sizeof(type)
 
 /* One row of the case-family table (cases/case_families.c): what the cases stage knows of a family.
  * A family's own file (cases/<family>_case.c) defines its row. */

@@ -69,15 +69,9 @@ static int check(void *fields_, kp_error *err) {
 const kp_case_family kp_mla_case_family = {
     .name = "mla",
     .generator_version = KP_MLA_GENERATOR_VERSION,
-    .fields = fields,
-    .nfields = (int)(sizeof fields / sizeof *fields),
-    .fields_size = sizeof(kp_mla_case),
+    KP_CASE_FIELDS(fields, kp_mla_case),
     .check = check,
 };
-
-int kp_mla_case_read(const kp_case *c, kp_mla_case *out, kp_error *err) {
-    return kp_case_decode(c, &kp_mla_case_family, out, err);
-}
 
 void kp_mla_case_sizes(const kp_mla_case *mc, int64_t n, kp_mla_sizes *out) {
     memset(out, 0, sizeof *out);

@@ -126,7 +126,9 @@ typedef struct kp_mla_buffers {
 /* mla's row of the case-family table (cases/case_families.c). */
 extern const kp_case_family kp_mla_case_family;
 /* Decode a case (normalized or not) from mla's field table (kp_case_decode): errors name the field. */
-int kp_mla_case_read(const kp_case *c, kp_mla_case *out, kp_error *err);
+static inline int kp_mla_case_read(const kp_case *c, kp_mla_case *out, kp_error *err) {
+    return kp_case_decode(c, &kp_mla_case_family, out, err);
+}
 /* A normalized mla case's typed fields, decoded once by kp_case_normalize. */
 static inline const kp_mla_case *kp_mla_case_of(const kp_case *c) { return kp_case_fields(c, &kp_mla_case_family); }
 void kp_mla_case_sizes(const kp_mla_case *mc, int64_t n, kp_mla_sizes *out);

@@ -66,15 +66,9 @@ static int check(void *fields_, kp_error *err) {
 const kp_case_family kp_moe_case_family = {
     .name = "moe",
     .generator_version = KP_MOE_GENERATOR_VERSION,
-    .fields = fields,
-    .nfields = (int)(sizeof fields / sizeof *fields),
-    .fields_size = sizeof(kp_moe_case),
+    KP_CASE_FIELDS(fields, kp_moe_case),
     .check = check,
 };
-
-int kp_moe_case_read(const kp_case *c, kp_moe_case *out, kp_error *err) {
-    return kp_case_decode(c, &kp_moe_case_family, out, err);
-}
 
 int64_t kp_moe_w13_rows(const kp_moe_case *mc) { return mc->gated ? 2 * mc->inter : mc->inter; }
 

@@ -44,7 +44,9 @@ typedef struct kp_moe_case {
 /* moe's row of the case-family table (cases/case_families.c). */
 extern const kp_case_family kp_moe_case_family;
 /* Decode a case (normalized or not) from moe's field table (kp_case_decode): errors name the field. */
-int kp_moe_case_read(const kp_case *c, kp_moe_case *out, kp_error *err);
+static inline int kp_moe_case_read(const kp_case *c, kp_moe_case *out, kp_error *err) {
+    return kp_case_decode(c, &kp_moe_case_family, out, err);
+}
 /* A normalized moe case's typed fields, decoded once by kp_case_normalize. */
 static inline const kp_moe_case *kp_moe_case_of(const kp_case *c) { return kp_case_fields(c, &kp_moe_case_family); }
 /* Rows of W13 (2 inter when gated, else inter). */

@@ -53,15 +53,9 @@ static int check(void *fields_, kp_error *err) {
 const kp_case_family kp_topk_case_family = {
     .name = "topk",
     .generator_version = KP_TOPK_GENERATOR_VERSION,
-    .fields = fields,
-    .nfields = (int)(sizeof fields / sizeof *fields),
-    .fields_size = sizeof(kp_topk_case),
+    KP_CASE_FIELDS(fields, kp_topk_case),
     .check = check,
 };
-
-int kp_topk_case_read(const kp_case *c, kp_topk_case *out, kp_error *err) {
-    return kp_case_decode(c, &kp_topk_case_family, out, err);
-}
 
 /* ---- generation ---------------------------------------------------------------------------- */
 

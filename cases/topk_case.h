@@ -58,7 +58,9 @@ typedef struct kp_topk_case {
 /* topk's row of the case-family table (cases/case_families.c). */
 extern const kp_case_family kp_topk_case_family;
 /* Decode a case (normalized or not) from topk's field table (kp_case_decode): errors name the field. */
-int kp_topk_case_read(const kp_case *c, kp_topk_case *out, kp_error *err);
+static inline int kp_topk_case_read(const kp_case *c, kp_topk_case *out, kp_error *err) {
+    return kp_case_decode(c, &kp_topk_case_family, out, err);
+}
 /* A normalized topk case's typed fields, decoded once by kp_case_normalize. */
 static inline const kp_topk_case *kp_topk_case_of(const kp_case *c) { return kp_case_fields(c, &kp_topk_case_family); }
 /* Rows [first, first + n): scores [n, stride] (outside each window and in the padding: the NaN

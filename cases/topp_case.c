@@ -64,15 +64,9 @@ static int check(void *fields_, kp_error *err) {
 const kp_case_family kp_topp_case_family = {
     .name = "topp",
     .generator_version = KP_TOPP_GENERATOR_VERSION,
-    .fields = fields,
-    .nfields = (int)(sizeof fields / sizeof *fields),
-    .fields_size = sizeof(kp_topp_case),
+    KP_CASE_FIELDS(fields, kp_topp_case),
     .check = check,
 };
-
-int kp_topp_case_read(const kp_case *c, kp_topp_case *out, kp_error *err) {
-    return kp_case_decode(c, &kp_topp_case_family, out, err);
-}
 
 float kp_topp_case_row_top_p(const kp_topp_case *tc, int64_t row) {
     return tc->top_p_mixed ? mixed_top_p[row % 8] : (float)tc->top_p;

@@ -64,7 +64,9 @@ typedef struct kp_topp_case {
 extern const kp_case_family kp_topp_case_family;
 
 /* Decode a case (normalized or not) from topp's field table (kp_case_decode): errors name the field. */
-int kp_topp_case_read(const kp_case *c, kp_topp_case *out, kp_error *err);
+static inline int kp_topp_case_read(const kp_case *c, kp_topp_case *out, kp_error *err) {
+    return kp_case_decode(c, &kp_topp_case_family, out, err);
+}
 /* A normalized topp case's typed fields, decoded once by kp_case_normalize. */
 static inline const kp_topp_case *kp_topp_case_of(const kp_case *c) { return kp_case_fields(c, &kp_topp_case_family); }
 /* The f32 top_p of a row. */

@@ -46,9 +46,7 @@ static int demo_check(void *fields, kp_error *err) {
 static const kp_case_family demo_family = {
     .name = "demo",
     .generator_version = "demo/v1",
-    .fields = demo_fields,
-    .nfields = (int)(sizeof demo_fields / sizeof *demo_fields),
-    .fields_size = sizeof(demo_case),
+    KP_CASE_FIELDS(demo_fields, demo_case),
     .check = demo_check,
 };
 
