@@ -350,20 +350,11 @@ static int write_fields(kp_case *c, const kp_case_family *f, const void *fields,
     return 0;
 }
 
-static int rewrite(kp_case *c, bool drop_defaults, kp_error *err) {
-    const kp_case_family *f = kp_case_family_find(c->family);
-    if (!f) {
-        char known[256];
-        kp_case_family_names(known, sizeof known);
-        return kp_fail(err, KP_EXIT_USAGE, "case family '%s' is unknown (known: %s)", c->family, known);
-    }
+int kp_case_rewrite(kp_case *c, const kp_case_family *f, bool drop_defaults, kp_error *err) {
     alignas(max_align_t) unsigned char fields[KP_CASE_FIELDS_MAX];
     int rc = kp_case_decode(c, f, fields, err);
     return rc ? rc : write_fields(c, f, fields, drop_defaults, err);
 }
-
-int kp_case_normalize(kp_case *c, kp_error *err) { return rewrite(c, true, err); }
-int kp_case_fill_defaults(kp_case *c, kp_error *err) { return rewrite(c, false, err); }
 
 void kp_case_field_describe(const kp_case_family *f, const kp_case_field *field, char *buf, size_t len) {
     char type[192], names[160], def[96], when[96] = "";

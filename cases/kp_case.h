@@ -94,6 +94,9 @@ typedef struct kp_case_family {
 /* Decode c (normalized or not) into f's typed struct (fields_size bytes at out): unknown fields, type, range
  * and list errors name the family and the field (KP_EXIT_USAGE), then f's check. */
 int kp_case_decode(const kp_case *c, const kp_case_family *f, void *out, kp_error *err);
+/* Decode c as f's case, rewrite each field that applies in canonical form, dropping those equal to their default
+ * (drop_defaults: kp_case_normalize) or filling those absent (kp_case_fill_defaults), and keep the decode in c. */
+int kp_case_rewrite(kp_case *c, const kp_case_family *f, bool drop_defaults, kp_error *err);
 /* c's typed struct as kp_case_normalize decoded it; a case not normalized as f's is a programmer error. */
 const void *kp_case_fields(const kp_case *c, const kp_case_family *f);
 /* KP_EXIT_USAGE "case <family>: field '<field>': <v> is outside [min, max]" unless v is inside: for check hooks. */
