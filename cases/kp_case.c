@@ -356,7 +356,7 @@ int kp_case_rewrite(kp_case *c, const kp_case_family *f, bool drop_defaults, kp_
     return rc ? rc : write_fields(c, f, fields, drop_defaults, err);
 }
 
-void kp_case_field_describe(const kp_case_family *f, const kp_case_field *field, char *buf, size_t len) {
+void kp_case_field_describe(const kp_case_field *field, char *buf, size_t len) {
     char type[192], names[160], def[96], when[96] = "";
     join_names(field->names, " ", names, sizeof names);
     switch (field->type) {
@@ -373,7 +373,7 @@ void kp_case_field_describe(const kp_case_family *f, const kp_case_field *field,
     else if (field->same_as) snprintf(def, sizeof def, "default: %s's value", field->same_as);
     else if (field->preset) snprintf(def, sizeof def, "default: preset by the fields before it");
     else snprintf(def, sizeof def, "required");
-    if (field->when) snprintf(when, sizeof when, ", only with %s=%s", earlier(f, field, field->when)->name, field->when_is);
+    if (field->when) snprintf(when, sizeof when, ", only with %s=%s", field->when, field->when_is);
     snprintf(buf, len, "%s, %s%s: %s", type, def, when, field->help);
 }
 

@@ -104,7 +104,7 @@ int kp_case_field_range(const kp_case_family *f, const char *field, int64_t v, i
 /* `kparity list`'s line for f: its fields (optional ones in brackets) and each name field's values. */
 void kp_case_family_help(const kp_case_family *f, char *buf, size_t len);
 /* One field's line: type and range, default, when it applies, and its help. */
-void kp_case_field_describe(const kp_case_family *f, const kp_case_field *field, char *buf, size_t len);
+void kp_case_field_describe(const kp_case_field *field, char *buf, size_t len);
 /* The fuzz dictionary's entries for f (fuzz/case_name.dict): "family(", every "field=", every name and word. */
 void kp_case_family_dict(const kp_case_family *f, void (*entry)(const char *text, void *ctx), void *ctx);
 

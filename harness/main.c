@@ -108,7 +108,7 @@ static int cmd_list(const char *config) {
             kp_case_family_help(fam->cases, line, sizeof line);
             printf("  %-6s %s (inputs %s)\n", fam->name, line, fam->cases->generator_version);
             for (int k = 0; k < fam->cases->nfields; k++) { /* one line a field, from its table */
-                kp_case_field_describe(fam->cases, &fam->cases->fields[k], line, sizeof line);
+                kp_case_field_describe(&fam->cases->fields[k], line, sizeof line);
                 printf("         %-12s %s\n", fam->cases->fields[k].name, line);
             }
         }

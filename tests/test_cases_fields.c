@@ -143,23 +143,27 @@ Test(cases_fields, fields_help_is_generated_from_the_table, .init = add_demo) {
     char line[512];
     kp_case_family_help(&demo_family, line, sizeof line);
     cr_assert_str_eq(line, "n width seed [stride mode extra ratio sign]; mode: a b; ratio: a number or auto; sign: minus plus");
-    kp_case_field_describe(&demo_family, &demo_fields[5], line, sizeof line);
+    kp_case_field_describe(&demo_fields[5], line, sizeof line);
     cr_assert_str_eq(line, "integer in [0, 100], default 7, only with mode=b: mode b's extra items");
-    kp_case_field_describe(&demo_family, &demo_fields[3], line, sizeof line);
+    kp_case_field_describe(&demo_fields[3], line, sizeof line);
     cr_assert_str_eq(line, "integer in [1, 2000], default: width's value: row stride, at least width");
-    kp_case_field_describe(&demo_family, &demo_fields[6], line, sizeof line);
+    kp_case_field_describe(&demo_fields[6], line, sizeof line);
     cr_assert_str_eq(line, "number in (0, 1] or auto, default 0.5: a share");
 }
 
-/* Every built-in table is well formed: each default reads back as itself, and same_as and when name earlier
- * fields (the generic code aborts on a later one). */
-Test(cases_fields, every_builtin_default_is_canonical) {
+/* Every built-in table is well formed: members of the type's size inside the struct, each default reading back as
+ * itself (same_as and when name earlier fields: the generic code aborts on a later one). */
+Test(cases_fields, every_builtin_table_is_well_formed) {
     for (int i = 0; i < kp_table_count(&kp_case_families); i++) {
         const kp_case_family *f = kp_table_at(&kp_case_families, i);
         cr_assert_leq(f->fields_size, KP_CASE_FIELDS_MAX, "%s", f->name);
         for (int k = 0; k < f->nfields; k++) {
             const kp_case_field *field = &f->fields[k];
             cr_assert(field->help && *field->help, "%s.%s has no help", f->name, field->name);
+            const size_t want = field->type == KP_FIELD_UINT || field->type == KP_FIELD_NUMBER ? 8 : field->size;
+            cr_assert((field->size == 4 || field->size == 8) && field->size == want && field->offset + field->size <= f->fields_size,
+                      "%s.%s: its member's size or place", f->name, field->name);
+            cr_assert_eq(!!field->names, field->type == KP_FIELD_NAME || field->word_offset, "%s.%s: names", f->name, field->name);
             cr_assert_leq(!!field->fallback + !!field->same_as + !!field->preset, 1, "%s.%s: one default", f->name, field->name);
             if (!field->fallback) continue;
             char text[64];
