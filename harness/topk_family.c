@@ -1,31 +1,12 @@
 /* topk_family.c: the topk family's record for the harness: scores and windows in, indices and values
- * out, the reference as arrays, the judge's rule check (strict and tie differences, dropped candidates,
- * order), exact-parity evidence, the dropped_values defect, the 32-row threshold and bench shapes. */
+ * out, the reference as arrays (per NaN rank), rows compared as sets, the dropped_values defect, the 32-row
+ * threshold, bench shapes and what an export says of each array; the rule's judgement is topk_rule.c's. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../cases/topk_case.h"
-#include "../receipts/kp_json.h"
-#include "../reference/topk_ref.h"
-#include "kp_harness.h"
-
-/* The rule parameters: which members of the boundary tie group an output may take, its order, and where NaN ranks
- * (below every number by default; torch.topk ranks it above). */
-typedef struct topk_params {
-    kp_topk_ties ties;
-    kp_topk_order order;
-    kp_topk_nan nan;
-} topk_params;
-
-typedef struct topk_data {
-    kp_topk_case tc;
-    float *scores; /* the inputs (the harness holds them): [rows_total, stride] */
-    int32_t *starts, *ends;
-    int have_ref[2];
-    kp_topk_ref ref[2]; /* the answer per NaN rank (kp_topk_nan), each computed when first asked for */
-} topk_data;
+#include "topk_family.h"
 
 /* vLLM's indexer top-k takes an exact path at <= 32 rows and a bucketed one above (families.md §C2). */
 static const kp_threshold thresholds[] = {
@@ -96,24 +77,13 @@ static void topk_fill_args(const void *data, const kp_launch_bufs *b, void *args
                                            .workspace = b->workspace, .workspace_bytes = b->workspace_bytes};
 }
 
-/* The answer with NaN ranked as `nan` says. */
-static const kp_topk_ref *answer(topk_data *d, kp_topk_nan nan, kp_error *err) {
-    if (!d->have_ref[nan]) {
-        if (kp_topk_reference(d->scores, d->tc.rows, d->tc.width, d->tc.stride, d->starts, d->ends, d->tc.k,
-                              d->tc.index_base, d->tc.fill, nan, &d->ref[nan], err))
-            return NULL;
-        d->have_ref[nan] = 1;
-    }
-    return &d->ref[nan];
-}
-
 /* The recorded reference (hashed, exported, replayed from the case name alone) is the rule's default, NaN below every
  * number, whatever the checks declare: a check with nan "above" judges against that rank's answer, computed beside it
  * (the two differ only in rows whose window holds NaN). */
 static int topk_reference(void *data, const void *params, kp_reference *ref, kp_error *err) {
     (void)params;
     topk_data *d = data;
-    const kp_topk_ref *a = answer(d, KP_TOPK_NAN_BELOW, err);
+    const kp_topk_ref *a = kp_topk_answer(d, KP_TOPK_NAN_BELOW, err);
     if (!a) return err->code;
     ref->digest_tag = "kparity.reference.topk/v1";
     ref->arrays[0] = (kp_tensor){.name = "indices", .dtype = KP_I32, .ndim = 2, .shape = {d->tc.rows, d->tc.k},
@@ -123,144 +93,6 @@ static int topk_reference(void *data, const void *params, kp_reference *ref, kp_
     ref->narrays = 2;
     return 0;
 }
-
-static const char *const param_keys[] = {"ties", "order", "nan", NULL};
-
-static int topk_parse_params(const kp_param_reader *r, void *params, kp_error *err) {
-    static const char *const ties[] = {"lowest_index", "any", NULL}, *const orders[] = {"index", "value", "any", NULL};
-    static const char *const nans[] = {"below", "above", NULL};
-    topk_params *p = params;
-    const char *t, *o, *n = "below"; /* nan is optional: a check without it ranks NaN below, as it always has */
-    if (kp_param_string(r, "ties", ties, &t, err) || kp_param_string(r, "order", orders, &o, err) ||
-        (kp_param_get(r, "nan") && kp_param_string(r, "nan", nans, &n, err)))
-        return err->code;
-    p->ties = !strcmp(t, "any") ? KP_TOPK_TIES_ANY : KP_TOPK_TIES_LOWEST_INDEX;
-    p->order = !strcmp(o, "index") ? KP_TOPK_ORDER_INDEX : !strcmp(o, "value") ? KP_TOPK_ORDER_VALUE : KP_TOPK_ORDER_ANY;
-    p->nan = !strcmp(n, "above") ? KP_TOPK_NAN_ABOVE : KP_TOPK_NAN_BELOW;
-    return 0;
-}
-
-static void topk_describe_params(const void *params, cJSON *out) {
-    const topk_params *p = params;
-    cJSON_AddStringToObject(out, "ties", kp_topk_ties_name(p->ties));
-    cJSON_AddStringToObject(out, "order", kp_topk_order_name(p->order));
-    cJSON_AddStringToObject(out, "nan", kp_topk_nan_name(p->nan));
-}
-
-/* What an exact check explains its differences with when the config declares no rule parameters: the
- * strictest tie policy, and no order (exact compares sets). */
-static void topk_default_params(void *params) {
-    topk_params *p = params;
-    p->ties = KP_TOPK_TIES_LOWEST_INDEX, p->order = KP_TOPK_ORDER_ANY, p->nan = KP_TOPK_NAN_BELOW;
-}
-
-/* --- the rule: the family judges (reference/topk_ref.c), the harness reports (harness/rule.c) --- */
-
-static void *topk_judge(void *data, const void *params, const kp_output *o, kp_error *err) {
-    topk_data *d = data;
-    const topk_params *p = params;
-    KP_ASSERT(d->have_ref[KP_TOPK_NAN_BELOW]); /* the harness computes the reference before any judging */
-    const kp_topk_ref *ref = answer(d, p->nan, err);
-    kp_topk_judgement *j = ref ? kp_calloc(1, sizeof *j, "a judgement", err) : NULL;
-    if (j && kp_topk_judge(ref, d->scores, d->tc.stride, o->t[0].data, o->t[1].data, p->ties, p->order, j, err))
-        return free(j), NULL;
-    return j;
-}
-
-static void free_judgement(void *j) {
-    kp_topk_judgement_free(j);
-    free(j);
-}
-
-static bool row_ok(const void *j, int64_t r) { return ((const kp_topk_judgement *)j)->row[r].rule_ok; }
-
-static void row_figures(const void *judgement, int64_t r, cJSON *row) {
-    const kp_topk_row_judgement *rj = &((const kp_topk_judgement *)judgement)->row[r];
-    kp_json_add_int(row, "valid", rj->valid);
-    kp_json_add_int(row, "dropped", rj->dropped);
-    kp_json_add_int(row, "out_of_window", rj->out_of_window);
-    kp_json_add_int(row, "duplicates", rj->duplicates);
-    kp_json_add_int(row, "value_mismatch", rj->value_mismatch);
-    kp_json_add_int(row, "fill_misplaced", rj->fill_misplaced + rj->fill_value_bad);
-    cJSON_AddBoolToObject(row, "order_ok", rj->order_ok);
-    cJSON_AddStringToObject(row, "set_sha256", rj->set_sha256);
-}
-
-/* Indices held past the answer's boundary (strict) or from its tie group against the policy (tie), and the answer's
- * indices the output misses. */
-static const char *const lists[] = {"strict", "tie", "missing", NULL};
-
-static kp_index_list row_list(const void *judgement, int list, int64_t r) {
-    const kp_topk_judgement *j = judgement;
-    const int64_t *idx = list == 0 ? j->strict_idx : list == 1 ? j->tie_idx : j->missing_idx;
-    const int64_t *off = list == 0 ? j->strict_off : list == 1 ? j->tie_off : j->missing_off;
-    return (kp_index_list){idx + off[r], off[r + 1] - off[r]};
-}
-
-static void reference_row(const void *data, const void *params, int64_t r, cJSON *row) {
-    const kp_topk_ref_row *rr = &((const topk_data *)data)->ref[((const topk_params *)params)->nan].row[r];
-    kp_json_add_int(row, "window_start", rr->start);
-    kp_json_add_int(row, "window_len", rr->len);
-    kp_json_add_int(row, "count", rr->count);
-    if (rr->count > 0) kp_json_add_f32_bits(row, "boundary_value", rr->boundary_value);
-    kp_json_add_int(row, "tie_group_size", rr->group_size);
-    kp_json_add_int(row, "tie_group_needed", rr->group_needed);
-    if (rr->nan_count) kp_json_add_int(row, "nan_in_window", rr->nan_count); /* where the NaN rank decides */
-}
-
-static void totals(const void *data, const void *params, const void *judgement, int64_t rows, cJSON *f, char *summary,
-                   size_t len) {
-    (void)data, (void)params;
-    const kp_topk_judgement *j = judgement;
-    int64_t strict = 0, tie = 0, dropped = 0, dropped_rows = 0, bad_order = 0, malformed = 0;
-    for (int64_t r = 0; r < rows; r++) {
-        const kp_topk_row_judgement *rj = &j->row[r];
-        strict += rj->strict_count, tie += rj->tie_count, dropped += rj->dropped, dropped_rows += rj->dropped > 0;
-        bad_order += !rj->order_ok;
-        malformed += rj->out_of_window + rj->duplicates + rj->value_mismatch + rj->fill_misplaced + rj->fill_value_bad;
-    }
-    kp_json_add_int(f, "strict", strict);
-    kp_json_add_int(f, "tie", tie);
-    kp_json_add_int(f, "dropped", dropped);
-    kp_json_add_int(f, "rows_with_dropped", dropped_rows);
-    kp_json_add_int(f, "rows_out_of_order", bad_order);
-    kp_json_add_int(f, "malformed_entries", malformed);
-    snprintf(summary, len, "%lld strict, %lld tie; %lld dropped in %lld rows; %lld out of order; %lld malformed",
-             (long long)strict, (long long)tie, (long long)dropped, (long long)dropped_rows, (long long)bad_order,
-             (long long)malformed);
-}
-
-/* Rows that fail with NaN in their window, named: where a NaN rank convention (nan: below or above) may be why. */
-static void notes(const void *data, const void *params, const void *judgement, int64_t rows, cJSON *f, char *summary,
-                  size_t len) {
-    const topk_data *d = data;
-    const topk_params *p = params;
-    const kp_topk_judgement *j = judgement;
-    cJSON *nan_rows = NULL;
-    size_t n = 0;
-    for (int64_t r = 0; r < rows; r++) {
-        if (j->row[r].rule_ok || !d->ref[p->nan].row[r].nan_count) continue;
-        if (!nan_rows) {
-            nan_rows = cJSON_AddArrayToObject(f, "rows_failing_with_nan");
-            n += (size_t)snprintf(summary, len, "; rows failing with NaN in their window (NaN ranked %s every number):",
-                                  kp_topk_nan_name(p->nan));
-        }
-        cJSON_AddItemToArray(nan_rows, kp_json_int(r));
-        if (n < len) n += (size_t)snprintf(summary + n, len - n, " %lld", (long long)r);
-    }
-}
-
-static const kp_rule rule = {
-    .judge = topk_judge,
-    .free_judgement = free_judgement,
-    .row_ok = row_ok,
-    .row_figures = row_figures,
-    .lists = lists,
-    .row_list = row_list,
-    .reference_row = reference_row,
-    .totals = totals,
-    .notes = notes,
-};
 
 /* dropped_values: some row misses an entry strictly before its boundary value (a lost candidate). */
 static int topk_has_defect(void *data, kp_judgements *js, const kp_output *out, const char *defect, int64_t *rows_with) {
@@ -333,7 +165,7 @@ const kp_family kp_topk_family = {
                       "NaN below every number; indices ascending in the declared base, then fill",
     .bench_cases = bench_cases,
     .bench_cases_host = bench_cases_host,
-    .param_keys = param_keys,
+    .param_keys = kp_topk_param_keys,
     .defects = defects,
     .thresholds = thresholds,
     .nthresholds = (int)(sizeof thresholds / sizeof thresholds[0]),
@@ -346,10 +178,10 @@ const kp_family kp_topk_family = {
     .fill_args = topk_fill_args,
     .reference = topk_reference,
     .params_bytes = sizeof(topk_params),
-    .parse_params = topk_parse_params,
-    .describe_params = topk_describe_params,
-    .default_params = topk_default_params,
-    .rule = &rule,
+    .parse_params = kp_topk_parse_params,
+    .describe_params = kp_topk_describe_params,
+    .default_params = kp_topk_default_params,
+    .rule = &kp_topk_rule,
     .has_defect = topk_has_defect,
     .canonical_row = topk_canonical_row,
     .bytes_moved = topk_bytes_moved,

@@ -1,31 +1,14 @@
 /* topp_family.c: the topp family's record for the harness: its tensors and args, the float64
- * reference as arrays, the rule check with classified mismatches, exact-parity evidence, the
- * all_neginf defect, its batch threshold and bench shapes. The machinery is the harness's. */
+ * reference as arrays, the all_neginf defect, its batch threshold, bench shapes and what an export says
+ * of each array; the rule's judgement is topp_rule.c's. The machinery is the harness's. */
 #define _GNU_SOURCE
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../cases/topp_case.h"
-#include "../receipts/kp_json.h"
-#include "../reference/topp_ref.h"
 #include "kp_device.h"
-#include "kp_harness.h"
-
-/* The rule parameters a rule or exact check declares. */
-typedef struct topp_params {
-    kp_tie_policy tie_policy;
-    double band;
-} topp_params;
-
-typedef struct topp_data {
-    kp_topp_case tc;
-    float *logits; /* the inputs (the harness holds them): [rows_total, stride] */
-    float *top_p;  /* [rows_total] */
-    int have_ref;
-    kp_topp_ref ref;
-} topp_data;
+#include "topp_family.h"
 
 /* Batch sizes where a topp impl changes path: probes of T and T + 1 rows straddle each (63/64/65). */
 static const kp_threshold thresholds[] = {
@@ -112,130 +95,6 @@ static int topp_reference(void *data, const void *params, kp_reference *ref, kp_
     return 0;
 }
 
-static const char *const param_keys[] = {"tie_policy", "band", NULL};
-
-static int topp_parse_params(const kp_param_reader *r, void *params, kp_error *err) {
-    static const char *const policies[] = {"minimal_index", "inclusive", NULL};
-    topp_params *p = params;
-    const char *policy;
-    if (kp_param_string(r, "tie_policy", policies, &policy, err) || kp_tie_policy_parse(policy, &p->tie_policy) ||
-        kp_param_number(r, "band", 0.0, 0.5, false, &p->band, err))
-        return err->code ? err->code : KP_EXIT_USAGE;
-    return 0;
-}
-
-static void topp_describe_params(const void *params, cJSON *out) {
-    const topp_params *p = params;
-    cJSON_AddStringToObject(out, "tie_policy", kp_tie_policy_name(p->tie_policy));
-    kp_json_add_double(out, "band", p->band);
-}
-
-/* What an exact check explains its differences with when the config declares no rule parameters: the
- * design's band for f32 kernels summing ~10^5 terms (DESIGN.md "topp"), written into the receipt. */
-static void topp_default_params(void *params) { /* field by field: the padding stays as zeroed, params compare by bytes */
-    topp_params *p = params;
-    p->tie_policy = KP_TIE_MINIMAL_INDEX, p->band = 1e-6;
-}
-
-/* --- the rule: the family judges (reference/topp_ref.c), the harness reports (harness/rule.c) --- */
-
-static void *topp_judge(void *data, const void *params, const kp_output *o, kp_error *err) {
-    topp_data *d = data;
-    const topp_params *p = params;
-    KP_ASSERT(d->have_ref); /* the harness computes the reference before any judging */
-    kp_topp_judgement *j = kp_calloc(1, sizeof *j, "a judgement", err);
-    if (j && kp_topp_judge(&d->ref, d->logits, o->t[0].data, o->t[0].row_stride, p->tie_policy, p->band, j, err))
-        return free(j), NULL;
-    return j;
-}
-
-static void free_judgement(void *j) {
-    kp_topp_judgement_free(j);
-    free(j);
-}
-
-static bool row_ok(const void *j, int64_t r) { return ((const kp_topp_judgement *)j)->rows[r].rule_ok; }
-
-static void row_figures(const void *judgement, int64_t r, cJSON *row) {
-    const kp_topp_row_judgement *rj = &((const kp_topp_judgement *)judgement)->rows[r];
-    kp_json_add_int(row, "kept", rj->kept_count);
-    kp_json_add_double(row, "kept_mass", rj->kept_mass);
-    kp_json_add_int(row, "group_kept", rj->group_kept);
-    cJSON_AddBoolToObject(row, "group_lowest_first", rj->group_lowest_first);
-    cJSON_AddBoolToObject(row, "all_neginf", rj->all_neginf);
-    kp_json_add_int(row, "altered", rj->altered_count);
-    kp_json_add_int(row, "nan_out", rj->nan_out_count);
-    cJSON *flags = cJSON_AddObjectToObject(row, "conformance");
-    cJSON_AddBoolToObject(flags, "mass", rj->mass_ok);
-    cJSON_AddBoolToObject(flags, "minimal", rj->minimal_ok);
-    cJSON_AddBoolToObject(flags, "monotone", rj->monotone_ok);
-    cJSON_AddBoolToObject(flags, "no_nan", rj->no_nan_ok);
-    cJSON_AddBoolToObject(flags, "nonempty", rj->nonempty_ok);
-}
-
-/* Tokens kept past the rule's prefix (strict), the boundary tie group taken otherwise than the policy says (tie), and
- * differences within the band of the boundary's mass (band). */
-static const char *const lists[] = {"strict", "tie", "band", NULL};
-
-static kp_index_list row_list(const void *judgement, int list, int64_t r) {
-    const kp_topp_judgement *j = judgement;
-    const int64_t *idx = list == 0 ? j->strict_idx : list == 1 ? j->tie_idx : j->band_idx;
-    const int64_t *off = list == 0 ? j->strict_off : list == 1 ? j->tie_off : j->band_off;
-    return (kp_index_list){idx + off[r], off[r + 1] - off[r]};
-}
-
-static void add_bits(cJSON *obj, const char *key, float v) {
-    char text[64];
-    uint32_t bits;
-    memcpy(&bits, &v, 4);
-    snprintf(text, sizeof text, "%.9g (0x%08x)", (double)v, bits);
-    cJSON_AddStringToObject(obj, key, text);
-}
-
-static void reference_row(const void *data, const void *params, int64_t r, cJSON *row) {
-    (void)params;
-    const kp_topp_ref_row *rr = &((const topp_data *)data)->ref.rows[r];
-    kp_json_add_float(row, "top_p", (float)rr->top_p);
-    kp_json_add_int(row, "finite", rr->finite_count);
-    if (rr->nan_count) kp_json_add_int(row, "nan_inputs", rr->nan_count);
-    kp_json_add_int(row, "kept", rr->kept_count);
-    kp_json_add_double(row, "kept_mass", rr->kept_mass);
-    kp_json_add_int(row, "boundary_token", rr->boundary_token);
-    if (rr->boundary_token >= 0) add_bits(row, "boundary_logit", rr->boundary_logit);
-    kp_json_add_int(row, "tie_group_size", rr->tie_group_size);
-    kp_json_add_int(row, "tie_needed", rr->tie_needed);
-    kp_json_add_int(row, "band_tokens", rr->band_count);
-}
-
-static void totals(const void *data, const void *params, const void *judgement, int64_t rows, cJSON *f, char *summary,
-                   size_t len) {
-    (void)data, (void)params;
-    const kp_topp_judgement *j = judgement;
-    int64_t strict = 0, tie = 0, band = 0, neginf_rows = 0;
-    for (int64_t r = 0; r < rows; r++) {
-        strict += j->rows[r].strict_count, tie += j->rows[r].tie_count, band += j->rows[r].band_count;
-        neginf_rows += j->rows[r].all_neginf;
-    }
-    kp_json_add_int(f, "strict", strict);
-    kp_json_add_int(f, "tie", tie);
-    kp_json_add_int(f, "band", band);
-    kp_json_add_int(f, "all_neginf_rows", neginf_rows);
-    int n = snprintf(summary, len, "%lld strict, %lld tie, %lld band", (long long)strict, (long long)tie, (long long)band);
-    if (neginf_rows && n >= 0 && (size_t)n < len)
-        snprintf(summary + n, len - (size_t)n, "; ALL -inf rows present (%lld)", (long long)neginf_rows);
-}
-
-static const kp_rule rule = {
-    .judge = topp_judge,
-    .free_judgement = free_judgement,
-    .row_ok = row_ok,
-    .row_figures = row_figures,
-    .lists = lists,
-    .row_list = row_list,
-    .reference_row = reference_row,
-    .totals = totals,
-};
-
 static int topp_has_defect(void *data, kp_judgements *js, const kp_output *out, const char *defect, int64_t *rows_with) {
     (void)js;
     topp_data *d = data;
@@ -301,7 +160,7 @@ const kp_family kp_topp_family = {
                       "top_p >= 1 keeps every finite token; NaN never kept",
     .bench_cases = bench_cases,
     .bench_cases_host = bench_cases_host,
-    .param_keys = param_keys,
+    .param_keys = kp_topp_param_keys,
     .defects = defects,
     .thresholds = thresholds,
     .nthresholds = (int)(sizeof thresholds / sizeof thresholds[0]),
@@ -314,10 +173,10 @@ const kp_family kp_topp_family = {
     .fill_args = topp_fill_args,
     .reference = topp_reference,
     .params_bytes = sizeof(topp_params),
-    .parse_params = topp_parse_params,
-    .describe_params = topp_describe_params,
-    .default_params = topp_default_params,
-    .rule = &rule,
+    .parse_params = kp_topp_parse_params,
+    .describe_params = kp_topp_describe_params,
+    .default_params = kp_topp_default_params,
+    .rule = &kp_topp_rule,
     .has_defect = topp_has_defect,
     .bytes_moved = topp_bytes_moved,
     .array_docs = array_docs,
