@@ -4,6 +4,7 @@
 #include "moe_case.h"
 
 #include <math.h> /* sqrt: correctly rounded, like + - * / */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -158,4 +159,38 @@ int kp_moe_case_rows(const kp_moe_case *mc, int64_t first, int64_t n, float *x, 
     if (opened) kp_rng_close(&rng);
     free(d), free(perm);
     return rc;
+}
+
+/* Experts are drawn in groups of about KP_MOE_GEN_DRAWS draws, one group per kp_parallel_for item. */
+typedef struct gen_job {
+    const kp_moe_case *mc;
+    uint8_t *w13, *s13, *w2, *s2;
+    float *g13, *g2;
+    int64_t group;
+    kp_error err;
+    atomic_int failed;
+} gen_job;
+
+static void gen_group(void *ctx, int64_t i) {
+    gen_job *g = ctx;
+    const kp_moe_case *mc = g->mc;
+    const int64_t H = mc->hidden, I = mc->inter, R = kp_moe_w13_rows(mc), e = i * g->group;
+    const int64_t ne = mc->experts - e < g->group ? mc->experts - e : g->group;
+    kp_error err = {0};
+    if (kp_moe_case_experts(mc, e, ne, g->w13 + e * R * (H / 2), g->s13 + e * R * (H / 16), g->g13 + e,
+                            g->w2 + e * H * (I / 2), g->s2 + e * H * (I / 16), g->g2 + e, &err) &&
+        !atomic_exchange(&g->failed, 1))
+        g->err = err;
+}
+
+int kp_moe_case_all_experts(const kp_moe_case *mc, uint8_t *w13, uint8_t *s13, float *g13, uint8_t *w2, uint8_t *s2,
+                            float *g2, kp_error *err) {
+    const int64_t E = mc->experts, per = (kp_moe_w13_rows(mc) + mc->inter) * mc->hidden, threads = kp_thread_count();
+    int64_t group = KP_MOE_GEN_DRAWS / per > 1 ? KP_MOE_GEN_DRAWS / per : 1;
+    if ((E + group - 1) / group < threads) group = (E + threads - 1) / threads; /* every core busy */
+    gen_job g = {.mc = mc, .w13 = w13, .s13 = s13, .w2 = w2, .s2 = s2, .g13 = g13, .g2 = g2, .group = group};
+    atomic_init(&g.failed, 0);
+    kp_parallel_for((E + group - 1) / group, gen_group, &g);
+    if (atomic_load(&g.failed)) return *err = g.err, err->code;
+    return 0;
 }

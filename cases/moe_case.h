@@ -58,6 +58,12 @@ int kp_moe_case_expert(const kp_moe_case *mc, int64_t e, uint8_t *w13, uint8_t *
 /* Experts [e0, e0 + ne), each laid out as above, one after another (w13 + q * w13_rows * hidden / 2, ...). */
 int kp_moe_case_experts(const kp_moe_case *mc, int64_t e0, int64_t ne, uint8_t *w13, uint8_t *s13, float *g13, uint8_t *w2,
                         uint8_t *s2, float *g2, kp_error *err);
+/* Draws in one group of experts kp_moe_case_all_experts hands a thread (its scratch: 4 bytes a draw). */
+#define KP_MOE_GEN_DRAWS (8 << 20)
+/* Every expert, as kp_moe_case_experts lays them out (g13 and g2: [experts] each), drawn in groups over
+ * kp_thread_count() threads: each expert draws from its own offset, so any order gives the same bytes. */
+int kp_moe_case_all_experts(const kp_moe_case *mc, uint8_t *w13, uint8_t *s13, float *g13, uint8_t *w2, uint8_t *s2,
+                            float *g2, kp_error *err);
 /* Rows [first, first + n): x [n, hidden], ids [n, topk], weights [n, topk]. */
 int kp_moe_case_rows(const kp_moe_case *mc, int64_t first, int64_t n, float *x, int32_t *ids, float *weights, kp_error *err);
 

@@ -2,7 +2,6 @@
  * weights in; the output and the slot each routed pair took out; the float64 reference for the
  * tolerance check; thresholds from the case's experts and top-k (Marlin's block sizes, its atomic
  * slot path, the 32-row GEMV switch); a row moved by a probe when one of its pairs changed slot. */
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,27 +56,6 @@ static double weight_bytes(const kp_moe_case *mc) {
     return (double)mc->experts * (double)(kp_moe_w13_rows(mc) + mc->inter) * (double)mc->hidden * (0.5 + 1.0 / 16.0);
 }
 
-/* Experts are drawn in groups of about GEN_DRAWS draws, one group per kp_parallel_for item. */
-#define GEN_DRAWS (8 << 20)
-typedef struct gen_job {
-    moe_data *d;
-    int64_t group;
-    kp_error err;
-    atomic_int failed;
-} gen_job;
-
-static void gen_group(void *ctx, int64_t i) {
-    gen_job *g = ctx;
-    const kp_moe_case *mc = &g->d->mc;
-    const int64_t H = mc->hidden, I = mc->inter, R = kp_moe_w13_rows(mc), e = i * g->group;
-    const int64_t ne = mc->experts - e < g->group ? mc->experts - e : g->group;
-    kp_error err = {0};
-    if (kp_moe_case_experts(mc, e, ne, g->d->w13 + e * R * (H / 2), g->d->s13 + e * R * (H / 16), g->d->scales + e,
-                            g->d->w2 + e * H * (I / 2), g->d->s2 + e * H * (I / 16), g->d->scales + mc->experts + e, &err) &&
-        !atomic_exchange(&g->failed, 1))
-        g->err = err;
-}
-
 static int moe_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp_error *err) {
     moe_data *d = v->data = kp_calloc(1, sizeof *d, "moe case", err);
     if (!d) return err->code;
@@ -100,14 +78,7 @@ static int moe_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp
     d->w13 = v->inputs[IN_W13].data, d->s13 = v->inputs[IN_S13].data, d->w2 = v->inputs[IN_W2].data;
     d->s2 = v->inputs[IN_S2].data, d->scales = v->inputs[IN_SCALES].data;
     if ((rc = kp_moe_case_rows(mc, 0, v->rows_total, d->x, d->ids, d->weights, err))) return rc;
-    const int64_t per = (R + I) * H, threads = kp_thread_count();
-    int64_t group = GEN_DRAWS / per > 1 ? GEN_DRAWS / per : 1;
-    if ((E + group - 1) / group < threads) group = (E + threads - 1) / threads; /* every core busy */
-    gen_job g = {.d = d, .group = group};
-    atomic_init(&g.failed, 0);
-    kp_parallel_for((E + group - 1) / group, gen_group, &g); /* experts draw from their own offsets: any order, same bytes */
-    if (atomic_load(&g.failed)) return *err = g.err, err->code;
-    return 0;
+    return kp_moe_case_all_experts(mc, d->w13, d->s13, d->scales, d->w2, d->s2, d->scales + E, err);
 }
 
 static void moe_release(void *data) {
@@ -124,7 +95,7 @@ static size_t moe_estimate(const kp_case *c, int nimpls, kp_error *err) {
     /* inputs, the generator's per-thread scratch, the reference and its scratch, and per impl run kept at once
        an output (+ repeat/probe scratch) and a host impl's workspace */
     const double bytes = rows * (double)(mc.hidden + 2 * mc.topk) * 4.0 + weight_bytes(&mc) + (double)mc.experts * 8.0 +
-                         (double)kp_thread_count() * (most * 4.0 + (GEN_DRAWS + 2.0 * most) * 4.0) + (double)mc.m * (double)mc.hidden * 8.0 +
+                         (double)kp_thread_count() * (most * 4.0 + (KP_MOE_GEN_DRAWS + 2.0 * most) * 4.0) + (double)mc.m * (double)mc.hidden * 8.0 +
                          kp_moe_reference_bytes(&mc, mc.m) + (double)(nimpls + 3) * pairs * ((double)mc.hidden / (double)mc.topk + 1.0) * 4.0 +
                          pairs * (double)(mc.hidden + mc.inter) * 4.0 + (double)mc.experts * 32.0;
     return bytes > 1.8e19 ? 0 : (size_t)bytes;
@@ -231,27 +202,7 @@ static const char *const order_outputs[] = {"slots", NULL}; /* where each pair r
 
 static const char *const output_names[] = {"out", "slots", NULL};
 
-/* What an export says of each array (kparity export, case.json). */
-static const kp_array_doc array_docs[] = {
-    {KP_ARRAY_INPUT, "x", "[m, hidden]: row t is token t", "activations, each with nonzero low 16 bits (rounding one to "
-     "bf16 changes it)"},
-    {KP_ARRAY_INPUT, "ids", "[m, topk]: as weights", "the experts token t is routed to, distinct within a row"},
-    {KP_ARRAY_INPUT, "weights", "[m, topk]: weights[t, j] goes with ids[t, j]", "routing weights (a row sums to 1; none "
-     "bf16-representable)"},
-    {KP_ARRAY_INPUT, "w13", "[experts, w13_rows, hidden / 2]: w13_rows = 2 inter ([gate; up], gated SiLU) or inter "
-     "(relu^2, model=nemotron)", "W13's NVFP4 E2M1 codes, two a byte: element 2i in the low nibble, bit 3 the sign"},
-    {KP_ARRAY_INPUT, "s13", "[experts, w13_rows, hidden / 16]", "W13's E4M3 block scales, one per 16 elements along hidden "
-     "(linear layout)"},
-    {KP_ARRAY_INPUT, "w2", "[experts, hidden, inter / 2]", "W2's NVFP4 E2M1 codes, packed as w13's"},
-    {KP_ARRAY_INPUT, "s2", "[experts, hidden, inter / 16]", "W2's E4M3 block scales, one per 16 elements along inter"},
-    {KP_ARRAY_INPUT, "global_scales", "[2, experts]: row 0 W13's, row 1 W2's", "per-expert global scales as the case's "
-     "scale_dir stores them: divide (2688 / amax; dequantization divides) or multiply (amax / 2688)"},
-    {KP_ARRAY_OUTPUT, "out", "[m, hidden]", "sum over j of weights[t, j] * W2_e act(W13_e x_t), e = ids[t, j]"},
-    {KP_ARRAY_OUTPUT, "slots", "[m, topk]: as ids", "where each routed pair went: its position among the rows the impl "
-     "ran for that expert (the order it worked in, not part of the answer)"},
-    {KP_ARRAY_REFERENCE, "out", "[m, hidden]", "out in float64 on the exactly dequantized weights"},
-    {0, NULL, NULL, NULL},
-};
+extern const kp_array_doc kp_moe_array_docs[]; /* moe_export.c */
 
 const kp_family kp_moe_family = {
     .name = "moe",
@@ -276,5 +227,5 @@ const kp_family kp_moe_family = {
     .row_moved = moe_row_moved,
     .bytes_moved = moe_bytes_moved,
     .flops = moe_flops,
-    .array_docs = array_docs,
+    .array_docs = kp_moe_array_docs,
 };
