@@ -239,6 +239,10 @@ typedef struct kp_index_list {
     const int64_t *idx;
     int64_t n;
 } kp_index_list;
+/* Row r of lists packed one after another (idx, with row r's from off[r] to off[r + 1]), as the judges keep them. */
+static inline kp_index_list kp_index_list_row(const int64_t *idx, const int64_t *off, int64_t r) {
+    return (kp_index_list){idx + off[r], off[r + 1] - off[r]};
+}
 typedef struct kp_rule {
     /* A new judgement of out under params (the reference is computed first), or NULL with err set. */
     void *(*judge)(void *data, const void *params, const kp_output *out, kp_error *err);

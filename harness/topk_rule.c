@@ -91,7 +91,7 @@ static kp_index_list row_list(const void *judgement, int list, int64_t r) {
     const kp_topk_judgement *j = judgement;
     const int64_t *idx = list == 0 ? j->strict_idx : list == 1 ? j->tie_idx : j->missing_idx;
     const int64_t *off = list == 0 ? j->strict_off : list == 1 ? j->tie_off : j->missing_off;
-    return (kp_index_list){idx + off[r], off[r + 1] - off[r]};
+    return kp_index_list_row(idx, off, r);
 }
 
 static void reference_row(const void *data, const void *params, int64_t r, cJSON *row) {
