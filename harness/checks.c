@@ -29,8 +29,7 @@ static bool needs_probes(const kp_check_spec *s) {
     return s->kind == KP_CHECK_BATCH || (s->kind == KP_CHECK_EXPECT && s->of == KP_CHECK_BATCH);
 }
 
-/* Extra rows a case's checks need beyond its batch: the probes' filler rows when a check probes batches. */
-static int64_t case_extra_rows(const kp_case_spec *cs) {
+int64_t kp_case_extra_rows(const kp_case_spec *cs) {
     for (int k = 0; k < cs->nchecks; k++)
         if (needs_probes(&cs->checks[k])) return kp_family_probe_rows(cs->fam, &cs->c);
     return 0;
@@ -45,7 +44,7 @@ int kp_case_ctx_open(kp_case_ctx *ctx, const kp_case_spec *cs, kp_evidence *ev, 
     for (int k = 0; k < cs->nchecks; k++) ctx->cap += cs->checks[k].nimpl;
     ctx->outs = kp_calloc((size_t)ctx->cap, sizeof *ctx->outs, "the case's outputs", err);
     if (!ctx->outs) return err->code;
-    int rc = kp_prepare(cs->fam, &cs->c, case_extra_rows(cs), &ctx->prep, err);
+    int rc = kp_prepare(cs->fam, &cs->c, kp_case_extra_rows(cs), &ctx->prep, err);
     if (rc) {
         free(ctx->outs);
         ctx->outs = NULL;

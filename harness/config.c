@@ -12,6 +12,7 @@
 #include "kp_harness.h"
 #include "kp_config.h"
 #include "kp_exec.h"
+#include "kp_checks.h"
 #include "kp_launch.h"
 
 static const cJSON *member(const cJSON *obj, const char *key) { return cJSON_GetObjectItemCaseSensitive(obj, key); }
@@ -91,21 +92,31 @@ static int add_case(kp_config *cfg, kp_case *c, const cJSON *checks, const char 
     snprintf(at, sizeof at, "%.300s.checks", where);
     if (!checks) return kp_fail(err, KP_EXIT_USAGE, "%s: required", at);
     if (kp_parse_checks(cfg, checks, at, cs, err)) return err->code;
-    int nimpl = 0;
-    for (int i = 0; i < cs->nchecks; i++) nimpl += cs->checks[i].nimpl;
-    cs->host_bytes = fam->estimate_bytes(c, nimpl, err);
-    if (cs->host_bytes == 0) return kp_fail(err, KP_EXIT_USAGE, "%s: case %s: its buffers overflow the address space", where, cs->name);
-    for (int k = 0; k < cs->nchecks; k++)
-        for (int i = 0; i < cs->checks[k].nimpl; i++) {
-            const kp_impl *impl = cs->checks[k].impl[i];
-            if (impl->memory != KP_MEMORY_CUDA || kp_device_count() <= 0) continue;
-            size_t need = fam->estimate_device_bytes(c, impl, err);
-            if (need == 0) return kp_fail(err, KP_EXIT_USAGE, "%s: case %s: device buffers overflow", where, cs->name);
-            if (need > cfg->device_budget)
-                return kp_fail(err, KP_EXIT_USAGE, "%s: case %s needs about %.3g GiB of device memory for %s, over the "
-                               "budget of %.3g GiB (budget.device_bytes); nothing was allocated", where, cs->name,
-                               (double)need / 1073741824.0, impl->name, (double)cfg->device_budget / 1073741824.0);
-        }
+    kp_case_bytes est;
+    if (kp_launch_estimate(cs, kp_case_extra_rows(cs), &est, err)) {
+        kp_error_prefix(err, "%s: case %s: ", where, cs->name);
+        return err->code;
+    }
+    cs->host_bytes = (size_t)est.host, cs->device_bytes = (size_t)est.device;
+    if (getenv("KP_ESTIMATE_TABLE")) { /* TEMPORARY: old vs new, for the change's report */
+        int nimpl = 0;
+        for (int i = 0; i < cs->nchecks; i++) nimpl += cs->checks[i].nimpl;
+        size_t old_host = fam->estimate_bytes(c, nimpl, err), old_dev = 0;
+        for (int k = 0; k < cs->nchecks; k++)
+            for (int i = 0; i < cs->checks[k].nimpl; i++) {
+                const kp_impl *impl = cs->checks[k].impl[i];
+                if (impl->memory != KP_MEMORY_CUDA) continue;
+                size_t need = fam->estimate_device_bytes(c, impl, err);
+                if (need > old_dev) old_dev = need;
+            }
+        fprintf(stderr, "ESTIMATE\t%s\t%s\t%zu\t%zu\t%zu\t%zu\t%d\n", cfg->path, cs->name, old_host, cs->host_bytes, old_dev,
+                cs->device_bytes, est.ncuda);
+    }
+    if (est.ncuda > 0 && kp_device_count() > 0 && cs->device_bytes > cfg->device_budget)
+        return kp_fail(err, KP_EXIT_USAGE, "%s: case %s needs about %.3g GiB of device memory (its inputs and the buffers "
+                       "of its %d CUDA impl%s), over the budget of %.3g GiB (budget.device_bytes); nothing was allocated",
+                       where, cs->name, (double)cs->device_bytes / 1073741824.0, est.ncuda, est.ncuda > 1 ? "s" : "",
+                       (double)cfg->device_budget / 1073741824.0);
     if (cs->host_bytes > cfg->host_budget)
         return kp_fail(err, KP_EXIT_USAGE, "%s: case %s needs about %.3g GiB of host memory, over the budget of %.3g GiB "
                        "(budget.host_bytes); nothing was allocated", where, cs->name, (double)cs->host_bytes / 1073741824.0,

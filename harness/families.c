@@ -64,7 +64,7 @@ int kp_family_declare_absent(const kp_impl *impl, const char *name, kp_error *er
 int kp_family_check(const kp_family *fam, kp_error *err) {
     if (!fam->name || !fam->cases || strcmp(fam->name, fam->cases->name))
         return kp_fail(err, KP_EXIT_USAGE, "family %s: its case family must carry the same name", fam->name ? fam->name : "(null)");
-    if (!fam->prepare || !fam->release || !fam->estimate_bytes || !fam->estimate_device_bytes || !fam->outputs ||
+    if (!fam->prepare || !fam->release || !fam->shapes || !fam->outputs ||
         !fam->fill_args || !fam->reference || !fam->reference_provider || !fam->output_names || !fam->output_names[0])
         return kp_fail(err, KP_EXIT_USAGE, "family %s: a required hook is missing (kp_harness.h lists them)", fam->name);
     if (fam->args_bytes == 0 || fam->args_bytes > KP_ARGS_MAX || fam->params_bytes > KP_PARAMS_MAX)

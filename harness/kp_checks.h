@@ -26,6 +26,9 @@ typedef struct kp_case_ctx {
     int nouts, cap;
 } kp_case_ctx;
 
+/* Extra rows a case's checks need beyond its batch: the probes' filler rows (kp_family_probe_rows) when a check
+ * probes batches, else 0. What the case is prepared with, and estimated with at load. */
+int64_t kp_case_extra_rows(const kp_case_spec *cs);
 int kp_case_ctx_open(kp_case_ctx *ctx, const kp_case_spec *cs, kp_evidence *ev, cJSON *receipt, kp_error *err);
 void kp_case_ctx_close(kp_case_ctx *ctx);
 /* Run one check; its record (check, label, impl, params, result, summary, findings) goes into `chk`. */

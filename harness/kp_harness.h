@@ -90,7 +90,8 @@ typedef struct kp_case_spec {
     char name[KP_CASE_NAME_MAX];
     kp_check_spec *checks;
     int nchecks;
-    size_t host_bytes; /* estimate, checked against the budget before anything is allocated */
+    size_t host_bytes, device_bytes; /* estimates (kp_launch_estimate), checked against the budgets before anything
+                                        is allocated; device_bytes counts the CUDA impls' buffers */
 } kp_case_spec;
 
 typedef struct kp_role {
@@ -200,6 +201,32 @@ typedef struct kp_case_view {
  * release (so the family may keep its data pointer). Set v->batch and v->rows_total first. */
 int kp_view_input(kp_case_view *v, const char *name, kp_dtype dtype, int ndim, const int64_t *shape, int64_t row_stride,
                   bool batched, kp_error *err);
+
+/* A case's tensors and the family's own bytes, declared before anything is allocated (kp_family.shapes):
+ * harness/launch.c, which owns the buffer layout, sizes the case's host and device memory from them
+ * (kp_launch_estimate). Tensors carry no data. */
+typedef struct kp_shapes {
+    int64_t batch, rows_total;        /* as prepare sets them in the view for these extra rows */
+    kp_tensor inputs[KP_MAX_TENSORS]; /* as prepare adds them (kp_view_input): name, dtype, shape with
+                                         shape[0] = batch for batched ones, row_stride, batched */
+    int ninputs;
+    kp_tensor outputs[KP_MAX_TENSORS]; /* as outputs gives them for a run of `batch` rows */
+    int noutputs;
+    /* The most host bytes the family allocates beyond the view's inputs at once: its reference arrays and the
+     * reference's scratch, judgements (its memo's KP_MEMO_MAX), generator scratch, arrays it keeps */
+    double private_bytes;
+    /* Its kp_*_args for a run of kp_shapes_largest_run rows, as fill_args would fill them with every pointer
+     * NULL and sm_count the device's: what an impl's workspace_bytes is asked (it grows with the rows). */
+    alignas(max_align_t) unsigned char args[KP_ARGS_MAX];
+} kp_shapes;
+/* The most rows one run of a case takes: its batch, or a batch probe's T + 1 (the extra rows hold those). */
+static inline int64_t kp_shapes_largest_run(int64_t batch, int64_t rows_total) {
+    return batch > rows_total - batch ? batch : rows_total - batch;
+}
+
+/* Declare an input in s as kp_view_input adds it to a view (set s->batch first); nothing is allocated. */
+void kp_shapes_input(kp_shapes *s, const char *name, kp_dtype dtype, int ndim, const int64_t *shape, int64_t row_stride,
+                     bool batched);
 
 /* An impl's output on some rows, on the host: the family's output tensors with shape[0] = nrows. */
 typedef struct kp_output {
@@ -317,10 +344,12 @@ typedef struct kp_family {
      * first: on a failure the harness still calls release on it and frees the inputs. */
     int (*prepare)(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp_error *err);
     void (*release)(void *data);
-    /* Host bytes a case needs at most with nimpls full outputs kept; 0 on overflow. */
+    /* What prepare, outputs and fill_args will make of a case with extra_rows, declared from the case alone
+     * (kp_shapes), so harness/launch.c sizes every buffer before anything is allocated and a case over a budget
+     * is refused at load. kp_prepare asserts that prepare and outputs keep to it. */
+    int (*shapes)(const kp_case *c, int64_t extra_rows, kp_shapes *s, kp_error *err);
+    /* TEMPORARY: the hooks shapes replaces, kept for one commit to print old vs new estimates */
     size_t (*estimate_bytes)(const kp_case *c, int nimpls, kp_error *err);
-    /* Device bytes one launch of a CUDA impl needs at most (inputs, outputs and workspace of the largest
-     * batch the checks build), so a case over the device budget is refused up front; 0 on overflow. */
     size_t (*estimate_device_bytes)(const kp_case *c, const kp_impl *impl, kp_error *err);
     /* The output tensors of a run of nrows (name, dtype, shape with shape[0] = nrows, row_stride, batched);
      * returns how many. Padding past the last dim must stay untouched by impls: the harness checks it. */

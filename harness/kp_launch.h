@@ -53,6 +53,18 @@ void kp_describe_inputs(const kp_prepared *p, cJSON *inputs);
 int kp_reference_run(kp_prepared *p, const void *params, cJSON *desc, kp_error *err);
 
 /* launch.c */
+/* What a case holds at once, from its family's declaration (kp_family.shapes) and the layout below: on the host the
+ * inputs, the family's own bytes, each impl's full output, one repeat or probe output and the pool's, the checks'
+ * scratch, and a host impl's cached buffers and workspace; on the device every input once and each CUDA impl's
+ * cached buffers and workspace. extra_rows as the case's checks ask (kp_case_extra_rows). KP_EXIT_USAGE when a size
+ * overflows. */
+typedef struct kp_case_bytes {
+    uint64_t host, device;
+    int ncuda; /* CUDA impls the device bytes are for */
+} kp_case_bytes;
+int kp_launch_estimate(const kp_case_spec *cs, int64_t extra_rows, kp_case_bytes *est, kp_error *err);
+/* The case is done (kp_prepared_release): its pooled outputs are freed. */
+void kp_launch_case_done(void);
 /* Room in the per-impl buffer cache for this many impls (the config's count, at load); it grows past
  * that on demand. KP_EXIT_ENV when out of host memory. */
 int kp_launch_reserve(int nimpls, kp_error *err);

@@ -38,8 +38,11 @@ int kp_launch_reserve(int nimpls, kp_error *err) {
 
 /* Host outputs of POOL_MIN_BYTES or more are recycled: a batch check makes ~140 outputs per impl, and
  * fresh 40 MB allocations cost page faults on every first touch. Those a device copies into are
- * page-locked once (cudaHostRegister), so device outputs copy straight into them at full speed. */
+ * page-locked once (cudaHostRegister), so device outputs copy straight into them at full speed.
+ * The pool holds at most POOL_KEEP outputs of the case's largest run and is emptied when the case is
+ * released (kp_launch_case_done), so what it holds is bounded by the case's own estimate. */
 #define POOL_MAX 8
+#define POOL_KEEP 2
 #define POOL_MIN_BYTES ((size_t)1 << 20)
 typedef struct block {
     unsigned char *p;
@@ -48,6 +51,7 @@ typedef struct block {
 } block;
 static block g_pool[POOL_MAX];
 static int g_pool_count;
+static size_t g_pool_bytes, g_pool_cap; /* held, and the most it may hold for the current case */
 
 /* The smallest pooled block that fits, or a new one (page-locked when `pin` and large). */
 static block block_alloc(size_t bytes, int pin) {
@@ -57,6 +61,7 @@ static block block_alloc(size_t bytes, int pin) {
     if (best >= 0) {
         block b = g_pool[best];
         g_pool[best] = g_pool[--g_pool_count];
+        g_pool_bytes -= b.bytes;
         return b;
     }
     block b = {malloc(bytes ? bytes : 1), bytes, 0};
@@ -64,14 +69,24 @@ static block block_alloc(size_t bytes, int pin) {
     return b;
 }
 
-static void block_release(block b) {
-    if (!b.p) return;
-    if (b.bytes >= POOL_MIN_BYTES && g_pool_count < POOL_MAX) {
-        g_pool[g_pool_count++] = b;
-        return;
-    }
+static void block_free(block b) {
     if (b.pinned) kp_host_unregister(b.p);
     free(b.p);
+}
+
+static void block_release(block b) {
+    if (!b.p) return;
+    if (b.bytes >= POOL_MIN_BYTES && g_pool_count < POOL_MAX && g_pool_bytes + b.bytes <= g_pool_cap) {
+        g_pool[g_pool_count++] = b;
+        g_pool_bytes += b.bytes;
+        return;
+    }
+    block_free(b);
+}
+
+void kp_launch_case_done(void) {
+    while (g_pool_count > 0) block_free(g_pool[--g_pool_count]);
+    g_pool_bytes = 0;
 }
 
 /* A kp_output and the pooled block its tensors live in. */
@@ -97,6 +112,16 @@ static int cache_reserve(kp_buf *b, kp_memory mem, size_t bytes, const char *nam
 
 /* Bytes a tensor's `slices` slices of dim 0 take (padding included). */
 static size_t slices_bytes(const kp_tensor *t, int64_t slices) { return kp_tensor_slice_bytes(t) * (size_t)slices; }
+
+/* The bytes of one host output of nrows rows: output_new's block, each tensor 64-byte aligned in it. */
+static size_t output_bytes(const kp_tensor *outs, int nout, int64_t nrows, size_t offset[KP_MAX_TENSORS]) {
+    size_t total = 0;
+    for (int k = 0; k < nout; k++) {
+        if (offset) offset[k] = total;
+        total += (slices_bytes(&outs[k], nrows) + 63) & ~(size_t)63;
+    }
+    return total;
+}
 
 static slot *slot_for(kp_prepared *p, const kp_impl *impl, const kp_tensor *outs, int nout, kp_error *err) {
     const kp_memory mem = impl->memory;
@@ -166,6 +191,7 @@ static kp_result launch_setup(kp_prepared *p, const kp_impl *impl, const int64_t
     for (int64_t i = 0; i < nrows; i++) KP_ASSERT(rows[i] >= 0 && rows[i] < v->rows_total);
     L->nout = fam->outputs(v->data, nrows, L->outs);
     KP_ASSERT(L->nout >= 1 && L->nout <= KP_MAX_TENSORS);
+    g_pool_cap = POOL_KEEP * output_bytes(L->outs, L->nout, kp_shapes_largest_run(v->batch, v->rows_total), NULL);
     slot *sl = slot_for(p, impl, L->outs, L->nout, err);
     if (!sl) return KP_FAILED;
     L->slot = sl;
@@ -274,11 +300,8 @@ static kp_result launch_collect(kp_prepared *p, launch *L, kp_output *o, kp_erro
 
 /* A host output for the launch's tensors: one pooled block, each tensor 64-byte aligned in it. */
 static kp_output *output_new(const launch *L, kp_error *err) {
-    size_t offset[KP_MAX_TENSORS], total = 0;
-    for (int k = 0; k < L->nout; k++) {
-        offset[k] = total;
-        total += (slices_bytes(&L->outs[k], L->nrows) + 63) & ~(size_t)63;
-    }
+    size_t offset[KP_MAX_TENSORS];
+    const size_t total = output_bytes(L->outs, L->nout, L->nrows, offset);
     output *x = calloc(1, sizeof *x);
     if (x) x->mem = block_alloc(total, L->impl->memory == KP_MEMORY_CUDA);
     if (!x || !x->mem.p) {
@@ -398,6 +421,93 @@ int kp_bench_impl(kp_prepared *p, const kp_impl *impl, int reps, cJSON *timing, 
     kp_timer_free(timer);
     free(rows), free(us);
     return rc;
+}
+
+/* ---- what a case holds at once ----------------------------------------------------------------- */
+
+/* Bytes of one dim-0 slice, padding included, in floating point so that a shape past the address space
+ * shows as a large number rather than kp_tensor_slice_bytes' 0. */
+static double slice_bytes_f(const kp_tensor *t) {
+    if (t->ndim == 1) return (double)kp_dtype_size(t->dtype);
+    double elems = (double)kp_tensor_stride(t);
+    for (int d = 1; d + 1 < t->ndim; d++) elems *= (double)t->shape[d];
+    return elems * (double)kp_dtype_size(t->dtype);
+}
+
+/* Bytes of `slices` dim-0 slices of every tensor (a shared input keeps its shape[0]), plus a kp_buf's two
+ * guard regions each where `guarded`; batched tensors only where `batched_only`. */
+static double tensors_bytes(const kp_tensor *t, int n, int64_t slices, bool batched_only, bool guarded) {
+    double bytes = 0;
+    for (int k = 0; k < n; k++)
+        if (!batched_only || t[k].batched)
+            bytes += slice_bytes_f(&t[k]) * (double)(t[k].batched ? slices : t[k].shape[0]) +
+                     (guarded ? 2.0 * KP_GUARD_BYTES : 0.0);
+    return bytes;
+}
+
+/* Host bytes the checks allocate beside the outputs, each check's summed (they run one at a time):
+ * tolerance.c's two index lists (8 bytes each per element compared) and worst element per row, repeat's
+ * row digests per run and row, and each check's row list. */
+static double check_scratch(const kp_case_spec *cs, const kp_shapes *s) {
+    double bytes = 0;
+    for (int i = 0; i < cs->nchecks; i++) {
+        const kp_check_spec *k = &cs->checks[i];
+        const kp_check_kind kind = k->kind == KP_CHECK_EXPECT ? k->of : k->kind;
+        if (kind == KP_CHECK_TOLERANCE)
+            for (int t = 0; t < s->noutputs; t++)
+                bytes += 16.0 * slice_bytes_f(&s->outputs[t]) / (double)kp_dtype_size(s->outputs[t].dtype) *
+                             (double)s->batch + 32.0 * (double)s->batch;
+        if (kind == KP_CHECK_REPEAT)
+            bytes += ((double)s->batch + 1.0) * ((double)k->runs * KP_SHA256_HEX_LEN + 1.0 + s->noutputs);
+        bytes += 8.0 * (double)(s->rows_total + 1);
+    }
+    return bytes;
+}
+
+int kp_launch_estimate(const kp_case_spec *cs, int64_t extra_rows, kp_case_bytes *est, kp_error *err) {
+    memset(est, 0, sizeof *est);
+    kp_shapes s;
+    memset(&s, 0, sizeof s);
+    int rc = cs->fam->shapes(&cs->c, extra_rows, &s, err);
+    if (rc) return rc;
+    KP_ASSERT(s.ninputs >= 1 && s.ninputs <= KP_MAX_TENSORS && s.noutputs >= 1 && s.noutputs <= KP_MAX_TENSORS);
+    const int64_t R = s.rows_total, largest = kp_shapes_largest_run(s.batch, R);
+    /* one host output of the largest run (output_new's block, each tensor 64-byte aligned); the comparisons'
+       row buffers (kp_output_row's and row_diff's, kept per thread) hold a few rows */
+    double out_run = 0, row_bytes = 0;
+    for (int k = 0; k < s.noutputs; k++) {
+        const double row = slice_bytes_f(&s.outputs[k]);
+        out_run += row * (double)largest + 64.0;
+        row_bytes = row > row_bytes ? row : row_bytes;
+    }
+    /* per impl, its slot (slot_for): the batched inputs gathered and the outputs, R rows each, guarded */
+    const double slot = tensors_bytes(s.inputs, s.ninputs, R, true, true) + tensors_bytes(s.outputs, s.noutputs, R, false, true);
+    int nimpls = 0;
+    bool host_impl = false;
+    double host = tensors_bytes(s.inputs, s.ninputs, R, false, false) + s.private_bytes + check_scratch(cs, &s) +
+                  8.0 * row_bytes, device = 0;
+    for (int i = 0; i < cs->nchecks; i++)
+        for (int j = 0; j < cs->checks[i].nimpl; j++) {
+            const kp_impl *impl = cs->checks[i].impl[j];
+            bool named_before = false; /* an impl's buffers and output are one however many checks name it */
+            for (int q = 0; q <= i; q++)
+                for (int r = 0; r < (q < i ? cs->checks[q].nimpl : j); r++) named_before |= cs->checks[q].impl[r] == impl;
+            if (named_before) continue;
+            nimpls++;
+            const double ws = impl->workspace_bytes ? (double)impl->workspace_bytes(s.args) : 0.0;
+            const double bufs = slot + ws + 2.0 * KP_GUARD_BYTES;
+            if (impl->memory == KP_MEMORY_CUDA) device += bufs, est->ncuda++;
+            else host += bufs, host_impl = true;
+        }
+    /* each impl's full output, kept for the case; one repeat run or probe out at a time; the pool's POOL_KEEP */
+    host += (double)(nimpls + 1 + POOL_KEEP) * out_run;
+    /* every input, all rows, once per memory kind an impl runs in (g_cache.all, guarded) */
+    const double inputs_copy = tensors_bytes(s.inputs, s.ninputs, R, false, true);
+    host += host_impl ? inputs_copy : 0.0;
+    device += est->ncuda ? inputs_copy : 0.0;
+    if (!(host < 0x1p63) || !(device < 0x1p63)) return kp_fail(err, KP_EXIT_USAGE, "its buffers overflow the address space");
+    est->host = (uint64_t)host, est->device = (uint64_t)device;
+    return 0;
 }
 
 /* ---- output rows ----------------------------------------------------------------------------- */

@@ -166,6 +166,35 @@ static void mla_fill_args(const void *data, const kp_launch_bufs *b, void *args)
     *(kp_mla_args *)args = a;
 }
 
+/* What prepare, outputs and fill_args make of the case (kp_shapes). */
+static int mla_shapes(const kp_case *c, int64_t extra_rows, kp_shapes *s, kp_error *err) {
+    kp_mla_case mc;
+    if (kp_mla_case_read(c, &mc, err)) return err->code;
+    mla_data d = {.mc = mc, .in_tl = -1, .in_sink = -1};
+    const int64_t filler = extra_requests(c), n = mc.batch + (extra_rows > filler ? extra_rows : filler);
+    kp_mla_case_sizes(&mc, n, &d.sz);
+    s->batch = mc.batch, s->rows_total = n;
+    const bool fp8 = mc.cache == KP_MLA_FP8_DS_MLA;
+    const int64_t qs[4] = {mc.batch, mc.s_q, mc.h_q, KP_MLA_D_QK}, is[3] = {mc.batch, mc.s_q, mc.topk},
+                  ls[2] = {mc.batch, mc.s_q}, cs[3] = {d.sz.pages, mc.page, fp8 ? KP_MLA_FP8_TOKEN_BYTES : KP_MLA_D_QK},
+                  ss[1] = {mc.h_q};
+    kp_shapes_input(s, "q", KP_BF16, 4, qs, 0, true);
+    kp_shapes_input(s, "indices", KP_I32, 3, is, 0, true);
+    kp_shapes_input(s, "cache", fp8 ? KP_U8 : KP_BF16, 3, cs, 0, false);
+    if (mc.topk_length) kp_shapes_input(s, "topk_length", KP_I32, 2, ls, 0, true);
+    if (mc.sink != KP_MLA_SINK_OFF) kp_shapes_input(s, "attn_sink", KP_F32, 1, ss, 0, false);
+    s->noutputs = mla_outputs(&d, mc.batch, s->outputs);
+    /* token positions, the page table and kv (fp8_ds_mla), the reference's six results and its scratch, and per
+       request a few words a block */
+    const double heads = heads_of(&mc, mc.batch);
+    s->private_bytes = (double)d.sz.indices_bytes + (double)d.sz.page_table_bytes + (fp8 ? (double)d.sz.kv_bytes : 0.0) +
+                       heads * (KP_MLA_D_V + 2.0) * 8.0 * 2.0 + kp_mla_reference_bytes(&mc, d.sz.rows) +
+                       (double)(d.sz.rows / mc.s_q) * (double)(mc.topk / KP_MLA_BLOCK + 4) * 16.0;
+    const kp_launch_bufs run = {.nrows = kp_shapes_largest_run(s->batch, s->rows_total), .sm_count = kp_device_sm_count()};
+    mla_fill_args(&d, &run, s->args);
+    return 0;
+}
+
 static int mla_reference(void *data, const void *params, kp_reference *ref, kp_error *err) {
     (void)params;
     mla_data *d = data;
@@ -263,6 +292,7 @@ const kp_family kp_mla_family = {
     .release = mla_release,
     .estimate_bytes = mla_estimate,
     .estimate_device_bytes = mla_estimate_device,
+    .shapes = mla_shapes,
     .outputs = mla_outputs,
     .fill_args = mla_fill_args,
     .reference = mla_reference,

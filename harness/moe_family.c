@@ -139,6 +139,34 @@ static void moe_fill_args(const void *data, const kp_launch_bufs *b, void *args)
     *(kp_moe_args *)args = a;
 }
 
+/* What prepare, outputs and fill_args make of the case (kp_shapes). */
+static int moe_shapes(const kp_case *c, int64_t extra_rows, kp_shapes *s, kp_error *err) {
+    kp_moe_case mc;
+    if (kp_moe_case_read(c, &mc, err)) return err->code;
+    const int64_t H = mc.hidden, I = mc.inter, E = mc.experts, K = mc.topk, R = kp_moe_w13_rows(&mc);
+    s->batch = mc.m, s->rows_total = mc.m + extra_rows;
+    const int64_t xs[2] = {mc.m, H}, rs[2] = {mc.m, K}, w13s[3] = {E, R, H / 2}, s13s[3] = {E, R, H / 16},
+                  w2s[3] = {E, H, I / 2}, s2s[3] = {E, H, I / 16}, gs[2] = {2, E};
+    kp_shapes_input(s, "x", KP_F32, 2, xs, 0, true);
+    kp_shapes_input(s, "ids", KP_I32, 2, rs, 0, true);
+    kp_shapes_input(s, "weights", KP_F32, 2, rs, 0, true);
+    kp_shapes_input(s, "w13", KP_U8, 3, w13s, 0, false);
+    kp_shapes_input(s, "s13", KP_U8, 3, s13s, 0, false);
+    kp_shapes_input(s, "w2", KP_U8, 3, w2s, 0, false);
+    kp_shapes_input(s, "s2", KP_U8, 3, s2s, 0, false);
+    kp_shapes_input(s, "global_scales", KP_F32, 2, gs, 0, false);
+    const moe_data d = {.mc = mc};
+    s->noutputs = moe_outputs(&d, mc.m, s->outputs);
+    /* the generator's per-thread scratch, the reference's output and scratch, and per expert a few words */
+    const double most = (double)(R > H ? R : H) * (double)H;
+    s->private_bytes = (double)kp_thread_count() * (most * 4.0 + (GEN_DRAWS + 2.0 * most) * 4.0) + (double)mc.m * (double)H * 8.0 +
+                       kp_moe_reference_bytes(&mc, mc.m) + (double)E * 32.0;
+    kp_moe_args *args = (kp_moe_args *)s->args;
+    *args = args_for(&mc, kp_shapes_largest_run(s->batch, s->rows_total));
+    args->sm_count = kp_device_sm_count();
+    return 0;
+}
+
 static int moe_reference(void *data, const void *params, kp_reference *ref, kp_error *err) {
     (void)params;
     moe_data *d = data;
@@ -220,6 +248,7 @@ const kp_family kp_moe_family = {
     .release = moe_release,
     .estimate_bytes = moe_estimate,
     .estimate_device_bytes = moe_estimate_device,
+    .shapes = moe_shapes,
     .outputs = moe_outputs,
     .fill_args = moe_fill_args,
     .reference = moe_reference,

@@ -21,6 +21,38 @@ int kp_view_input(kp_case_view *v, const char *name, kp_dtype dtype, int ndim, c
     return 0;
 }
 
+void kp_shapes_input(kp_shapes *s, const char *name, kp_dtype dtype, int ndim, const int64_t *shape, int64_t row_stride,
+                     bool batched) {
+    KP_ASSERT(s->ninputs < KP_MAX_TENSORS && ndim >= 1 && ndim <= KP_MAX_DIMS && (!batched || shape[0] == s->batch));
+    kp_tensor *t = &s->inputs[s->ninputs++];
+    *t = (kp_tensor){.dtype = dtype, .ndim = ndim, .row_stride = row_stride, .batched = batched};
+    snprintf(t->name, sizeof t->name, "%s", name);
+    for (int d = 0; d < ndim; d++) t->shape[d] = shape[d];
+}
+
+/* Whether two tensors are declared alike: name, dtype, shape, row stride, batched (data aside). */
+static bool same_tensor(const kp_tensor *a, const kp_tensor *b) {
+    bool same = !strcmp(a->name, b->name) && a->dtype == b->dtype && a->ndim == b->ndim &&
+                kp_tensor_stride(a) == kp_tensor_stride(b) && !a->batched == !b->batched;
+    for (int d = 0; same && d < a->ndim; d++) same = a->shape[d] == b->shape[d];
+    return same;
+}
+
+/* The family's declaration (kp_family.shapes), which the budgets were estimated from, describes what prepare and
+ * outputs made: a family whose two drift apart is a programmer error, caught on every case it prepares. */
+static void check_declared(const kp_family *fam, const kp_case *c, int64_t extra_rows, const kp_case_view *v) {
+    kp_shapes s;
+    memset(&s, 0, sizeof s);
+    kp_error err = {0};
+    if (fam->shapes(c, extra_rows, &s, &err)) kp_abort(__FILE__, __LINE__, "%s: shapes: %s", fam->name, err.msg);
+    kp_tensor outs[KP_MAX_TENSORS];
+    const int nout = fam->outputs(v->data, v->batch, outs);
+    bool same = s.batch == v->batch && s.rows_total == v->rows_total && s.ninputs == v->ninputs && s.noutputs == nout;
+    for (int k = 0; same && k < v->ninputs; k++) same = same_tensor(&s.inputs[k], &v->inputs[k]);
+    for (int k = 0; same && k < nout; k++) same = same_tensor(&s.outputs[k], &outs[k]);
+    if (!same) kp_abort(__FILE__, __LINE__, "family %s: its shapes hook declares other tensors than prepare and outputs make", fam->name);
+}
+
 static void view_free(const kp_family *fam, kp_judgements *judged, kp_case_view *v) {
     if (judged->fam) kp_judgements_clear(judged); /* judgements may point into the family's data */
     if (v->data) fam->release(v->data);
@@ -48,6 +80,7 @@ int kp_prepare(const kp_family *fam, const kp_case *c, int64_t extra_rows, kp_pr
     for (int k = 0; k < nout; k++) KP_ASSERT(fam->output_names[k] && !strcmp(fam->output_names[k], outs[k].name));
     KP_ASSERT(!fam->output_names[nout]);
     if (fam->rule) p->judged = (kp_judgements){.fam = fam, .data = p->v.data};
+    check_declared(fam, c, extra_rows, &p->v);
     return 0;
 }
 
@@ -55,6 +88,7 @@ void kp_prepared_release(kp_prepared *p) {
     if (!p->fam) return;
     kp_digests_settle(); /* digests may still be reading the inputs or the reference */
     view_free(p->fam, &p->judged, &p->v);
+    kp_launch_case_done();
     memset(p, 0, sizeof *p);
 }
 

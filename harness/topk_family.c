@@ -77,6 +77,27 @@ static void topk_fill_args(const void *data, const kp_launch_bufs *b, void *args
                                            .workspace = b->workspace, .workspace_bytes = b->workspace_bytes};
 }
 
+/* What prepare, outputs and fill_args make of the case (kp_shapes). */
+static int topk_shapes(const kp_case *c, int64_t extra_rows, kp_shapes *s, kp_error *err) {
+    kp_topk_case tc;
+    if (kp_topk_case_read(c, &tc, err)) return err->code;
+    s->batch = tc.rows, s->rows_total = tc.rows + extra_rows;
+    const int64_t sshape[2] = {tc.rows, tc.width}, wshape[1] = {tc.rows};
+    kp_shapes_input(s, "scores", KP_F32, 2, sshape, tc.stride, true);
+    kp_shapes_input(s, "starts", KP_I32, 1, wshape, 0, true);
+    kp_shapes_input(s, "ends", KP_I32, 1, wshape, 0, true);
+    const topk_data d = {.tc = tc};
+    s->noutputs = topk_outputs(&d, tc.rows, s->outputs);
+    /* the generator's draws for every row and its per-window scratch; the references and judgements: a few words per
+       selected entry, and per row */
+    const double selected = (double)tc.rows * (double)tc.k * 8.0;
+    s->private_bytes = (double)s->rows_total * (double)tc.stride * 4.0 + 16.0 * (double)tc.width + selected * 6.0 +
+                       (double)tc.rows * 64.0;
+    const kp_launch_bufs run = {.nrows = kp_shapes_largest_run(s->batch, s->rows_total)};
+    topk_fill_args(&d, &run, s->args);
+    return 0;
+}
+
 /* The recorded reference (hashed, exported, replayed from the case name alone) is the rule's default, NaN below every
  * number, whatever the checks declare: a check with nan "above" judges against that rank's answer, computed beside it
  * (the two differ only in rows whose window holds NaN). */
@@ -174,6 +195,7 @@ const kp_family kp_topk_family = {
     .release = topk_release,
     .estimate_bytes = topk_estimate,
     .estimate_device_bytes = topk_estimate_device,
+    .shapes = topk_shapes,
     .outputs = topk_outputs,
     .fill_args = topk_fill_args,
     .reference = topk_reference,

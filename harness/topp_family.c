@@ -75,6 +75,23 @@ static void topp_fill_args(const void *data, const kp_launch_bufs *b, void *args
                                            .sm_count = b->sm_count};
 }
 
+/* What prepare, outputs and fill_args make of the case (kp_shapes). */
+static int topp_shapes(const kp_case *c, int64_t extra_rows, kp_shapes *s, kp_error *err) {
+    kp_topp_case tc;
+    if (kp_topp_case_read(c, &tc, err)) return err->code;
+    s->batch = tc.batch, s->rows_total = tc.batch + extra_rows;
+    const int64_t lshape[2] = {tc.batch, tc.vocab}, pshape[1] = {tc.batch};
+    kp_shapes_input(s, "logits", KP_F32, 2, lshape, tc.stride, true);
+    kp_shapes_input(s, "top_p", KP_F32, 1, pshape, 0, true);
+    const topp_data d = {.tc = tc};
+    s->noutputs = topp_outputs(&d, tc.batch, s->outputs);
+    /* the reference (keep, in_group: 1 byte; prob, mass_before: 8 bytes) and judgements */
+    s->private_bytes = (double)tc.batch * (double)tc.vocab * (2.0 + 16.0 + 3.0 * 8.0);
+    const kp_launch_bufs run = {.nrows = kp_shapes_largest_run(s->batch, s->rows_total), .sm_count = kp_device_sm_count()};
+    topp_fill_args(&d, &run, s->args);
+    return 0;
+}
+
 static int topp_reference(void *data, const void *params, kp_reference *ref, kp_error *err) {
     topp_data *d = data;
     const topp_params *tp = params;
@@ -169,6 +186,7 @@ const kp_family kp_topp_family = {
     .release = topp_release,
     .estimate_bytes = topp_estimate,
     .estimate_device_bytes = topp_estimate_device,
+    .shapes = topp_shapes,
     .outputs = topp_outputs,
     .fill_args = topp_fill_args,
     .reference = topp_reference,
