@@ -44,7 +44,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         kp_abort(__FILE__, __LINE__, "'%s' and its canonical '%s' decode differently", name, canon);
     const kp_family *fam = kp_family_find(c.family);
     if (fam) {
-        (void)fam->estimate_bytes(&c, 2, &err);
+        kp_shapes s;
+        memset(&s, 0, sizeof s);
+        if (!fam->shapes(&c, kp_family_probe_rows(fam, &c), &s, &err))
+            KP_ASSERT(s.ninputs >= 1 && s.noutputs >= 1 && s.rows_total >= s.batch);
         kp_threshold t[KP_THRESHOLDS_MAX];
         int n = kp_family_thresholds(fam, &c, t);
         KP_ASSERT(n >= 0 && n <= KP_THRESHOLDS_MAX);

@@ -98,20 +98,6 @@ static int add_case(kp_config *cfg, kp_case *c, const cJSON *checks, const char 
         return err->code;
     }
     cs->host_bytes = (size_t)est.host, cs->device_bytes = (size_t)est.device;
-    if (getenv("KP_ESTIMATE_TABLE")) { /* TEMPORARY: old vs new, for the change's report */
-        int nimpl = 0;
-        for (int i = 0; i < cs->nchecks; i++) nimpl += cs->checks[i].nimpl;
-        size_t old_host = fam->estimate_bytes(c, nimpl, err), old_dev = 0;
-        for (int k = 0; k < cs->nchecks; k++)
-            for (int i = 0; i < cs->checks[k].nimpl; i++) {
-                const kp_impl *impl = cs->checks[k].impl[i];
-                if (impl->memory != KP_MEMORY_CUDA) continue;
-                size_t need = fam->estimate_device_bytes(c, impl, err);
-                if (need > old_dev) old_dev = need;
-            }
-        fprintf(stderr, "ESTIMATE\t%s\t%s\t%zu\t%zu\t%zu\t%zu\t%d\n", cfg->path, cs->name, old_host, cs->host_bytes, old_dev,
-                cs->device_bytes, est.ncuda);
-    }
     if (est.ncuda > 0 && kp_device_count() > 0 && cs->device_bytes > cfg->device_budget)
         return kp_fail(err, KP_EXIT_USAGE, "%s: case %s needs about %.3g GiB of device memory (its inputs and the buffers "
                        "of its %d CUDA impl%s), over the budget of %.3g GiB (budget.device_bytes); nothing was allocated",

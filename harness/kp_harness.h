@@ -348,9 +348,6 @@ typedef struct kp_family {
      * (kp_shapes), so harness/launch.c sizes every buffer before anything is allocated and a case over a budget
      * is refused at load. kp_prepare asserts that prepare and outputs keep to it. */
     int (*shapes)(const kp_case *c, int64_t extra_rows, kp_shapes *s, kp_error *err);
-    /* TEMPORARY: the hooks shapes replaces, kept for one commit to print old vs new estimates */
-    size_t (*estimate_bytes)(const kp_case *c, int nimpls, kp_error *err);
-    size_t (*estimate_device_bytes)(const kp_case *c, const kp_impl *impl, kp_error *err);
     /* The output tensors of a run of nrows (name, dtype, shape with shape[0] = nrows, row_stride, batched);
      * returns how many. Padding past the last dim must stay untouched by impls: the harness checks it. */
     int (*outputs)(const void *data, int64_t nrows, kp_tensor *t);
@@ -413,8 +410,9 @@ static inline void kp_family_names(char *buf, size_t len) { kp_table_names(&kp_f
 /* A case's batch thresholds (the family's case_thresholds, else its static list) into t; their count. */
 int kp_family_thresholds(const kp_family *fam, const kp_case *c, kp_threshold t[KP_THRESHOLDS_MAX]);
 /* The filler rows a batch check's probes need beyond a case's own rows: probes fill up to the largest threshold
- * + 1 (0 without thresholds). The one place that rule is written; the families' estimates and the checks use it
- * (inline: the family files call it, and families.c lists them, so an out-of-line copy there would be a call loop). */
+ * + 1 (0 without thresholds). The one place that rule is written; the checks (kp_case_extra_rows, which the
+ * estimates at load use too) and mla's filler requests use it (inline: the family files call it, and families.c
+ * lists them, so an out-of-line copy there would be a call loop). */
 static inline int64_t kp_threshold_probe_rows(const kp_threshold *t, int n) {
     int64_t most = 0;
     for (int i = 0; i < n; i++)

@@ -108,42 +108,10 @@ static void mla_release(void *data) {
 
 static double heads_of(const kp_mla_case *mc, int64_t n) { return (double)n * (double)mc->s_q * (double)mc->h_q; }
 
-static size_t mla_estimate(const kp_case *c, int nimpls, kp_error *err) {
-    const kp_mla_case mc = *kp_mla_case_of(c);
-    (void)err; /* decoded once, when the case was normalized */
-    kp_mla_sizes sz;
-    kp_mla_case_sizes(&mc, mc.batch + extra_requests(c), &sz);
-    const double heads = heads_of(&mc, mc.batch), out_bytes = heads * (KP_MLA_D_V * 2.0 + 8.0) + (double)mc.batch * 4.0;
-    /* inputs (slots and positions), the page table, kv, the reference's two results and its scratch, and per impl
-       run kept at once an output (+ repeat/probe scratch) and a host impl's workspace */
-    const double bytes = (double)sz.q_bytes + 2.0 * (double)sz.indices_bytes + (double)sz.topk_length_bytes +
-                         (double)sz.page_table_bytes + (double)sz.cache_bytes +
-                         (mc.cache == KP_MLA_FP8_DS_MLA ? (double)sz.kv_bytes : 0.0) + heads * (KP_MLA_D_V + 2.0) * 8.0 * 2.0 +
-                         kp_mla_reference_bytes(&mc, sz.rows) + (double)(nimpls + 3) * out_bytes +
-                         (double)(sz.rows / mc.s_q) * (double)(mc.topk / KP_MLA_BLOCK + 4) * 16.0 + (double)mc.h_q * 4.0;
-    return bytes > 1.8e19 ? 0 : (size_t)bytes;
-}
-
 static kp_mla_args args_for(const kp_mla_case *mc, const kp_mla_sizes *sz, int64_t n) {
     return (kp_mla_args){.batch = n, .s_q = mc->s_q, .h_q = mc->h_q, .topk = mc->topk, .slots = sz->pages * mc->page,
                          .cache_format = mc->cache == KP_MLA_BF16 ? KP_MLA_CACHE_BF16 : KP_MLA_CACHE_FP8_DS_MLA,
                          .sm_scale = (float)mc->sm_scale};
-}
-
-static size_t mla_estimate_device(const kp_case *c, const kp_impl *impl, kp_error *err) {
-    const kp_mla_case mc = *kp_mla_case_of(c);
-    (void)err; /* decoded once, when the case was normalized */
-    const int64_t extra = extra_requests(c), n = mc.batch > extra ? mc.batch : extra;
-    kp_mla_sizes sz;
-    kp_mla_case_sizes(&mc, mc.batch + extra, &sz);
-    kp_mla_args args = args_for(&mc, &sz, n);
-    args.sm_count = kp_device_sm_count();
-    const size_t ws = impl->workspace_bytes ? impl->workspace_bytes(&args) : 0;
-    const double row_in = (double)mc.s_q * ((double)mc.h_q * KP_MLA_D_QK * 2.0 + (double)mc.topk * 4.0 + 4.0);
-    /* every input uploaded once, then the gathered requests of a run and its outputs, each with guards */
-    const double bytes = (double)(mc.batch + extra) * row_in + (double)sz.cache_bytes + (double)mc.h_q * 4.0 +
-                         (double)n * (row_in + heads_of(&mc, 1) * (KP_MLA_D_V * 2.0 + 8.0) + 4.0) + (double)ws + 16.0 * 2 * 4096;
-    return bytes > 1.8e19 ? 0 : (size_t)bytes;
 }
 
 static int mla_outputs(const void *data, int64_t nrows, kp_tensor *t) {
@@ -290,8 +258,6 @@ const kp_family kp_mla_family = {
     .args_bytes = sizeof(kp_mla_args),
     .prepare = mla_prepare,
     .release = mla_release,
-    .estimate_bytes = mla_estimate,
-    .estimate_device_bytes = mla_estimate_device,
     .shapes = mla_shapes,
     .outputs = mla_outputs,
     .fill_args = mla_fill_args,

@@ -47,11 +47,6 @@ static int moe_case_thresholds(const kp_case *c, kp_threshold *t) {
     return n;
 }
 
-static int64_t probe_rows(const kp_case *c) {
-    kp_threshold t[KP_THRESHOLDS_MAX];
-    return kp_threshold_probe_rows(t, moe_case_thresholds(c, t));
-}
-
 static double weight_bytes(const kp_moe_case *mc) {
     return (double)mc->experts * (double)(kp_moe_w13_rows(mc) + mc->inter) * (double)mc->hidden * (0.5 + 1.0 / 16.0);
 }
@@ -87,38 +82,10 @@ static void moe_release(void *data) {
     free(d);
 }
 
-static size_t moe_estimate(const kp_case *c, int nimpls, kp_error *err) {
-    const kp_moe_case mc = *kp_moe_case_of(c);
-    (void)err; /* decoded once, when the case was normalized */
-    const double rows = (double)(mc.m + probe_rows(c)), pairs = (double)mc.m * (double)mc.topk;
-    const double most = (double)(kp_moe_w13_rows(&mc) > mc.hidden ? kp_moe_w13_rows(&mc) : mc.hidden) * (double)mc.hidden;
-    /* inputs, the generator's per-thread scratch, the reference and its scratch, and per impl run kept at once
-       an output (+ repeat/probe scratch) and a host impl's workspace */
-    const double bytes = rows * (double)(mc.hidden + 2 * mc.topk) * 4.0 + weight_bytes(&mc) + (double)mc.experts * 8.0 +
-                         (double)kp_thread_count() * (most * 4.0 + (KP_MOE_GEN_DRAWS + 2.0 * most) * 4.0) + (double)mc.m * (double)mc.hidden * 8.0 +
-                         kp_moe_reference_bytes(&mc, mc.m) + (double)(nimpls + 3) * pairs * ((double)mc.hidden / (double)mc.topk + 1.0) * 4.0 +
-                         pairs * (double)(mc.hidden + mc.inter) * 4.0 + (double)mc.experts * 32.0;
-    return bytes > 1.8e19 ? 0 : (size_t)bytes;
-}
-
 static kp_moe_args args_for(const kp_moe_case *mc, int64_t rows) {
     return (kp_moe_args){.rows = rows, .hidden = mc->hidden, .inter = mc->inter, .experts = mc->experts,
                          .topk = (int32_t)mc->topk, .gated = mc->gated,
                          .scale_dir = mc->scale_dir == KP_NVFP4_MULTIPLY ? KP_MOE_SCALE_MULTIPLY : KP_MOE_SCALE_DIVIDE};
-}
-
-static size_t moe_estimate_device(const kp_case *c, const kp_impl *impl, kp_error *err) {
-    const kp_moe_case mc = *kp_moe_case_of(c);
-    (void)err; /* decoded once, when the case was normalized */
-    const int64_t extra = probe_rows(c), rows = mc.m > extra ? mc.m : extra;
-    kp_moe_args args = args_for(&mc, rows);
-    args.sm_count = kp_device_sm_count();
-    const size_t ws = impl->workspace_bytes ? impl->workspace_bytes(&args) : 0;
-    /* every input uploaded once, then the gathered rows of a run and its outputs, each with guards */
-    const double row_bytes = (double)(mc.hidden + 2 * mc.topk) * 4.0;
-    const double bytes = (double)(mc.m + extra) * row_bytes + weight_bytes(&mc) + (double)mc.experts * 8.0 +
-                         (double)rows * (row_bytes + (double)(mc.hidden + mc.topk) * 4.0) + (double)ws + 16.0 * 2 * 4096;
-    return bytes > 1.8e19 ? 0 : (size_t)bytes;
 }
 
 static int moe_outputs(const void *data, int64_t nrows, kp_tensor *t) {
@@ -246,8 +213,6 @@ const kp_family kp_moe_family = {
     .args_bytes = sizeof(kp_moe_args),
     .prepare = moe_prepare,
     .release = moe_release,
-    .estimate_bytes = moe_estimate,
-    .estimate_device_bytes = moe_estimate_device,
     .shapes = moe_shapes,
     .outputs = moe_outputs,
     .fill_args = moe_fill_args,

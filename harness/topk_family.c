@@ -12,8 +12,6 @@
 static const kp_threshold thresholds[] = {
     {32, "vLLM's indexer top-k (and radix_buffer) runs an exact path at <= 32 rows and a coarse-bin buffer above"},
 };
-/* filler rows a batch check needs (33) */
-#define PROBE_ROWS kp_threshold_probe_rows(thresholds, (int)(sizeof thresholds / sizeof thresholds[0]))
 
 static int topk_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp_error *err) {
     topk_data *d = v->data = kp_calloc(1, sizeof *d, "topk case", err);
@@ -35,30 +33,6 @@ static void topk_release(void *data) {
     for (int n = 0; n < 2; n++)
         if (d->have_ref[n]) kp_topk_ref_free(&d->ref[n]);
     free(d);
-}
-
-static size_t topk_estimate(const kp_case *c, int nimpls, kp_error *err) {
-    const kp_topk_case tc = *kp_topk_case_of(c);
-    (void)err; /* decoded once, when the case was normalized */
-    /* scores (+ filler rows) and the generator's draws; per impl run kept at once an output of indices and
-       values (+ repeat/probe scratch); the reference and judgements: a few words per selected entry */
-    const double rows = (double)tc.rows + PROBE_ROWS, out = (double)tc.rows * (double)tc.k * 8.0;
-    const double bytes = rows * (double)tc.stride * 4.0 * 2.0 + 16.0 * (double)tc.width + out * (double)(nimpls + 3) +
-                         out * 6.0 + (double)tc.rows * 64.0;
-    return bytes > 1.8e19 ? 0 : (size_t)bytes;
-}
-
-static size_t topk_estimate_device(const kp_case *c, const kp_impl *impl, kp_error *err) {
-    const kp_topk_case tc = *kp_topk_case_of(c);
-    (void)err; /* decoded once, when the case was normalized */
-    const int64_t rows = tc.rows > PROBE_ROWS ? tc.rows : PROBE_ROWS;
-    kp_topk_args args = {.rows = rows, .width = tc.width, .row_stride = tc.stride, .k = tc.k, .index_base = tc.index_base,
-                         .fill = tc.fill};
-    const size_t ws = impl->workspace_bytes ? impl->workspace_bytes(&args) : 0;
-    /* every row uploaded once, then the gathered rows of a run and its outputs, each with guards */
-    const double bytes = 2.0 * (double)(tc.rows + PROBE_ROWS) * ((double)tc.stride * 4.0 + 8.0) +
-                         (double)rows * (double)tc.k * 8.0 + (double)ws + 8.0 * 2 * 4096;
-    return bytes > 1.8e19 ? 0 : (size_t)bytes;
 }
 
 static int topk_outputs(const void *data, int64_t nrows, kp_tensor *t) {
@@ -193,8 +167,6 @@ const kp_family kp_topk_family = {
     .args_bytes = sizeof(kp_topk_args),
     .prepare = topk_prepare,
     .release = topk_release,
-    .estimate_bytes = topk_estimate,
-    .estimate_device_bytes = topk_estimate_device,
     .shapes = topk_shapes,
     .outputs = topk_outputs,
     .fill_args = topk_fill_args,

@@ -15,8 +15,6 @@ static const kp_threshold thresholds[] = {
     {63, "split_prob@cuda runs a batch of 64 rows or more as two halves on two streams"},
     {64, "vLLM's split top-p pipeline takes batches of at most 64 rows"},
 };
-/* filler rows a batch check needs (65) */
-#define PROBE_ROWS kp_threshold_probe_rows(thresholds, (int)(sizeof thresholds / sizeof thresholds[0]))
 
 static int topp_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp_error *err) {
     topp_data *d = v->data = kp_calloc(1, sizeof *d, "topp case", err);
@@ -36,28 +34,6 @@ static void topp_release(void *data) {
     topp_data *d = data;
     if (d->have_ref) kp_topp_ref_free(&d->ref);
     free(d);
-}
-
-static size_t topp_estimate(const kp_case *c, int nimpls, kp_error *err) {
-    const kp_topp_case tc = *kp_topp_case_of(c);
-    (void)err; /* decoded once, when the case was normalized */
-    /* inputs (+ filler rows), one output per impl run kept at once (+ repeat/probe scratch),
-     * the reference (keep, in_group: 1 byte; prob, mass_before: 8 bytes) and judgements */
-    double rows = (double)tc.batch + PROBE_ROWS, elems = (double)tc.batch * (double)tc.vocab;
-    double bytes = rows * (double)tc.stride * 4.0 * (double)(nimpls + 3) + elems * (2.0 + 16.0 + 3.0 * 8.0);
-    return bytes > 1.8e19 ? 0 : (size_t)bytes;
-}
-
-static size_t topp_estimate_device(const kp_case *c, const kp_impl *impl, kp_error *err) {
-    const kp_topp_case tc = *kp_topp_case_of(c);
-    (void)err; /* decoded once, when the case was normalized */
-    int64_t rows = tc.batch > PROBE_ROWS ? tc.batch : PROBE_ROWS;
-    kp_topp_args args = {.batch = rows, .vocab = tc.vocab, .row_stride = tc.stride, .sm_count = kp_device_sm_count()};
-    size_t ws = impl->workspace_bytes ? impl->workspace_bytes(&args) : 0;
-    /* all rows uploaded once, plus the gathered rows and the output of a run, each with guards */
-    double bytes = 3.0 * (double)(tc.batch + PROBE_ROWS) * (double)tc.stride * 4.0 + 2.0 * (double)rows * 4.0 +
-                   (double)ws + 6.0 * KP_GUARD_BYTES * 2;
-    return bytes > 1.8e19 ? 0 : (size_t)bytes;
 }
 
 static int topp_outputs(const void *data, int64_t nrows, kp_tensor *t) {
@@ -184,8 +160,6 @@ const kp_family kp_topp_family = {
     .args_bytes = sizeof(kp_topp_args),
     .prepare = topp_prepare,
     .release = topp_release,
-    .estimate_bytes = topp_estimate,
-    .estimate_device_bytes = topp_estimate_device,
     .shapes = topp_shapes,
     .outputs = topp_outputs,
     .fill_args = topp_fill_args,
