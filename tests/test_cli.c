@@ -88,6 +88,42 @@ Test(cli, bad_configs_exit_2_naming_the_field) {
     expect_usage("[1,2]", "top level must be an object");
 }
 
+/* A case's host estimate is the line its budget is drawn at: a budget of exactly the estimate runs the case, one byte
+ * less refuses it at load, naming the case and the field, before anything is allocated (exit 2, no bundle). The
+ * estimate is read the way kparity reads it (kp_config_load in this process: topp's host impls and a batch check,
+ * so the probes' filler rows, every impl's output and slot, and the pool are in it). */
+Test(cli, a_budget_at_the_host_estimate_runs_and_one_byte_less_is_refused) {
+    const char *cases = "\"cases\":[{\"case\":\"topp(batch=4,profile=ordinary,seed=1,top_p=0.9,vocab=65536)\",\"checks\":["
+                        "{\"check\":\"exact\",\"impls\":[\"candidate\",\"topp.split_logit@host\"]},"
+                        "{\"check\":\"batch\",\"impl\":\"candidate\"}]}]}";
+    char *text;
+    cr_assert(asprintf(&text, HEAD "%s", cases) > 0);
+    kp_config cfg;
+    kp_error kerr = {0};
+    cr_assert_eq(kp_config_load(kpt_scratch(config("estimate", text)), &cfg, &kerr), 0, "%s", kerr.msg);
+    const size_t estimate = cfg.cases[0].host_bytes;
+    kp_config_free(&cfg);
+    free(text);
+    cr_assert_gt(estimate, (size_t)1 << 20, "budgets start at 1 MiB");
+    for (int below = 0; below < 2; below++) {
+        cr_assert(asprintf(&text, HEAD "\"budget\":{\"host_bytes\":%zu},%s", estimate - (size_t)below, cases) > 0);
+        char *cfg_path = kpt_scratch(config(below ? "below" : "at", text)), *bundle, *out, *err;
+        cr_assert(asprintf(&bundle, "%s/%s", kpt_dir, below ? "below_bundle" : "at_bundle") > 0);
+        char *argv[] = {kpt_binary(), "gate", "--config", cfg_path, "--out", kpt_scratch(bundle), "--quiet", NULL};
+        const int rc = run_cli(argv, &out, &err);
+        free(text);
+        struct stat st;
+        if (!below) {
+            cr_assert_eq(rc, 0, "a budget of exactly the estimate (%zu bytes): exit %d\n%s", estimate, rc, err);
+            continue;
+        }
+        cr_assert_eq(rc, 2, "a budget one byte under the estimate: exit %d\n%s", rc, err);
+        cr_assert(strstr(err, "cases[0]: case topp(batch=4,") && strstr(err, "(budget.host_bytes); nothing was allocated"),
+                  "the refusal names the case and the field: %s", err);
+        cr_assert_neq(stat(bundle, &st), 0, "a refused case leaves no bundle");
+    }
+}
+
 Test(cli, unwritable_output_folder_exits_2_naming_the_path) {
     char *cfg, *text;
     cr_assert(asprintf(&text, HEAD "\"cases\":[{\"case\":\"%s\",\"checks\":" RULE "}]}", good_case) > 0);

@@ -10,12 +10,14 @@
 #include <dirent.h>
 #include <malloc.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "../harness/kp_harness.h"
+#include "../harness/kp_launch.h"
 #include "../harness/kp_replay.h"
 #include "../harness/kp_runner.h"
 #include "../receipts/kp_report.h"
@@ -565,4 +567,62 @@ Test(family_seam, the_host_estimate_bounds_what_a_case_holds_at_once) {
     cr_assert_gt(held, estimate / 2, "the case held %zu bytes, under half its estimate %zu: the meter misses the case", held,
                  estimate);
     cr_assert_leq(held, estimate, "the case held %zu bytes at once, over its estimate %zu", held, estimate);
+}
+
+/* The scale family with its declaration bent: a dimension past any address space, or an input of another stride. */
+static int huge_shapes(const kp_case *c, int64_t extra_rows, kp_shapes *s, kp_error *err) {
+    int rc = kpt_scale_family.shapes(c, extra_rows, s, err);
+    s->inputs[0].shape[1] = (int64_t)1 << 62, s->inputs[0].row_stride = (int64_t)1 << 62;
+    return rc;
+}
+static int restrided_shapes(const kp_case *c, int64_t extra_rows, kp_shapes *s, kp_error *err) {
+    int rc = kpt_scale_family.shapes(c, extra_rows, s, err);
+    s->inputs[0].row_stride += 1;
+    return rc;
+}
+
+/* A case spec of CASE with one exact check of f32 and twin, for family fam. */
+static kp_case_spec bent_case(const kp_family *fam, kp_check_spec *check) {
+    kp_case_spec cs = {.fam = fam, .checks = check, .nchecks = 1};
+    kp_error err = {0};
+    cr_assert_eq(kp_case_parse(CASE, &cs.c, &err), 0, "%s", err.msg);
+    *check = (kp_check_spec){.kind = KP_CHECK_EXACT, .nimpl = 2,
+                             .impl = {kp_impl_find("scale.f32@host"), kp_impl_find("scale.twin@host")}};
+    return cs;
+}
+
+Test(family_seam, an_estimate_past_the_address_space_is_refused) {
+    kp_family fam = kpt_scale_family;
+    fam.shapes = huge_shapes;
+    kp_check_spec check;
+    const kp_case_spec cs = bent_case(&fam, &check);
+    kp_case_bytes est;
+    kp_error err = {0};
+    cr_assert_eq(kp_launch_estimate(&cs, 0, &est, &err), KP_EXIT_USAGE);
+    cr_assert(strstr(err.msg, "overflow the address space"), "%s", err.msg);
+    fam.shapes = kpt_scale_family.shapes; /* the control: the declaration as it is */
+    cr_assert_eq(kp_launch_estimate(&cs, 0, &est, &err), 0, "%s", err.msg);
+    cr_assert_gt(est.host, 0);
+}
+
+/* The estimate is only as good as the declaration: a family whose shapes hook says other than prepare does is a
+ * programmer error, and kp_prepare stops on the first case it prepares. */
+Test(family_seam, a_declaration_that_prepare_does_not_keep_to_stops_kparity, .signal = SIGABRT) {
+    kp_family fam = kpt_scale_family;
+    fam.shapes = restrided_shapes;
+    kp_check_spec check;
+    const kp_case_spec cs = bent_case(&fam, &check);
+    kp_prepared p;
+    kp_error err = {0};
+    kp_prepare(&fam, &cs.c, 0, &p, &err);
+}
+
+Test(family_seam, a_declaration_that_prepare_keeps_to_prepares) { /* the control of the one above */
+    kp_check_spec check;
+    const kp_case_spec cs = bent_case(&kpt_scale_family, &check);
+    kp_prepared p;
+    kp_error err = {0};
+    cr_assert_eq(kp_prepare(&kpt_scale_family, &cs.c, 5, &p, &err), 0, "%s", err.msg);
+    cr_assert_eq(p.v.rows_total, 11);
+    kp_prepared_release(&p);
 }
