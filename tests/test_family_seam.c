@@ -581,8 +581,11 @@ static int restrided_shapes(const kp_case *c, int64_t extra_rows, kp_shapes *s, 
     return rc;
 }
 
-/* A case spec of CASE with one exact check of f32 and twin, for family fam. */
-static kp_case_spec bent_case(const kp_family *fam, kp_check_spec *check) {
+/* A case spec of CASE with one exact check of f32 and twin, for fam: the scale family with this shapes hook. */
+static kp_case_spec bent_case(kp_family *fam, int (*shapes)(const kp_case *, int64_t, kp_shapes *, kp_error *),
+                              kp_check_spec *check) {
+    *fam = kpt_scale_family;
+    fam->shapes = shapes;
     kp_case_spec cs = {.fam = fam, .checks = check, .nchecks = 1};
     kp_error err = {0};
     cr_assert_eq(kp_case_parse(CASE, &cs.c, &err), 0, "%s", err.msg);
@@ -592,10 +595,9 @@ static kp_case_spec bent_case(const kp_family *fam, kp_check_spec *check) {
 }
 
 Test(family_seam, an_estimate_past_the_address_space_is_refused) {
-    kp_family fam = kpt_scale_family;
-    fam.shapes = huge_shapes;
+    kp_family fam;
     kp_check_spec check;
-    const kp_case_spec cs = bent_case(&fam, &check);
+    const kp_case_spec cs = bent_case(&fam, huge_shapes, &check);
     kp_case_bytes est;
     kp_error err = {0};
     cr_assert_eq(kp_launch_estimate(&cs, 0, &est, &err), KP_EXIT_USAGE);
@@ -608,21 +610,21 @@ Test(family_seam, an_estimate_past_the_address_space_is_refused) {
 /* The estimate is only as good as the declaration: a family whose shapes hook says other than prepare does is a
  * programmer error, and kp_prepare stops on the first case it prepares. */
 Test(family_seam, a_declaration_that_prepare_does_not_keep_to_stops_kparity, .signal = SIGABRT) {
-    kp_family fam = kpt_scale_family;
-    fam.shapes = restrided_shapes;
+    kp_family fam;
     kp_check_spec check;
-    const kp_case_spec cs = bent_case(&fam, &check);
+    const kp_case_spec cs = bent_case(&fam, restrided_shapes, &check);
     kp_prepared p;
     kp_error err = {0};
     kp_prepare(&fam, &cs.c, 0, &p, &err);
 }
 
 Test(family_seam, a_declaration_that_prepare_keeps_to_prepares) { /* the control of the one above */
+    kp_family fam;
     kp_check_spec check;
-    const kp_case_spec cs = bent_case(&kpt_scale_family, &check);
+    const kp_case_spec cs = bent_case(&fam, kpt_scale_family.shapes, &check);
     kp_prepared p;
     kp_error err = {0};
-    cr_assert_eq(kp_prepare(&kpt_scale_family, &cs.c, 5, &p, &err), 0, "%s", err.msg);
+    cr_assert_eq(kp_prepare(&fam, &cs.c, 5, &p, &err), 0, "%s", err.msg);
     cr_assert_eq(p.v.rows_total, 11);
     kp_prepared_release(&p);
 }
