@@ -2,6 +2,7 @@
  * buffers, the launch, the guard and row-padding checks, the copy back into pooled host outputs,
  * CUDA-event timing and the bench loop. Family knowledge comes only through kp_family's hooks. */
 #define _GNU_SOURCE
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -445,23 +446,36 @@ static double tensors_bytes(const kp_tensor *t, int n, int64_t slices, bool batc
     return bytes;
 }
 
-/* Host bytes the checks allocate beside the outputs, each check's summed (they run one at a time):
- * tolerance.c's two index lists (8 bytes each per element compared) and worst element per row, repeat's
- * row digests per run and row, and each check's row list. */
+/* Host bytes the checks allocate beside the outputs, the most of any one check (they run one at a time and free
+ * their scratch): tolerance.c's two index lists (8 bytes each per element compared) and worst element per row, for
+ * one output against its reference and, beside it, against a "<output>@<what>" array; repeat's row digests per run
+ * and row; every check's row list. */
 static double check_scratch(const kp_case_spec *cs, const kp_shapes *s) {
-    double bytes = 0;
+    double most = 0;
     for (int i = 0; i < cs->nchecks; i++) {
         const kp_check_spec *k = &cs->checks[i];
         const kp_check_kind kind = k->kind == KP_CHECK_EXPECT ? k->of : k->kind;
-        if (kind == KP_CHECK_TOLERANCE)
-            for (int t = 0; t < s->noutputs; t++)
-                bytes += 16.0 * slice_bytes_f(&s->outputs[t]) / (double)kp_dtype_size(s->outputs[t].dtype) *
-                             (double)s->batch + 32.0 * (double)s->batch;
+        double bytes = 8.0 * (double)(s->rows_total + 1);
+        for (int t = 0; kind == KP_CHECK_TOLERANCE && t < s->noutputs; t++) {
+            const double elems = slice_bytes_f(&s->outputs[t]) / (double)kp_dtype_size(s->outputs[t].dtype) * (double)s->batch;
+            bytes = fmax(bytes, 8.0 * (double)(s->rows_total + 1) + 2.0 * (16.0 * elems + 32.0 * (double)s->batch));
+        }
         if (kind == KP_CHECK_REPEAT)
             bytes += ((double)s->batch + 1.0) * ((double)k->runs * KP_SHA256_HEX_LEN + 1.0 + s->noutputs);
-        bytes += 8.0 * (double)(s->rows_total + 1);
+        most = fmax(most, bytes);
     }
-    return bytes;
+    return most;
+}
+
+/* The spans a pending digest keeps (kp_digest_start): one per last-dim row of each tensor's `slices` slices. */
+static double digest_spans(const kp_tensor *t, int n, int64_t slices) {
+    double spans = 0;
+    for (int k = 0; k < n; k++) {
+        double rows = (double)(t[k].batched ? slices : t[k].shape[0]);
+        for (int d = 1; d + 1 < t[k].ndim; d++) rows *= (double)t[k].shape[d];
+        spans += rows;
+    }
+    return spans * (double)sizeof(kp_span);
 }
 
 int kp_launch_estimate(const kp_case_spec *cs, int64_t extra_rows, kp_case_bytes *est, kp_error *err) {
@@ -485,7 +499,7 @@ int kp_launch_estimate(const kp_case_spec *cs, int64_t extra_rows, kp_case_bytes
     int nimpls = 0;
     bool host_impl = false;
     double host = tensors_bytes(s.inputs, s.ninputs, R, false, false) + s.private_bytes + check_scratch(cs, &s) +
-                  8.0 * row_bytes, device = 0;
+                  8.0 * row_bytes + digest_spans(s.inputs, s.ninputs, R), device = 0;
     for (int i = 0; i < cs->nchecks; i++)
         for (int j = 0; j < cs->checks[i].nimpl; j++) {
             const kp_impl *impl = cs->checks[i].impl[j];
@@ -500,7 +514,7 @@ int kp_launch_estimate(const kp_case_spec *cs, int64_t extra_rows, kp_case_bytes
             else host += bufs, host_impl = true;
         }
     /* each impl's full output, kept for the case; one repeat run or probe out at a time; the pool's POOL_KEEP */
-    host += (double)(nimpls + 1 + POOL_KEEP) * out_run;
+    host += (double)(nimpls + 1 + POOL_KEEP) * (out_run + digest_spans(s.outputs, s.noutputs, largest));
     /* every input, all rows, once per memory kind an impl runs in (g_cache.all, guarded) */
     const double inputs_copy = tensors_bytes(s.inputs, s.ninputs, R, false, true);
     host += host_impl ? inputs_copy : 0.0;
