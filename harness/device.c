@@ -81,6 +81,14 @@ void *kp_device_stream(void) {
 
 int kp_device_sm_count(void) {
 #ifdef KP_HAVE_CUDA
+    /* asked before kp_device_init too (a config's device estimate asks the impls' workspace_bytes at load) */
+    if (!g_sm_count && kp_device_count() > 0) {
+        const char *env = getenv("KPARITY_DEVICE");
+        if (cudaDeviceGetAttribute(&g_sm_count, cudaDevAttrMultiProcessorCount, env ? atoi(env) : 0) != cudaSuccess) {
+            g_sm_count = 0;
+            cudaGetLastError();
+        }
+    }
     return g_sm_count;
 #else
     return 0;
