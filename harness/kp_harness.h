@@ -212,9 +212,12 @@ typedef struct kp_shapes {
     int ninputs;
     kp_tensor outputs[KP_MAX_TENSORS]; /* as outputs gives them for a run of `batch` rows */
     int noutputs;
-    /* The most host bytes the family allocates beyond the view's inputs at once: its reference arrays and the
-     * reference's scratch, judgements (its memo's KP_MEMO_MAX), generator scratch, arrays it keeps */
+    /* The most host bytes the family allocates beyond the view's inputs at once, judgements aside: its reference
+     * arrays and the reference's scratch, generator scratch, arrays it keeps */
     double private_bytes;
+    /* The most one judgement of an output of `batch` rows holds (its rule's judge, while judging too); the harness
+     * keeps up to KP_MEMO_MAX of them. 0 without a rule. */
+    double judgement_bytes;
     /* Its kp_*_args for a run of kp_shapes_largest_run rows, as fill_args would fill them with every pointer
      * NULL and sm_count the device's: what an impl's workspace_bytes is asked (it grows with the rows). */
     alignas(max_align_t) unsigned char args[KP_ARGS_MAX];
@@ -411,8 +414,8 @@ static inline void kp_family_names(char *buf, size_t len) { kp_table_names(&kp_f
 int kp_family_thresholds(const kp_family *fam, const kp_case *c, kp_threshold t[KP_THRESHOLDS_MAX]);
 /* The filler rows a batch check's probes need beyond a case's own rows: probes fill up to the largest threshold
  * + 1 (0 without thresholds). The one place that rule is written; the checks (kp_case_extra_rows, which the
- * estimates at load use too) and mla's filler requests use it (inline: the family files call it, and families.c
- * lists them, so an out-of-line copy there would be a call loop). */
+ * estimates at load use too) and a family that always holds filler rows use it (inline: the family files call it,
+ * and families.c lists them, so an out-of-line copy there would be a call loop). */
 static inline int64_t kp_threshold_probe_rows(const kp_threshold *t, int n) {
     int64_t most = 0;
     for (int i = 0; i < n; i++)

@@ -513,6 +513,15 @@ int kp_launch_estimate(const kp_case_spec *cs, int64_t extra_rows, kp_case_bytes
             if (impl->memory == KP_MEMORY_CUDA) device += bufs, est->ncuda++;
             else host += bufs, host_impl = true;
         }
+    /* the judgements rule.c keeps (one per output and rule parameters, KP_MEMO_MAX at most): a rule check judges its
+       impl's output, an exact check explains with both, an expect with the check it expects */
+    int judged = 0;
+    for (int i = 0; cs->fam->rule && i < cs->nchecks; i++) {
+        const kp_check_spec *k = &cs->checks[i];
+        const kp_check_kind kind = k->kind == KP_CHECK_EXPECT ? k->of : k->kind;
+        if (kind == KP_CHECK_RULE || kind == KP_CHECK_EXACT || k->defect[0]) judged += k->nimpl;
+    }
+    host += (double)(judged < KP_MEMO_MAX ? judged : KP_MEMO_MAX) * s.judgement_bytes;
     /* each impl's full output, kept for the case; one repeat run or probe out at a time; the pool's POOL_KEEP */
     host += (double)(nimpls + 1 + POOL_KEEP) * (out_run + digest_spans(s.outputs, s.noutputs, largest));
     /* every input, all rows, once per memory kind an impl runs in (g_cache.all, guarded) */

@@ -62,11 +62,13 @@ static int topk_shapes(const kp_case *c, int64_t extra_rows, kp_shapes *s, kp_er
     kp_shapes_input(s, "ends", KP_I32, 1, wshape, 0, true);
     const topk_data d = {.tc = tc};
     s->noutputs = topk_outputs(&d, tc.rows, s->outputs);
-    /* the generator's draws for every row and its per-window scratch; the references and judgements: a few words per
-       selected entry, and per row */
+    /* the generator's draws for every row and its per-window scratch; the two references (indices and values per
+       selected entry, and per row); a judgement: its strict, tie and missing lists per row (2k + 1, 2k + 1, k + 1),
+       twice while judging, and per row */
     const double selected = (double)tc.rows * (double)tc.k * 8.0;
-    s->private_bytes = (double)s->rows_total * (double)tc.stride * 4.0 + 16.0 * (double)tc.width + selected * 6.0 +
-                       (double)tc.rows * 64.0;
+    s->private_bytes = (double)s->rows_total * (double)tc.stride * 4.0 + 16.0 * (double)tc.width + selected * 2.0 +
+                       (double)tc.rows * 128.0;
+    s->judgement_bytes = (double)tc.rows * ((5.0 * (double)tc.k + 3.0) * 8.0 * 2.0 + 128.0);
     const kp_launch_bufs run = {.nrows = kp_shapes_largest_run(s->batch, s->rows_total)};
     topk_fill_args(&d, &run, s->args);
     return 0;

@@ -61,8 +61,11 @@ static int topp_shapes(const kp_case *c, int64_t extra_rows, kp_shapes *s, kp_er
     kp_shapes_input(s, "top_p", KP_F32, 1, pshape, 0, true);
     const topp_data d = {.tc = tc};
     s->noutputs = topp_outputs(&d, tc.batch, s->outputs);
-    /* the reference (keep, in_group: 1 byte; prob, mass_before: 8 bytes) and judgements */
-    s->private_bytes = (double)tc.batch * (double)tc.vocab * (2.0 + 16.0 + 3.0 * 8.0);
+    /* the reference (keep, in_group: 1 byte; prob, mass_before: 8 bytes; its rows) and the sort scratch of the
+       reference and the judge, per thread; a judgement: every differing token in one of its index lists, and its rows */
+    const double cells = (double)tc.batch * (double)tc.vocab, rows = (double)tc.batch * 256.0;
+    s->private_bytes = cells * (2.0 + 16.0) + rows + (double)kp_thread_count() * (double)tc.vocab * 32.0;
+    s->judgement_bytes = cells * 8.0 + rows;
     const kp_launch_bufs run = {.nrows = kp_shapes_largest_run(s->batch, s->rows_total), .sm_count = kp_device_sm_count()};
     topp_fill_args(&d, &run, s->args);
     return 0;
