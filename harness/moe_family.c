@@ -108,8 +108,8 @@ static void moe_fill_args(const void *data, const kp_launch_bufs *b, void *args)
 
 /* What prepare, outputs and fill_args make of the case (kp_shapes). */
 static int moe_shapes(const kp_case *c, int64_t extra_rows, kp_shapes *s, kp_error *err) {
-    kp_moe_case mc;
-    if (kp_moe_case_read(c, &mc, err)) return err->code;
+    const kp_moe_case mc = *kp_moe_case_of(c);
+    (void)err; /* decoded once, when the case was normalized */
     const int64_t H = mc.hidden, I = mc.inter, E = mc.experts, K = mc.topk, R = kp_moe_w13_rows(&mc);
     s->batch = mc.m, s->rows_total = mc.m + extra_rows;
     const int64_t xs[2] = {mc.m, H}, rs[2] = {mc.m, K}, w13s[3] = {E, R, H / 2}, s13s[3] = {E, R, H / 16},

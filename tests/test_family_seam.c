@@ -611,6 +611,7 @@ static kp_case_spec bent_case(kp_family *fam, int (*shapes)(const kp_case *, int
     kp_case_spec cs = {.fam = fam, .checks = check, .nchecks = 1};
     kp_error err = {0};
     cr_assert_eq(kp_case_parse(CASE, &cs.c, &err), 0, "%s", err.msg);
+    cr_assert_eq(kp_case_normalize(&cs.c, &err), 0, "%s", err.msg);
     *check = (kp_check_spec){.kind = KP_CHECK_EXACT, .nimpl = 2,
                              .impl = {kp_impl_find("scale.f32@host"), kp_impl_find("scale.twin@host")}};
     return cs;
