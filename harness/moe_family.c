@@ -124,10 +124,12 @@ static int moe_shapes(const kp_case *c, int64_t extra_rows, kp_shapes *s, kp_err
     kp_shapes_input(s, "global_scales", KP_F32, 2, gs, 0, false);
     const moe_data d = {.mc = mc};
     s->noutputs = moe_outputs(&d, mc.m, s->outputs);
-    /* the generator's per-thread scratch, the reference's output and scratch, and per expert a few words */
-    const double most = (double)(R > H ? R : H) * (double)H;
-    s->private_bytes = (double)kp_thread_count() * (most * 4.0 + (GEN_DRAWS + 2.0 * most) * 4.0) + (double)mc.m * (double)H * 8.0 +
-                       kp_moe_reference_bytes(&mc, mc.m) + (double)E * 32.0;
+    /* the generator's per-thread scratch (kp_moe_case_experts: one expert's weights and a group's draws, a group
+       at most KP_MOE_GEN_DRAWS draws or one expert's, and the quantizer's), the reference's output and scratch, and
+       per expert a few words */
+    const double most = (double)(R > H ? R : H) * (double)H, per = (double)(R * H + H * I);
+    s->private_bytes = (double)kp_thread_count() * (per + (per > KP_MOE_GEN_DRAWS ? per : KP_MOE_GEN_DRAWS) + most) * 4.0 +
+                       (double)mc.m * (double)H * 8.0 + kp_moe_reference_bytes(&mc, mc.m) + (double)E * 32.0;
     kp_moe_args *args = (kp_moe_args *)s->args;
     *args = args_for(&mc, kp_shapes_largest_run(s->batch, s->rows_total));
     args->sm_count = kp_device_sm_count();
