@@ -17,35 +17,6 @@
 #include "kp_device.h"
 #include "mla_family.h"
 
-#define THRESHOLD_SEARCH 4096 /* batch sizes searched for split_count's last split */
-
-/* Request 0's split count under split_count's plan in a batch of n full-length requests, on the modelled device. */
-static int64_t first_request_splits(const kp_mla_case *mc, int64_t n, int64_t *blocks, int64_t *splits) {
-    for (int64_t i = 0; i < n; i++) blocks[i] = kp_mla_blocks(mc->topk);
-    if (kp_mla_split_count_plan(blocks, n, kp_mla_sm_parts(KP_MLA_HOST_SMS, mc->s_q, mc->h_q), splits, NULL, 0) < 0) return -1;
-    return splits[0];
-}
-
-/* The largest batch of full-length requests in which split_count still cuts the first into more than one split:
- * a probe of T requests and one of T + 1 straddle the last change of its plan. */
-static int mla_case_thresholds(const kp_case *c, kp_threshold *t) {
-    const kp_mla_case mc = *kp_mla_case_of(c);
-    int64_t *blocks = malloc(sizeof *blocks * THRESHOLD_SEARCH), *splits = malloc(sizeof *splits * THRESHOLD_SEARCH);
-    int64_t last = 0;
-    for (int64_t n = 1; blocks && splits && n < THRESHOLD_SEARCH; n++)
-        if (first_request_splits(&mc, n, blocks, splits) > 1) last = n;
-    free(blocks), free(splits);
-    if (last < 1) return 0;
-    t[0] = (kp_threshold){last, "split_count's plan (FlashMLA's SM90 scheduler on an H200's 132 SMs) cuts a full-length "
-                                "request into more than one split up to here, and into one from one request more"};
-    return 1;
-}
-
-static int64_t extra_requests(const kp_case *c) {
-    kp_threshold t[KP_THRESHOLDS_MAX];
-    return kp_threshold_probe_rows(t, mla_case_thresholds(c, t));
-}
-
 static int mla_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp_error *err) {
     mla_data *d = v->data = kp_calloc(1, sizeof *d, "mla case", err);
     if (!d) return err->code;
@@ -55,7 +26,7 @@ static int mla_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp
     /* the cache (not batched: indices are global slots) holds every request's pages, so its bytes, recorded in
        receipts, must not depend on which checks asked for filler requests: always the family's own count, which
        is what a batch check asks for (replay regenerates with none asked) */
-    const int64_t filler = extra_requests(c), n = mc->batch + (extra_rows > filler ? extra_rows : filler);
+    const int64_t filler = kp_mla_extra_requests(c), n = mc->batch + (extra_rows > filler ? extra_rows : filler);
     kp_mla_case_sizes(mc, n, &d->sz);
     if (d->sz.pages * mc->page > INT32_MAX)
         return kp_fail(err, KP_EXIT_USAGE, "mla: %lld cache slots for %lld requests exceed int32 indices", (long long)(d->sz.pages * mc->page),
@@ -139,7 +110,7 @@ static int mla_shapes(const kp_case *c, int64_t extra_rows, kp_shapes *s, kp_err
     const kp_mla_case mc = *kp_mla_case_of(c);
     (void)err; /* decoded once, when the case was normalized */
     mla_data d = {.mc = mc, .in_tl = -1, .in_sink = -1};
-    const int64_t filler = extra_requests(c), n = mc.batch + (extra_rows > filler ? extra_rows : filler);
+    const int64_t filler = kp_mla_extra_requests(c), n = mc.batch + (extra_rows > filler ? extra_rows : filler);
     kp_mla_case_sizes(&mc, n, &d.sz);
     s->batch = mc.batch, s->rows_total = n;
     const bool fp8 = mc.cache == KP_MLA_FP8_DS_MLA;
@@ -197,19 +168,6 @@ static int mla_reference(void *data, const void *params, kp_reference *ref, kp_e
     return 0;
 }
 
-/* Every probe's split counts: per position, the probe's and (for the case's own rows) the full batch's. */
-static void mla_describe_probe(const void *data, const kp_output *probe, const int64_t *rows, int64_t nrows,
-                               const kp_output *full, cJSON *p) {
-    const mla_data *d = data;
-    cJSON *s = cJSON_AddObjectToObject(p, "splits");
-    cJSON *in_probe = cJSON_AddArrayToObject(s, "probe"), *in_full = cJSON_AddArrayToObject(s, "full_batch");
-    const int32_t *ps = probe->t[3].data, *fs = full->t[3].data;
-    for (int64_t i = 0; i < nrows; i++) {
-        cJSON_AddItemToArray(in_probe, cJSON_CreateNumber(ps[i]));
-        cJSON_AddItemToArray(in_full, rows[i] < d->mc.batch ? cJSON_CreateNumber(fs[rows[i]]) : cJSON_CreateNull());
-    }
-}
-
 static double mla_flops(const void *data, int64_t nrows) {
     const kp_mla_case *mc = &((const mla_data *)data)->mc;
     return 2.0 * heads_of(mc, nrows) * (double)mc->topk * (double)(KP_MLA_D_QK + KP_MLA_D_V);
@@ -262,8 +220,8 @@ const kp_family kp_mla_family = {
     .outputs = mla_outputs,
     .fill_args = mla_fill_args,
     .reference = mla_reference,
-    .case_thresholds = mla_case_thresholds,
-    .describe_probe = mla_describe_probe,
+    .case_thresholds = kp_mla_case_thresholds,
+    .describe_probe = kp_mla_describe_probe,
     .bytes_moved = mla_bytes_moved,
     .flops = mla_flops,
     .array_docs = kp_mla_array_docs,

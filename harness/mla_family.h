@@ -1,5 +1,6 @@
 /* mla_family.h: what the mla family's harness files share (mla_family.c, the record and its tensors;
- * mla_export.c, what an export says and writes beside the inputs): the prepared case. */
+ * mla_batch.c, its batch threshold and probes; mla_export.c, what an export says and writes beside the inputs): the
+ * prepared case. */
 #ifndef MLA_FAMILY_H
 #define MLA_FAMILY_H
 
@@ -22,6 +23,13 @@ typedef struct mla_data {
 
 enum { IN_Q = 0, IN_INDICES, IN_CACHE };
 
+/* mla_batch.c: the batch size at which split_count stops splitting a full-length request (kp_family.case_thresholds),
+ * the filler requests that makes a case hold, and a probe's split counts (kp_family.describe_probe). */
+int kp_mla_case_thresholds(const kp_case *c, kp_threshold *t);
+int64_t kp_mla_extra_requests(const kp_case *c);
+void kp_mla_describe_probe(const void *data, const kp_output *probe, const int64_t *rows, int64_t nrows,
+                           const kp_output *full, cJSON *p);
+/* mla_export.c */
 extern const kp_array_doc kp_mla_array_docs[];
 int kp_mla_export_extras(const void *data, kp_tensor *t, cJSON *layout);
 

@@ -1,5 +1,5 @@
 /* moe_export.c: the moe family's export stage: what case.json and `kparity export --help` say of each array. */
-#include "kp_harness.h"
+#include "moe_family.h"
 
 /* What an export says of each array (kparity export, case.json). */
 const kp_array_doc kp_moe_array_docs[] = {

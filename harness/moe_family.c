@@ -10,42 +10,9 @@
 #include "../kernels/moe_plan.h"
 #include "../reference/moe_ref.h"
 #include "kp_device.h"
-#include "kp_harness.h"
-
-typedef struct moe_data {
-    kp_moe_case mc;
-    /* the inputs (the harness holds them) */
-    float *x, *weights, *scales; /* scales: [2, experts], W13's then W2's */
-    int32_t *ids;
-    uint8_t *w13, *s13, *w2, *s2;
-    double *ref; /* [m, hidden] */
-} moe_data;
+#include "moe_family.h"
 
 enum { IN_X = 0, IN_IDS, IN_WEIGHTS, IN_W13, IN_S13, IN_W2, IN_S2, IN_SCALES };
-
-/* Rows at which the modelled impls change what they run, for this case's experts and top-k. */
-static int moe_case_thresholds(const kp_case *c, kp_threshold *t) {
-    static const char *const why_bsm[] = {
-        "marlin_like's block_size_m steps from 8 to 16 rows above here (rows * topk / experts / 8 reaches 0.9)",
-        "marlin_like's block_size_m steps from 16 to 32 rows above here",
-        "marlin_like's block_size_m steps from 32 to 48 rows above here (and its tile from {n 128, k 128} to {n 256, k 64})",
-        "marlin_like's block_size_m steps from 48 to 64 rows above here",
-    };
-    const kp_moe_case mc = *kp_moe_case_of(c);
-    int n = 0;
-    t[n++] = (kp_threshold){KP_MOE_GEMV_ROWS, "marlin_gemv32 runs an expert with at most 32 rows in f32 and one with more "
-                                              "in bf16: a hot or straddle expert crosses 32 rows here"};
-    static const int sizes[] = {8, 16, 32, 48};
-    for (int i = 0; i < 4; i++) {
-        int64_t T = (int64_t)(0.9 * sizes[i] * (double)mc.experts / (double)mc.topk) + 1;
-        while (T > 1 && kp_marlin_block_size_m(T, (int32_t)mc.topk, mc.experts) > sizes[i]) T--;
-        if (T > KP_MOE_GEMV_ROWS) t[n++] = (kp_threshold){T, why_bsm[i]};
-    }
-    if (mc.experts <= 64)
-        t[n++] = (kp_threshold){(1023 / mc.topk), "marlin_like's token order turns atomic at 1024 routed slots (with "
-                                                  "at most 64 experts): one row more than this"};
-    return n;
-}
 
 static double weight_bytes(const kp_moe_case *mc) {
     return (double)mc->experts * (double)(kp_moe_w13_rows(mc) + mc->inter) * (double)mc->hidden * (0.5 + 1.0 / 16.0);
@@ -155,13 +122,6 @@ static int moe_reference(void *data, const void *params, kp_reference *ref, kp_e
     return 0;
 }
 
-static bool moe_row_moved(const void *data, const kp_output *full, int64_t full_row, const kp_output *probe, int64_t probe_row) {
-    const moe_data *d = data;
-    const int32_t *a = (const int32_t *)full->t[1].data + full_row * d->mc.topk;
-    const int32_t *b = (const int32_t *)probe->t[1].data + probe_row * d->mc.topk;
-    return memcmp(a, b, sizeof *a * (size_t)d->mc.topk) != 0;
-}
-
 static double moe_flops(const void *data, int64_t nrows) {
     const moe_data *d = data;
     return 2.0 * (double)nrows * (double)d->mc.topk * (double)(kp_moe_w13_rows(&d->mc) + d->mc.inter) * (double)d->mc.hidden;
@@ -199,8 +159,6 @@ static const char *const order_outputs[] = {"slots", NULL}; /* where each pair r
 
 static const char *const output_names[] = {"out", "slots", NULL};
 
-extern const kp_array_doc kp_moe_array_docs[]; /* moe_export.c */
-
 const kp_family kp_moe_family = {
     .name = "moe",
     .output_names = output_names,
@@ -219,8 +177,8 @@ const kp_family kp_moe_family = {
     .outputs = moe_outputs,
     .fill_args = moe_fill_args,
     .reference = moe_reference,
-    .case_thresholds = moe_case_thresholds,
-    .row_moved = moe_row_moved,
+    .case_thresholds = kp_moe_case_thresholds,
+    .row_moved = kp_moe_row_moved,
     .bytes_moved = moe_bytes_moved,
     .flops = moe_flops,
     .array_docs = kp_moe_array_docs,
