@@ -303,6 +303,27 @@ Test(family_seam, a_fifth_familys_rule_is_judged_reported_and_plotted_by_the_har
     cr_assert_eq(kp_bundle_verify(bundle, &err), 0, "%s", err.msg);
 }
 
+/* Ten rule checks of one output under nine parameter sets: the harness keeps KP_MEMO_MAX (8) judgements, so the first
+ * (ulps 0) is evicted before the last asks for it again; every check still gets the judgement of its own parameters.
+ * The perturbed element is between 1e4 and 1e5 ulps off: a bound of 1e5 or more passes it, 1e4 or less does not. */
+Test(family_seam, judgements_are_kept_per_parameters_and_the_oldest_evicted) {
+    static const int ulps[] = {0, 1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 0};
+    char checks[2048] = "[";
+    size_t used = 1;
+    for (size_t i = 0; i < sizeof ulps / sizeof *ulps; i++)
+        used += (size_t)snprintf(checks + used, sizeof checks - used, "%s{\"check\":\"rule\",\"impl\":\"scale.perturb@host\","
+                                 "\"ulps\":%d}", i ? "," : "", ulps[i]);
+    snprintf(checks + used, sizeof checks - used, "]");
+    cJSON *rec = gate_case("memo", "", checks, 1, NULL);
+    for (size_t i = 0; i < sizeof ulps / sizeof *ulps; i++) {
+        const cJSON *chk = kpt_check(rec, (int)i);
+        cr_assert_str_eq(kpt_str(chk, "result"), ulps[i] >= 100000 ? "PASSED" : "INCORRECT", "check %zu (ulps %d): %s", i,
+                         ulps[i], kpt_str(chk, "summary"));
+        cr_assert_eq(kpt_num(chk, "params.ulps"), ulps[i]);
+    }
+    cJSON_Delete(rec);
+}
+
 /* A family without a rule (its record has none) refuses a rule check when the config loads, naming the family. */
 Test(family_seam, a_rule_check_on_a_family_without_one_is_refused) {
     char *path;
