@@ -149,5 +149,14 @@ uint8_t kp_mla_e4m3_code(float x);
 static inline int64_t kp_mla_cache_slot(const kp_mla_case *mc, const int32_t *page_table_row, int32_t index) {
     return index < 0 ? -1 : (int64_t)page_table_row[index / mc->page] * mc->page + index % mc->page;
 }
+/* Every row's token positions [rows, topk] as cache slots (kp_mla_cache_slot, each request's row of the page table
+ * [requests, pages_per_request]): the indices the impls take. */
+static inline void kp_mla_case_slots(const kp_mla_case *mc, int64_t rows, int64_t pages_per_request, const int32_t *pages,
+                                     const int32_t *positions, int32_t *slots) {
+    for (int64_t row = 0; row < rows; row++)
+        for (int64_t j = 0; j < mc->topk; j++)
+            slots[row * mc->topk + j] = (int32_t)kp_mla_cache_slot(mc, pages + (row / mc->s_q) * pages_per_request,
+                                                                   positions[row * mc->topk + j]);
+}
 
 #endif

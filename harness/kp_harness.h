@@ -230,6 +230,10 @@ static inline int64_t kp_shapes_largest_run(int64_t batch, int64_t rows_total) {
 /* Declare an input in s as kp_view_input adds it to a view (set s->batch first); nothing is allocated. */
 void kp_shapes_input(kp_shapes *s, const char *name, kp_dtype dtype, int ndim, const int64_t *shape, int64_t row_stride,
                      bool batched);
+/* prepare's first step: the view's batch, rows and every input exactly as the family's shapes declares them for these
+ * extra rows (zeroed; the family then fills them), so a family writes its inputs down once. */
+int kp_view_declared(kp_case_view *v, int (*shapes)(const kp_case *c, int64_t extra_rows, kp_shapes *s, kp_error *err),
+                     const kp_case *c, int64_t extra_rows, kp_error *err);
 
 /* An impl's output on some rows, on the host: the family's output tensors with shape[0] = nrows. */
 typedef struct kp_output {

@@ -17,37 +17,22 @@
 #include "kp_device.h"
 #include "mla_family.h"
 
+static int mla_shapes(const kp_case *c, int64_t extra_rows, kp_shapes *s, kp_error *err);
+
 static int mla_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp_error *err) {
     mla_data *d = v->data = kp_calloc(1, sizeof *d, "mla case", err);
     if (!d) return err->code;
     d->mc = *kp_mla_case_of(c);
-    int rc;
     const kp_mla_case *mc = &d->mc;
-    /* the cache (not batched: indices are global slots) holds every request's pages, so its bytes, recorded in
-       receipts, must not depend on which checks asked for filler requests: always the family's own count, which
-       is what a batch check asks for (replay regenerates with none asked) */
-    const int64_t filler = kp_mla_extra_requests(c), n = mc->batch + (extra_rows > filler ? extra_rows : filler);
+    int rc = kp_view_declared(v, mla_shapes, c, extra_rows, err);
+    if (rc) return rc;
+    const int64_t n = v->rows_total;
     kp_mla_case_sizes(mc, n, &d->sz);
-    if (d->sz.pages * mc->page > INT32_MAX)
-        return kp_fail(err, KP_EXIT_USAGE, "mla: %lld cache slots for %lld requests exceed int32 indices", (long long)(d->sz.pages * mc->page),
-                       (long long)n);
-    v->batch = mc->batch, v->rows_total = n;
     const bool fp8 = mc->cache == KP_MLA_FP8_DS_MLA;
-    const int64_t qs[4] = {mc->batch, mc->s_q, mc->h_q, KP_MLA_D_QK}, is[3] = {mc->batch, mc->s_q, mc->topk},
-                  ls[2] = {mc->batch, mc->s_q}, cs[3] = {d->sz.pages, mc->page, fp8 ? KP_MLA_FP8_TOKEN_BYTES : KP_MLA_D_QK},
-                  ss[1] = {mc->h_q};
-    if ((rc = kp_view_input(v, "q", KP_BF16, 4, qs, 0, true, err)) ||
-        (rc = kp_view_input(v, "indices", KP_I32, 3, is, 0, true, err)) ||
-        (rc = kp_view_input(v, "cache", fp8 ? KP_U8 : KP_BF16, 3, cs, 0, false, err)))
-        return rc;
-    d->in_tl = d->in_sink = -1;
-    if (mc->topk_length) {
-        d->in_tl = v->ninputs;
-        if ((rc = kp_view_input(v, "topk_length", KP_I32, 2, ls, 0, true, err))) return rc;
-    }
-    if (mc->sink != KP_MLA_SINK_OFF) {
-        d->in_sink = v->ninputs;
-        if ((rc = kp_view_input(v, "attn_sink", KP_F32, 1, ss, 0, false, err))) return rc;
+    d->in_tl = d->in_sink = -1; /* the optional inputs, where shapes put them */
+    for (int k = 0; k < v->ninputs; k++) {
+        if (!strcmp(v->inputs[k].name, "topk_length")) d->in_tl = k;
+        if (!strcmp(v->inputs[k].name, "attn_sink")) d->in_sink = k;
     }
     d->positions = kp_calloc(d->sz.indices_bytes, 1, "mla token positions", err);
     d->pages = d->positions ? kp_calloc(d->sz.page_table_bytes, 1, "mla page table", err) : NULL;
@@ -61,12 +46,7 @@ static int mla_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp
     if ((rc = kp_mla_case_requests(mc, 0, n, &out, err))) return rc;
     if (d->in_sink >= 0 && (rc = kp_mla_case_sink(mc, v->inputs[d->in_sink].data, err))) return rc;
     /* the impls take cache slots (FlashMLA's indices_in_kvcache): position -> physical page * page + offset */
-    int32_t *slots = v->inputs[IN_INDICES].data;
-    const int64_t P = d->sz.pages_per_request;
-    for (int64_t row = 0; row < d->sz.rows; row++)
-        for (int64_t j = 0; j < mc->topk; j++)
-            slots[row * mc->topk + j] =
-                (int32_t)kp_mla_cache_slot(mc, d->pages + (row / mc->s_q) * P, d->positions[row * mc->topk + j]);
+    kp_mla_case_slots(mc, d->sz.rows, d->sz.pages_per_request, d->pages, d->positions, v->inputs[IN_INDICES].data);
     return 0;
 }
 
@@ -108,10 +88,15 @@ static void mla_fill_args(const void *data, const kp_launch_bufs *b, void *args)
 /* What prepare, outputs and fill_args make of the case (kp_shapes). */
 static int mla_shapes(const kp_case *c, int64_t extra_rows, kp_shapes *s, kp_error *err) {
     const kp_mla_case mc = *kp_mla_case_of(c);
-    (void)err; /* decoded once, when the case was normalized */
     mla_data d = {.mc = mc, .in_tl = -1, .in_sink = -1};
+    /* the cache (not batched: indices are global slots) holds every request's pages, so its bytes, recorded in
+       receipts, must not depend on which checks asked for filler requests: always the family's own count, which
+       is what a batch check asks for (replay regenerates with none asked) */
     const int64_t filler = kp_mla_extra_requests(c), n = mc.batch + (extra_rows > filler ? extra_rows : filler);
     kp_mla_case_sizes(&mc, n, &d.sz);
+    if (d.sz.pages * mc.page > INT32_MAX)
+        return kp_fail(err, KP_EXIT_USAGE, "mla: %lld cache slots for %lld requests exceed int32 indices",
+                       (long long)(d.sz.pages * mc.page), (long long)n);
     s->batch = mc.batch, s->rows_total = n;
     const bool fp8 = mc.cache == KP_MLA_FP8_DS_MLA;
     const int64_t qs[4] = {mc.batch, mc.s_q, mc.h_q, KP_MLA_D_QK}, is[3] = {mc.batch, mc.s_q, mc.topk},

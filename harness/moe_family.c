@@ -18,29 +18,20 @@ static double weight_bytes(const kp_moe_case *mc) {
     return (double)mc->experts * (double)(kp_moe_w13_rows(mc) + mc->inter) * (double)mc->hidden * (0.5 + 1.0 / 16.0);
 }
 
+static int moe_shapes(const kp_case *c, int64_t extra_rows, kp_shapes *s, kp_error *err);
+
 static int moe_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp_error *err) {
     moe_data *d = v->data = kp_calloc(1, sizeof *d, "moe case", err);
     if (!d) return err->code;
     d->mc = *kp_moe_case_of(c);
-    int rc;
     const kp_moe_case *mc = &d->mc;
-    const int64_t H = mc->hidden, I = mc->inter, E = mc->experts, K = mc->topk, R = kp_moe_w13_rows(mc);
-    v->batch = mc->m, v->rows_total = mc->m + extra_rows;
-    const int64_t xs[2] = {mc->m, H}, rs[2] = {mc->m, K}, w13s[3] = {E, R, H / 2}, s13s[3] = {E, R, H / 16},
-                  w2s[3] = {E, H, I / 2}, s2s[3] = {E, H, I / 16}, gs[2] = {2, E};
-    if ((rc = kp_view_input(v, "x", KP_F32, 2, xs, 0, true, err)) || (rc = kp_view_input(v, "ids", KP_I32, 2, rs, 0, true, err)) ||
-        (rc = kp_view_input(v, "weights", KP_F32, 2, rs, 0, true, err)) ||
-        (rc = kp_view_input(v, "w13", KP_U8, 3, w13s, 0, false, err)) ||
-        (rc = kp_view_input(v, "s13", KP_U8, 3, s13s, 0, false, err)) ||
-        (rc = kp_view_input(v, "w2", KP_U8, 3, w2s, 0, false, err)) ||
-        (rc = kp_view_input(v, "s2", KP_U8, 3, s2s, 0, false, err)) ||
-        (rc = kp_view_input(v, "global_scales", KP_F32, 2, gs, 0, false, err)))
-        return rc;
+    int rc = kp_view_declared(v, moe_shapes, c, extra_rows, err);
+    if (rc) return rc;
     d->x = v->inputs[IN_X].data, d->ids = v->inputs[IN_IDS].data, d->weights = v->inputs[IN_WEIGHTS].data;
     d->w13 = v->inputs[IN_W13].data, d->s13 = v->inputs[IN_S13].data, d->w2 = v->inputs[IN_W2].data;
     d->s2 = v->inputs[IN_S2].data, d->scales = v->inputs[IN_SCALES].data;
     if ((rc = kp_moe_case_rows(mc, 0, v->rows_total, d->x, d->ids, d->weights, err))) return rc;
-    return kp_moe_case_all_experts(mc, d->w13, d->s13, d->scales, d->w2, d->s2, d->scales + E, err);
+    return kp_moe_case_all_experts(mc, d->w13, d->s13, d->scales, d->w2, d->s2, d->scales + mc->experts, err);
 }
 
 static void moe_release(void *data) {

@@ -53,6 +53,19 @@ static void check_declared(const kp_family *fam, const kp_case *c, int64_t extra
     if (!same) kp_abort(__FILE__, __LINE__, "family %s: its shapes hook declares other tensors than prepare and outputs make", fam->name);
 }
 
+int kp_view_declared(kp_case_view *v, int (*shapes)(const kp_case *c, int64_t extra_rows, kp_shapes *s, kp_error *err),
+                     const kp_case *c, int64_t extra_rows, kp_error *err) {
+    kp_shapes s;
+    memset(&s, 0, sizeof s);
+    int rc = shapes(c, extra_rows, &s, err);
+    v->batch = s.batch, v->rows_total = s.rows_total;
+    for (int k = 0; !rc && k < s.ninputs; k++) {
+        const kp_tensor *t = &s.inputs[k];
+        rc = kp_view_input(v, t->name, t->dtype, t->ndim, t->shape, t->row_stride, t->batched, err);
+    }
+    return rc;
+}
+
 static void view_free(const kp_family *fam, kp_judgements *judged, kp_case_view *v) {
     if (judged->fam) kp_judgements_clear(judged); /* judgements may point into the family's data */
     if (v->data) fam->release(v->data);

@@ -13,17 +13,14 @@ static const kp_threshold thresholds[] = {
     {32, "vLLM's indexer top-k (and radix_buffer) runs an exact path at <= 32 rows and a coarse-bin buffer above"},
 };
 
+static int topk_shapes(const kp_case *c, int64_t extra_rows, kp_shapes *s, kp_error *err);
+
 static int topk_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp_error *err) {
     topk_data *d = v->data = kp_calloc(1, sizeof *d, "topk case", err);
     if (!d) return err->code;
     d->tc = *kp_topk_case_of(c);
-    int rc;
-    v->batch = d->tc.rows, v->rows_total = d->tc.rows + extra_rows;
-    const int64_t sshape[2] = {d->tc.rows, d->tc.width}, wshape[1] = {d->tc.rows};
-    if ((rc = kp_view_input(v, "scores", KP_F32, 2, sshape, d->tc.stride, true, err)) ||
-        (rc = kp_view_input(v, "starts", KP_I32, 1, wshape, 0, true, err)) ||
-        (rc = kp_view_input(v, "ends", KP_I32, 1, wshape, 0, true, err)))
-        return rc;
+    const int rc = kp_view_declared(v, topk_shapes, c, extra_rows, err);
+    if (rc) return rc;
     d->scores = v->inputs[0].data, d->starts = v->inputs[1].data, d->ends = v->inputs[2].data;
     return kp_topk_case_rows(&d->tc, 0, v->rows_total, d->scores, d->starts, d->ends, err);
 }

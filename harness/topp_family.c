@@ -16,16 +16,14 @@ static const kp_threshold thresholds[] = {
     {64, "vLLM's split top-p pipeline takes batches of at most 64 rows"},
 };
 
+static int topp_shapes(const kp_case *c, int64_t extra_rows, kp_shapes *s, kp_error *err);
+
 static int topp_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp_error *err) {
     topp_data *d = v->data = kp_calloc(1, sizeof *d, "topp case", err);
     if (!d) return err->code;
     d->tc = *kp_topp_case_of(c);
-    int rc;
-    v->batch = d->tc.batch, v->rows_total = d->tc.batch + extra_rows;
-    const int64_t lshape[2] = {d->tc.batch, d->tc.vocab}, pshape[1] = {d->tc.batch};
-    if ((rc = kp_view_input(v, "logits", KP_F32, 2, lshape, d->tc.stride, true, err)) ||
-        (rc = kp_view_input(v, "top_p", KP_F32, 1, pshape, 0, true, err)))
-        return rc;
+    const int rc = kp_view_declared(v, topp_shapes, c, extra_rows, err);
+    if (rc) return rc;
     d->logits = v->inputs[0].data, d->top_p = v->inputs[1].data;
     return kp_topp_case_rows(&d->tc, 0, v->rows_total, d->logits, d->top_p, err);
 }
