@@ -15,6 +15,7 @@ typedef struct kp_bench_options {
     int json;  /* JSON lines on stdout: a "bench" line first, a "row" per impl and reference, a "case" (progress)
                   after each case, and an "end" line once every case has run */
     int quiet; /* no progress lines */
+    int no_reference; /* --no-reference: no reference row (else the float64 reference is timed once a case) */
 } kp_bench_options;
 
 /* Each row is printed (and flushed) as it finishes, and each case ends with a progress line and an estimate of the

@@ -41,10 +41,10 @@ static const struct {
     {"export", "kparity export CASE --out DIR [--impl NAME]... [--force]\n"
                "                                             inputs, reference and outputs as .npy, and a case.json\n"
                "                                             that says what each file is"},
-    {"bench", "kparity bench [--impl NAME]... [--exec FAMILY:IMPL=CMD]... [--case CASE]... [--reps N] [--quiet] [--json]\n"
-              "                                             time impls (CUDA events on a GPU) and outside programs; no\n"
-              "                                             --case: the GPU shapes with a CUDA device, else host-sized ones\n"
-              "                                             (only of --impl's families when given)"},
+    {"bench", "kparity bench [--impl NAME]... [--exec FAMILY:IMPL=CMD]... [--case CASE]... [--reps N] [--no-reference]\n"
+              "              [--quiet] [--json]             time impls (CUDA events on a GPU) and outside programs, and the\n"
+              "                                             float64 reference once a case; no --case: the GPU shapes with a\n"
+              "                                             CUDA device, else host-sized ones (only of --impl's families)"},
     {"merge", "kparity merge B1 B2 ... --out B                shards of one config into one bundle (one verdict, re-chained)"},
     {"judge", "kparity judge CASE --impl NAME=FILE.npy[,...] [--impl NAME@N=...] [--exec ROLE=CMD] --config FILE --out B\n"
               "                                             judge outputs made elsewhere by the config's checks for CASE\n"
@@ -281,6 +281,7 @@ int main(int argc, char **argv) {
     const char *config = NULL, *out = NULL, *filter = NULL, *positional = NULL, *key = NULL, *pubkey = NULL;
     const char *impls[32], *cases[32], *plugins[32], *execs[16];
     int nimpl = 0, ncase = 0, nplugin = 0, nexec = 0, quiet = 0, json = 0, replay = 0, reps = 0, help = 0, force = 0;
+    int no_reference = 0;
     const char *shard = NULL;
     double timeout = 0;
     char **command = NULL;
@@ -314,6 +315,7 @@ int main(int argc, char **argv) {
             if (nplugin == 32) return usage("--plugin: at most 32 plugins");
             plugins[nplugin++] = argv[++i];
         } else if (!strcmp(a, "--quiet")) quiet = 1;
+        else if (!strcmp(a, "--no-reference")) no_reference = 1;
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--replay")) replay = 1;
         else if (!strcmp(a, "--force")) force = 1;
@@ -336,6 +338,7 @@ int main(int argc, char **argv) {
             return 0;
         }
     if (force && strcmp(cmd, "export")) return usage("--force is for export (replace a previous export's folder)");
+    if (no_reference && strcmp(cmd, "bench")) return usage("--no-reference is for bench (a gate's checks need the reference)");
     const kp_plugin_list pl = {plugins, nplugin};
     if (!strcmp(cmd, "run")) return cmd_run(0, config, out, filter, shard, timeout, quiet, json, NULL, &pl);
     if (!strcmp(cmd, "gate")) {
@@ -363,7 +366,7 @@ int main(int argc, char **argv) {
             if (rc) return fail(&err);
             if (nimpl && nimpl < 32) impls[nimpl++] = impl->name;
         }
-        const kp_bench_options bo = {impls, nimpl, cases, ncase, reps, json, quiet};
+        const kp_bench_options bo = {impls, nimpl, cases, ncase, reps, json, quiet, no_reference};
         int rc = kp_bench(&bo, &err);
         return rc ? fail(&err) : 0;
     }

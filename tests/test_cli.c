@@ -595,6 +595,37 @@ Test(cli, bench_header_counts_the_impls_that_run) {
     cr_assert_eq(atoi(head + 8), rows, "the header's impls differ from the impl rows:\n%s", out);
 }
 
+/* bench times the float64 reference once a case, on the case its impls ran on (it timed three fresh preparations, which
+ * was most of a bench's wall time on the large MoE cases), and not at all with --no-reference; the flag is bench's
+ * alone. Two cases: one reference row each, "runs": 1; none with the flag, the impl rows unchanged. */
+Test(cli, bench_times_the_reference_once_a_case_or_not_at_all) {
+    char *out, *err;
+    char *argv[] = {kpt_binary(), "bench", "--case", "topk(k=16,profile=randn,rows=4,seed=1,width=100)", "--case",
+                    "topk(k=8,profile=randn,rows=2,seed=2,width=64)", "--reps", "1", "--json", "--quiet", NULL, NULL};
+    for (int flag = 0; flag < 2; flag++) {
+        argv[10] = flag ? "--no-reference" : NULL;
+        cr_assert_eq(run_cli(argv, &out, &err), 0, "%s%s", out, err);
+        int refs = 0, once = 0, impl_rows = 0;
+        const char *row = "{\"event\":\"row\",\"impl\":\"";
+        for (const char *at = out; (at = strstr(at, row)); at++) {
+            const char *nl = strchr(at, '\n');
+            if (strncmp(at + strlen(row), "reference.", 10)) {
+                impl_rows++;
+                continue;
+            }
+            refs++;
+            const char *runs = strstr(at, "\"runs\":1,");
+            once += runs && (!nl || runs < nl);
+        }
+        cr_assert_eq(refs, flag ? 0 : 2, "%s reference rows:\n%s", flag ? "--no-reference:" : "", out);
+        cr_assert_eq(once, refs, "a reference row timed more than one run:\n%s", out);
+        cr_assert_gt(impl_rows, 0, "%s", out);
+    }
+    char *gate[] = {kpt_binary(), "gate", "--config", "ci/gates/default.json", "--no-reference", NULL};
+    cr_assert_eq(run_cli(gate, &out, &err), 2, "%s%s", out, err);
+    cr_assert(strstr(err, "--no-reference is for bench"), "%s", err);
+}
+
 /* Each row is printed as it finishes, and each case's progress line (with the time left) after its rows: stdout and
  * stderr into one file, the rows of case 1 come before "[1/2]" and those of case 2 between it and "[2/2]". A bench
  * that buffered its rows to the end (stdout to a file or pipe is fully buffered unless flushed) printed them after
