@@ -20,6 +20,9 @@ const kp_array_doc kp_moe_array_docs[] = {
     {KP_ARRAY_OUTPUT, "slots", "[m, topk]: as ids", "where each routed pair went: its position among the rows the impl "
      "ran for that expert (the order it worked in, not part of the answer)"},
     {KP_ARRAY_REFERENCE, "out", "[m, hidden]", "out in float64 on the exactly dequantized weights"},
+    {KP_ARRAY_REFERENCE, "out@bf16_activations", "[m, hidden]", "the same with each x rounded to bf16 first (nearest, "
+     "ties to even), as every W4A16 kernel reads its activations: reported beside a tolerance check's verdict, never in "
+     "it"}, 
     {0, NULL, NULL, NULL},
 };
 

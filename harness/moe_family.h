@@ -12,7 +12,8 @@ typedef struct moe_data {
     float *x, *weights, *scales; /* scales: [2, experts], W13's then W2's */
     int32_t *ids;
     uint8_t *w13, *s13, *w2, *s2;
-    double *ref; /* [m, hidden] */
+    double *ref;      /* [m, hidden]: on x as given */
+    double *ref_bf16; /* [m, hidden]: on x rounded to bf16, as every W4A16 kernel reads its activations */
 } moe_data;
 
 /* moe_batch.c (kp_family.case_thresholds, kp_family.row_moved) */

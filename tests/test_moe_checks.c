@@ -97,6 +97,34 @@ Test(moe_checks, a_clean_plain_plugin_passes_the_tolerance_check) {
     cJSON_Delete(rec);
 }
 
+/* Every moe tolerance check reports the output against the bf16-activation reference too (out@bf16_activations,
+ * reported beside the verdict): the plain plugin, which reads x in f32, is nearer the f32-activation reference; the
+ * invariant port, which rounds x to bf16 first as every W4A16 kernel does, is nearer the bf16 one (issue 30 measured
+ * NMSE 7.2e-6 against 2.7e-6 with an independent NumPy oracle). A bf16 reference made from x unrounded would equal the
+ * other and both comparisons would fail. */
+Test(moe_checks, tolerance_reports_the_bf16_activation_reference_beside_the_verdict) {
+    char *so = plugin(NULL, "moe.plain@host");
+    char *cfg = config("bf16", so, "moe.plain@host", "{\"case\":\"" TOL_CASE "\",\"checks\":[{\"check\":\"tolerance\","
+                       "\"impl\":\"candidate\"},{\"check\":\"tolerance\",\"impl\":\"moe.invariant@host\"}]}");
+    cJSON *rec = gate(cfg, "bf16", 0);
+    double nmse[2], against[2];
+    for (int k = 0; k < 2; k++) {
+        const cJSON *t = cJSON_GetArrayItem(kpt_at(kpt_check(rec, k), "findings.tensors"), 0);
+        const cJSON *a = cJSON_GetArrayItem(kpt_at(t, "against"), 0);
+        cr_assert_not_null(a, "check %d has no 'against'", k);
+        cr_assert_str_eq(kpt_str(a, "reference"), "out@bf16_activations");
+        cr_assert_str_eq(kpt_str(a, "counts"), "no: reported only");
+        nmse[k] = kpt_num(kpt_at(t, "metrics"), "nmse"), against[k] = kpt_num(a, "nmse");
+        cr_assert(kpt_num(a, "max_abs") > 0, "check %d: max abs against the bf16 reference is 0", k);
+    }
+    cr_assert_lt(nmse[0], against[0], "the f32 plugin: NMSE %g against the f32-activation reference, %g the bf16 one",
+                 nmse[0], against[0]);
+    cr_assert_lt(against[1], nmse[1], "moe.invariant: NMSE %g against the bf16-activation reference, %g the f32 one",
+                 against[1], nmse[1]);
+    cJSON_Delete(rec);
+    free(so), free(cfg);
+}
+
 Test(moe_checks, nibbles_read_the_wrong_way_round_are_incorrect_and_the_worst_element_is_named) {
     const cJSON *t;
     cJSON *rec = tolerance_of("-DKPT_NIBBLE_SWAP", "moe.nibble_swap@host", 1, &t);
