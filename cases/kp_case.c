@@ -225,7 +225,12 @@ static void format_field(const kp_case_field *field, const void *fields, char *b
 static int default_text(const kp_case_family *f, const kp_case_field *field, const void *fields, char *buf, size_t len) {
     if (field->fallback) snprintf(buf, len, "%s", field->fallback);
     else if (field->same_as) format_field(earlier(f, field, field->same_as), fields, buf, len);
-    else if (field->preset) snprintf(buf, len, "%lld", (long long)field->preset(fields));
+    else if (field->preset && field->type == KP_FIELD_NAME) { /* a code: its name */
+        const int64_t v = field->preset(fields);
+        for (int i = 0; field->names[i]; i++)
+            if ((field->codes ? field->codes[i] : i) == v) return snprintf(buf, len, "%s", field->names[i]), 1;
+        kp_abort(__FILE__, __LINE__, "field '%s': preset %lld is none of its names", field->name, (long long)v);
+    } else if (field->preset) snprintf(buf, len, "%lld", (long long)field->preset(fields));
     else return 0;
     return 1;
 }

@@ -20,10 +20,16 @@ static const struct {
     {"qwen3", 2048, 768, 128, 8, 1},     /* Qwen3-30B-A3B */
     {"nemotron", 2688, 1856, 128, 6, 0}, /* Nemotron-3-Nano: relu^2, non-gated */
     {"glm47", 2048, 1536, 64, 4, 1},     /* GLM-4.7-Flash: below 1024 routed slots, a deterministic align path */
+    {"deepseek_v3", 7168, 2048, 256, 8, 1}, /* DeepSeek-V3's routed experts */
+    {"kimi_k2", 7168, 2048, 384, 8, 1},     /* Kimi-K2 */
+    {"qwen3_235b", 4096, 1536, 128, 8, 1},  /* Qwen3-235B-A22B */
 };
 #define NMODELS ((int)(sizeof models / sizeof models[0]))
 
-static const char *const model_names[] = {"glm53", "qwen3", "nemotron", "glm47", NULL}; /* models' order */
+static const char *const model_names[] = {"glm53", "qwen3", "nemotron", "glm47", "deepseek_v3", "kimi_k2", "qwen3_235b",
+                                          NULL}; /* models' order */
+static const char *const act_names[] = {"silu_gated", "relu2", NULL};
+static const int64_t act_codes[] = {1, 0}; /* kp_moe_case.gated */
 static const char *const profile_names[] = {"uniform", "hot", "straddle", "single", NULL};
 static const char *const scale_dir_names[] = {"divide", "multiply", NULL};
 static const int64_t scale_dir_codes[] = {KP_NVFP4_DIVIDE, KP_NVFP4_MULTIPLY};
@@ -34,17 +40,26 @@ static uint64_t slot_offset(int slot, uint64_t at) { return ((uint64_t)slot << 5
 
 static int64_t preset_hidden(const void *mc) { return models[((const kp_moe_case *)mc)->model_index].hidden; }
 static int64_t preset_inter(const void *mc) { return models[((const kp_moe_case *)mc)->model_index].inter; }
+static int64_t preset_experts(const void *mc) { return models[((const kp_moe_case *)mc)->model_index].experts; }
+static int64_t preset_topk(const void *mc) { return models[((const kp_moe_case *)mc)->model_index].topk; }
+static int64_t preset_act(const void *mc) { return models[((const kp_moe_case *)mc)->model_index].gated; }
 
 #define AT(member) KP_FIELD_AT(kp_moe_case, member)
 static const kp_case_field fields[] = {
-    {"model", KP_FIELD_NAME, AT(model_index), .names = model_names, .help = "the layer's model: its sizes, experts and top-k"},
+    {"model", KP_FIELD_NAME, AT(model_index), .names = model_names,
+     .help = "the layer's model: the preset of hidden, inter, experts, topk and act (any may be overridden)"},
     {"m", KP_FIELD_INT, AT(m), .min = 1, .max = 65536, .help = "rows (tokens)"},
     {"seed", KP_FIELD_UINT, AT(seed), .help = "the generator's seed"},
     {"profile", KP_FIELD_NAME, AT(profile), .names = profile_names, .help = "the routing (moe_case.h)"},
     {"hidden", KP_FIELD_INT, AT(hidden), .min = 16, .max = 65536, .preset = preset_hidden,
-     .help = "a smaller hidden size than the model's, a multiple of 16"},
+     .help = "the hidden size, a multiple of 16 (NVFP4 blocks along K)"},
     {"inter", KP_FIELD_INT, AT(inter), .min = 16, .max = 65536, .preset = preset_inter,
-     .help = "a smaller intermediate size than the model's, a multiple of 16"},
+     .help = "the intermediate size, a multiple of 16"},
+    {"experts", KP_FIELD_INT, AT(experts), .min = 1, .max = 4096, .preset = preset_experts, .help = "routed experts"},
+    {"topk", KP_FIELD_INT, AT(topk), .min = 1, .max = 64, .preset = preset_topk,
+     .help = "experts a token is routed to, at most experts"},
+    {"act", KP_FIELD_NAME, AT(gated), .names = act_names, .codes = act_codes, .preset = preset_act,
+     .help = "silu_gated (SiLU(gate) * up, W13 holds both) or relu2 (relu(up)^2)"},
     {"scale_dir", KP_FIELD_NAME, AT(scale_dir), .names = scale_dir_names, .codes = scale_dir_codes, .fallback = "divide",
      .help = "the NVFP4 global scale stored as 2688 / amax (divide) or amax / 2688 (multiply)"},
 };
@@ -54,8 +69,10 @@ _Static_assert(sizeof model_names / sizeof *model_names == NMODELS + 1, "a name 
 /* The model's preset, NVFP4's blocks along K, and single's one row. */
 static int check(void *fields_, kp_error *err) {
     kp_moe_case *mc = fields_;
-    mc->model = models[mc->model_index].name, mc->experts = models[mc->model_index].experts;
-    mc->topk = models[mc->model_index].topk, mc->gated = models[mc->model_index].gated;
+    mc->model = models[mc->model_index].name;
+    if (mc->topk > mc->experts)
+        return kp_fail(err, KP_EXIT_USAGE, "case moe: field 'topk': %lld experts a token from %lld experts",
+                       (long long)mc->topk, (long long)mc->experts);
     if (mc->hidden % KP_NVFP4_BLOCK || mc->inter % KP_NVFP4_BLOCK)
         return kp_fail(err, KP_EXIT_USAGE, "case moe: fields 'hidden' and 'inter': %lld and %lld must be multiples of 16 "
                        "(NVFP4 blocks along K)", (long long)mc->hidden, (long long)mc->inter);

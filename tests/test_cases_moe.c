@@ -3,6 +3,7 @@
  * hold, each routing profile's expert counts, and expert weights quantized to NVFP4 along their K. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -57,6 +58,47 @@ Test(cases_moe, models_have_their_shapes_and_names_are_canonical) {
         {"moe(m=0,model=qwen3,profile=uniform,seed=1)", "'m'"},
         {"moe(m=1,model=qwen3,profile=uniform,scale_dir=up,seed=1)", "'scale_dir': 'up' is unknown"},
         {"moe(m=1,model=qwen3,profile=uniform,seed=1,tokens=3)", "'tokens' is unknown"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        kp_case c;
+        kp_error err = {0};
+        cr_assert_eq(kp_case_parse(bad[i].name, &c, &err), 0);
+        cr_assert_eq(kp_case_normalize(&c, &err), KP_EXIT_USAGE, "%s", bad[i].name);
+        cr_assert(strstr(err.msg, bad[i].needle), "%s: %s", bad[i].name, err.msg);
+    }
+}
+
+/* experts, topk and act are fields the model presets (issue 30): a preset's own values drop from the canonical name, so
+ * today's names stay as they are; any may be overridden; the new presets carry their models' shapes; a top-k above the
+ * expert count and an unknown activation are refused naming the field. */
+Test(cases_moe, the_shape_is_fields_a_model_presets) {
+    char name[KP_CASE_NAME_MAX];
+    kp_moe_case g = read_case("moe(act=silu_gated,experts=288,m=4,model=glm53,profile=uniform,seed=1,topk=8)", name);
+    cr_assert(g.experts == 288 && g.topk == 8 && g.gated);
+    cr_assert_str_eq(name, "moe(m=4,model=glm53,profile=uniform,seed=1)", "the preset's own values dropped");
+    kp_moe_case o = read_case("moe(act=relu2,experts=16,hidden=64,inter=32,m=4,model=glm53,profile=uniform,seed=1,topk=4)", name);
+    cr_assert(o.experts == 16 && o.topk == 4 && !o.gated && o.hidden == 64 && o.inter == 32);
+    cr_assert_str_eq(name, "moe(act=relu2,experts=16,hidden=64,inter=32,m=4,model=glm53,profile=uniform,seed=1,topk=4)");
+    cr_assert_eq(kp_moe_w13_rows(&o), 32, "relu2 is not gated");
+    const struct {
+        const char *model;
+        int64_t hidden, inter, experts, topk;
+    } presets[] = {{"deepseek_v3", 7168, 2048, 256, 8}, {"kimi_k2", 7168, 2048, 384, 8}, {"qwen3_235b", 4096, 1536, 128, 8}};
+    for (size_t i = 0; i < sizeof presets / sizeof *presets; i++) {
+        char case_name[200];
+        snprintf(case_name, sizeof case_name, "moe(m=1,model=%s,profile=single,seed=1)", presets[i].model);
+        kp_moe_case p = read_case(case_name, name);
+        cr_assert(p.hidden == presets[i].hidden && p.inter == presets[i].inter && p.experts == presets[i].experts &&
+                  p.topk == presets[i].topk && p.gated, "%s", case_name);
+        cr_assert_str_eq(name, case_name);
+    }
+    struct {
+        const char *name, *needle;
+    } bad[] = {
+        {"moe(experts=4,m=1,model=glm53,profile=uniform,seed=1)", "'topk': 8 experts a token from 4 experts"},
+        {"moe(m=1,model=glm53,profile=uniform,seed=1,topk=0)", "'topk'"},
+        {"moe(act=gelu,m=1,model=glm53,profile=uniform,seed=1)", "'act': 'gelu' is unknown"},
+        {"moe(experts=0,m=1,model=glm53,profile=uniform,seed=1,topk=1)", "'experts'"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         kp_case c;

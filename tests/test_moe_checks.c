@@ -125,6 +125,28 @@ Test(moe_checks, tolerance_reports_the_bf16_activation_reference_beside_the_verd
     free(so), free(cfg);
 }
 
+/* A layer no preset describes (16 experts, top 2, relu2, hidden 256, inter 128) through the host ports: the candidate
+ * within the tolerance and batch-invariant, marlin_like within the tolerance, the plain plugin and moe.invariant near
+ * each other; the shape is fields (issue 30), and the harness sizes everything from them. */
+Test(moe_checks, a_shape_no_model_presets_runs_through_the_checks) {
+    char *so = plugin(NULL, "moe.plain@host");
+    const char *c = "moe(act=relu2,experts=16,hidden=256,inter=128,m=40,model=glm47,profile=uniform,seed=3,topk=2)";
+    char *cases;
+    cr_assert(asprintf(&cases, "{\"case\":\"%s\",\"checks\":[{\"check\":\"tolerance\",\"impl\":\"moe.invariant@host\"},"
+                       "{\"check\":\"tolerance\",\"impl\":\"moe.marlin_like@host\"},{\"check\":\"tolerance\",\"impl\":"
+                       "\"candidate\"},{\"check\":\"batch\",\"impl\":\"moe.invariant@host\"}]}", c) > 0);
+    char *cfg = config("custom", so, "moe.plain@host", cases);
+    cJSON *rec = gate(cfg, "custom", 0);
+    cr_assert_str_eq(kpt_str(rec, "case.name"), c);
+    for (int k = 0; k < 4; k++)
+        cr_assert_str_eq(kpt_str(kpt_check(rec, k), "result"), "PASSED", "check %d: %s", k, kpt_str(kpt_check(rec, k), "summary"));
+    cr_assert_eq(kpt_num(kpt_at(rec, "inputs.w13"), "shape.0"), 16, "16 experts");
+    cr_assert_eq(kpt_num(kpt_at(rec, "inputs.w13"), "shape.1"), 128, "relu2: W13 is the up projection alone");
+    cr_assert_eq(kpt_num(kpt_at(rec, "inputs.ids"), "shape.1"), 2, "top 2");
+    cJSON_Delete(rec);
+    free(so), free(cfg), free(cases);
+}
+
 Test(moe_checks, nibbles_read_the_wrong_way_round_are_incorrect_and_the_worst_element_is_named) {
     const cJSON *t;
     cJSON *rec = tolerance_of("-DKPT_NIBBLE_SWAP", "moe.nibble_swap@host", 1, &t);
