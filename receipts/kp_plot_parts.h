@@ -45,7 +45,10 @@ static inline int64_t inum(const cJSON *o, const char *key, int64_t fallback) {
 
 static inline int flag(const cJSON *o, const char *key) { return cJSON_IsTrue(get(o, key)); }
 
-/* The count of an index list as the harness writes one: {"count", "first", ["artifact"]}. */
+/* Whether o is an index list as the harness writes one: {"count", "first": [...], ["artifact"]}. */
+static inline int is_list(const cJSON *o) { return cJSON_IsObject(o) && get(o, "count") && cJSON_IsArray(get(o, "first")); }
+
+/* The count of an index list as the harness writes one. */
 static inline int64_t list_count(const cJSON *o, const char *key) { return inum(get(o, key), "count", 0); }
 
 /* The rows a per-row plot spans: findings.rows, else one past the largest row listed. */

@@ -46,9 +46,6 @@ void kp_plot_differ(kp_text *b, const cJSON *f) {
 #define MAX_LISTS 6
 static const char *const list_fill[MAX_LISTS] = {"#c62828", "#ef6c00", "#f9a825", "#8e24aa", "#1565c0", "#6d4c41"};
 
-/* Whether o is an index list as the harness writes one: {"count", "first": [...]}. */
-static int is_list(const cJSON *o) { return cJSON_IsObject(o) && get(o, "count") && cJSON_IsArray(get(o, "first")); }
-
 /* The index lists a judgement record holds, in its order (at most MAX_LISTS). */
 static int list_names(const cJSON *j, const char *names[MAX_LISTS]) {
     int n = 0;

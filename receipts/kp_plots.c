@@ -13,10 +13,9 @@
 /* Whether x holds a difference list that is not empty (kp_plot_is_finding). */
 static int has_differences(const cJSON *x) {
     if (cJSON_IsObject(x)) {
-        const cJSON *count = get(x, "count");
-        if (count && cJSON_IsArray(get(x, "first"))) {
+        if (is_list(x)) {
             int64_t n;
-            return kp_json_value_int(count, &n) == 0 && n > 0;
+            return kp_json_value_int(get(x, "count"), &n) == 0 && n > 0;
         }
         for (const cJSON *c = x->child; c; c = c->next) {
             if (c->string && (!strcmp(c->string, "rows_varying") || !strcmp(c->string, "rows_differ")) &&
@@ -186,7 +185,7 @@ static double row_excess(const kp_plot_figure *fig, int number, const cJSON *e, 
     if (fig && fig->key) return (double)list_count(j, fig->key);
     double n = 0;
     for (const cJSON *m = j ? j->child : NULL; m; m = m->next)
-        if (m->string && cJSON_IsArray(get(m, "first"))) n += (double)inum(m, "count", 0);
+        if (m->string && is_list(m)) n += (double)list_count(j, m->string);
     return n;
 }
 

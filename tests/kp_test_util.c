@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "kp_test_util.h"
 
+#include "../cases/kp_case.h"
 #include "../kernels/kp_registry.h"
 
 #include <cjson/cJSON.h>
@@ -241,4 +242,12 @@ void *alloc_or_die(size_t bytes) {
     void *p = calloc(bytes ? bytes : 1, 1);
     cr_assert_not_null(p, "out of host memory for %zu bytes", bytes);
     return p;
+}
+
+void kpt_case_refused(const char *name, const char *needle) {
+    kp_case c;
+    kp_error err = {0};
+    cr_assert_eq(kp_case_parse(name, &c, &err), 0, "%s: %s", name, err.msg);
+    cr_assert_eq(kp_case_normalize(&c, &err), KP_EXIT_USAGE, "%s was accepted", name);
+    cr_assert(strstr(err.msg, needle), "%s: %s", name, err.msg);
 }

@@ -46,6 +46,8 @@ const char *kpt_str(const struct cJSON *obj, const char *path);
 double kpt_num(const struct cJSON *obj, const char *path);
 /* A receipt's check k (its "checks" array), failing the test when there is none. */
 const struct cJSON *kpt_check(const struct cJSON *rec, int k);
+/* A case name that parses and that its family refuses when it is normalized: exit class 2, needle in the message. */
+void kpt_case_refused(const char *name, const char *needle);
 /* A fresh empty folder under $TMPDIR (or /tmp); the caller frees the path. */
 char *kpt_tempdir(void);
 /* Read a whole file (NUL-terminated); NULL if it cannot be read. */

@@ -73,6 +73,19 @@ static int run(const char *cfg_path, const char *name, cJSON **receipt, char **b
     return rc;
 }
 
+/* A config (body, written as <name>.json) that kp_config_load refuses with exit class 2 and needle in its message. */
+static void refused_at_load(const char *name, const char *body, const char *needle) {
+    char *path;
+    cr_assert(asprintf(&path, "%s/%s.json", kpt_dir, name) > 0);
+    kpt_scratch(path);
+    cr_assert_eq(kpt_write(path, body, strlen(body)), 0);
+    kp_config c;
+    kp_error err = {0};
+    cr_assert_eq(kp_config_load(path, &c, &err), KP_EXIT_USAGE, "%s was loaded", name);
+    cr_assert(strstr(err.msg, needle), "%s", err.msg);
+    kp_config_free(&c);
+}
+
 /* One config on CASE, run; asserts the exit class and returns case 1's receipt (bundle: where it went). */
 static cJSON *gate_case(const char *name, const char *defaults, const char *checks, int want, char **bundle) {
     cJSON *rec = NULL;
@@ -326,18 +339,10 @@ Test(family_seam, judgements_are_kept_per_parameters_and_the_oldest_evicted) {
 
 /* A family without a rule (its record has none) refuses a rule check when the config loads, naming the family. */
 Test(family_seam, a_rule_check_on_a_family_without_one_is_refused) {
-    char *path;
-    cr_assert(asprintf(&path, "%s/norule.json", kpt_dir) > 0);
-    kpt_scratch(path);
-    const char *body = "{\"schema\":\"kparity.gate/v1\",\"name\":\"t\",\"impls\":{},\"cases\":[{\"case\":"
-                       "\"moe(hidden=256,inter=128,m=4,model=glm47,profile=uniform,seed=11)\",\"checks\":"
-                       "[{\"check\":\"rule\",\"impl\":\"moe.invariant@host\"}]}]}";
-    cr_assert_eq(kpt_write(path, body, strlen(body)), 0);
-    kp_config c;
-    kp_error err = {0};
-    cr_assert_eq(kp_config_load(path, &c, &err), KP_EXIT_USAGE);
-    cr_assert(strstr(err.msg, "family moe has no rule check"), "%s", err.msg);
-    kp_config_free(&c);
+    refused_at_load("norule", "{\"schema\":\"kparity.gate/v1\",\"name\":\"t\",\"impls\":{},\"cases\":[{\"case\":"
+                              "\"moe(hidden=256,inter=128,m=4,model=glm47,profile=uniform,seed=11)\",\"checks\":"
+                              "[{\"check\":\"rule\",\"impl\":\"moe.invariant@host\"}]}]}",
+                    "family moe has no rule check");
 }
 
 /* expect of exact: two impls that differ reproduce the expected difference; two that agree do not, loudly. */
@@ -433,18 +438,10 @@ Test(family_seam, one_config_holds_two_families_with_roles_of_their_own) {
     cr_assert_str_eq(kpt_str(rec2, "case.generator.version"), "scale/v1");
     cJSON_Delete(rec), cJSON_Delete(rec2);
     /* "candidate" names a scale impl: the topp case cannot use it */
-    char *bad;
-    cr_assert(asprintf(&bad, "%s/bad_role.json", kpt_dir) > 0);
-    kpt_scratch(bad);
-    const char *bad_body = "{\"schema\":\"kparity.gate/v1\",\"name\":\"t\",\"impls\":{\"candidate\":\"scale.f32@host\"},"
-                           "\"cases\":[{\"case\":\"topp(batch=2,profile=ordinary,seed=1,top_p=0.9,vocab=500)\",\"checks\":"
-                           "[{\"check\":\"exact\",\"impls\":[\"candidate\",\"topp.split_logit@host\"]}]}]}";
-    cr_assert_eq(kpt_write(bad, bad_body, strlen(bad_body)), 0);
-    kp_config c;
-    kp_error err = {0};
-    cr_assert_eq(kp_config_load(bad, &c, &err), KP_EXIT_USAGE);
-    cr_assert(strstr(err.msg, "impls[0]: impl scale.f32@host is of family scale, the case is topp"), "%s", err.msg);
-    kp_config_free(&c);
+    refused_at_load("bad_role", "{\"schema\":\"kparity.gate/v1\",\"name\":\"t\",\"impls\":{\"candidate\":\"scale.f32@host\"},"
+                                "\"cases\":[{\"case\":\"topp(batch=2,profile=ordinary,seed=1,top_p=0.9,vocab=500)\",\"checks\":"
+                                "[{\"check\":\"exact\",\"impls\":[\"candidate\",\"topp.split_logit@host\"]}]}]}",
+                    "impls[0]: impl scale.f32@host is of family scale, the case is topp");
 }
 
 /* ------------------------------------------------------------------ generic files name no family */
