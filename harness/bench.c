@@ -33,6 +33,7 @@ static void print_json_row(const char *impl, const char *name, const cJSON *timi
  * runs read its inputs through copies, never write them): a gate computes it once a case, and on the large cases one
  * run is seconds, most of a bench's wall time when it was timed three times. */
 static int bench_reference(kp_prepared *p, const char *name, int json, kp_error *err) {
+    p->cache_reference = false; /* timed: computed here, neither read from the cache nor written to it */
     const double t0 = kp_now();
     if (kp_reference_run(p, NULL, NULL, err)) return err->code;
     const double s = kp_now() - t0;

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "../receipts/kp_json.h"
+#include "kp_cache.h"
 #include "kp_device.h"
 #include "kp_exec.h"
 #include "kp_rates.h"
@@ -52,6 +53,11 @@ int kp_case_ctx_open(kp_case_ctx *ctx, const kp_case_spec *cs, kp_evidence *ev, 
     }
     ctx->batch = ctx->prep.v.batch;
     kp_describe_inputs(&ctx->prep, cJSON_AddObjectToObject(receipt, "inputs"));
+    if (ctx->prep.cache_inputs) { /* which stages came from the cache: the reference's is added when it runs */
+        ctx->cache = cJSON_AddObjectToObject(receipt, "cache");
+        cJSON_AddStringToObject(ctx->cache, "folder", kp_cache_dir());
+        kp_describe_cache(&ctx->prep, false, cJSON_AddObjectToObject(ctx->cache, "inputs"));
+    }
     ctx->reference = cJSON_AddObjectToObject(receipt, "reference");
     ctx->impls = cJSON_AddArrayToObject(receipt, "impls");
     return 0;
@@ -286,7 +292,11 @@ static bool rows_equal(kp_case_ctx *ctx, const kp_output *a, int64_t ia, const k
 }
 
 static int reference_for(kp_case_ctx *ctx, const kp_check_spec *spec, kp_error *err) {
-    return kp_reference_run(&ctx->prep, spec->has_params ? spec->params : NULL, ctx->reference, err);
+    const bool first = !ctx->prep.have_ref;
+    int rc = kp_reference_run(&ctx->prep, spec->has_params ? spec->params : NULL, ctx->reference, err);
+    if (!rc && first && ctx->cache && ctx->prep.fam->reference_adopt)
+        kp_describe_cache(&ctx->prep, true, cJSON_AddObjectToObject(ctx->cache, "reference"));
+    return rc;
 }
 
 static kp_result check_exact(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON *chk) {

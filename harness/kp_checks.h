@@ -22,6 +22,7 @@ typedef struct kp_case_ctx {
     cJSON *receipt;   /* the case's receipt under construction */
     cJSON *impls;     /* receipt["impls"] */
     cJSON *reference; /* receipt["reference"] */
+    cJSON *cache;     /* receipt["cache"]: where the inputs and the reference came from (NULL: no cache) */
     kp_case_out *outs; /* one per impl the case's checks name, sized at open */
     int nouts, cap;
 } kp_case_ctx;

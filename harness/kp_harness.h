@@ -166,6 +166,8 @@ typedef enum kp_stage {
     KP_STAGE_DIGESTS,        /* SHA-256 of inputs, reference and outputs recorded in receipts: the time the
                                 run spent starting them and waiting for them (they are hashed on worker
                                 threads beside the other stages: kp_digest_start) */
+    KP_STAGE_CACHE,          /* inputs and references read from the cache and checked, and written to it
+                                (harness/kp_cache.h) */
     KP_STAGE_COUNT
 } kp_stage;
 void kp_stage_add(kp_stage stage, double seconds);
@@ -187,32 +189,34 @@ void kp_digest_start(const void *prefix, size_t prefix_len, const kp_span *spans
 void kp_digest_record(cJSON *obj, const char *key, const char *hex_out);
 void kp_digests_settle(void);
 
-/* What a family's prepare fills: its own state and the case's input tensors. */
+/* A prepared case: the family's data and the tensors its shapes declared, which the harness allocates (zeroed) before
+ * prepare and frees after release. */
 typedef struct kp_case_view {
     void *data;         /* the family's prepared case, handed to every hook */
     int64_t batch;      /* the case's rows */
     int64_t rows_total; /* batch + extra rows: how many dim-0 slices each batched input holds */
     kp_tensor inputs[KP_MAX_TENSORS];
     int ninputs;
+    kp_tensor state[KP_MAX_TENSORS]; /* the family's own generated arrays (kp_shapes.state) */
+    int nstate;
+    bool cached; /* inputs and state hold a cache entry's checked bytes: prepare sets up its data, generates nothing */
 } kp_case_view;
-
-/* Add an input to the view: a tensor of this shape (shape[0] the case's batch), with v->rows_total slices
- * of dim 0 allocated when `batched`, else shape[0]; zeroed; freed by the harness after the family's
- * release (so the family may keep its data pointer). Set v->batch and v->rows_total first. */
-int kp_view_input(kp_case_view *v, const char *name, kp_dtype dtype, int ndim, const int64_t *shape, int64_t row_stride,
-                  bool batched, kp_error *err);
 
 /* A case's tensors and the family's own bytes, declared before anything is allocated (kp_family.shapes):
  * harness/launch.c, which owns the buffer layout, sizes the case's host and device memory from them
  * (kp_launch_estimate). Tensors carry no data. */
 typedef struct kp_shapes {
     int64_t batch, rows_total;        /* as prepare sets them in the view for these extra rows */
-    kp_tensor inputs[KP_MAX_TENSORS]; /* as prepare adds them (kp_view_input): name, dtype, shape with
-                                         shape[0] = batch for batched ones, row_stride, batched */
+    kp_tensor inputs[KP_MAX_TENSORS]; /* name, dtype, shape with shape[0] = batch for batched ones (which hold
+                                         rows_total slices of dim 0, the others shape[0]), row_stride, batched */
     int ninputs;
     kp_tensor outputs[KP_MAX_TENSORS]; /* as outputs gives them for a run of `batch` rows */
     int noutputs;
-    /* The most host bytes the family allocates beyond the view's inputs at once, judgements aside: its reference
+    /* Arrays the family generates with the inputs for its own hooks, never handed to an impl (a page table, the values
+     * before quantization): allocated, cached and freed with the inputs, dim 0 never batched (kp_shapes_state) */
+    kp_tensor state[KP_MAX_TENSORS];
+    int nstate;
+    /* The most host bytes the family allocates beyond the view's inputs and state at once, judgements aside: its reference
      * arrays and the reference's scratch, generator scratch, arrays it keeps */
     double private_bytes;
     /* The most one judgement of an output of `batch` rows holds (its rule's judge, while judging too); the harness
@@ -227,13 +231,11 @@ static inline int64_t kp_shapes_largest_run(int64_t batch, int64_t rows_total) {
     return batch > rows_total - batch ? batch : rows_total - batch;
 }
 
-/* Declare an input in s as kp_view_input adds it to a view (set s->batch first); nothing is allocated. */
+/* Declare an input in s (set s->batch first); nothing is allocated. */
 void kp_shapes_input(kp_shapes *s, const char *name, kp_dtype dtype, int ndim, const int64_t *shape, int64_t row_stride,
                      bool batched);
-/* prepare's first step: the view's batch, rows and every input exactly as the family's shapes declares them for these
- * extra rows (zeroed; the family then fills them), so a family writes its inputs down once. */
-int kp_view_declared(kp_case_view *v, int (*shapes)(const kp_case *c, int64_t extra_rows, kp_shapes *s, kp_error *err),
-                     const kp_case *c, int64_t extra_rows, kp_error *err);
+/* Declare a state array (dense, shape[0] slices); nothing is allocated. */
+void kp_shapes_state(kp_shapes *s, const char *name, kp_dtype dtype, int ndim, const int64_t *shape);
 
 /* An impl's output on some rows, on the host: the family's output tensors with shape[0] = nrows. */
 typedef struct kp_output {
@@ -262,7 +264,15 @@ typedef struct kp_reference {
     const char *digest_tag; /* hashed first, NUL included: "kparity.reference.<family>/v1" */
     kp_tensor arrays[KP_MAX_TENSORS];
     int narrays;
+    /* What else of the reference the family's hooks read (per-row records, masks), dense: not hashed into the digest,
+     * cached beside the arrays (harness/cache.c) so reference_adopt can take the whole reference back */
+    kp_tensor state[KP_MAX_TENSORS];
+    int nstate;
 } kp_reference;
+
+/* Whether a reference read back (got) holds the arrays and state want describes (names, dtypes, shapes; data aside):
+ * what a family's reference_adopt checks first. KP_EXIT_ENV naming the first difference. */
+int kp_reference_matches(const kp_reference *got, const kp_reference *want, kp_error *err);
 
 /* A rule check, judged by the family and reported by the harness (harness/rule.c): the family turns an output into a
  * judgement and answers small questions about it; the harness keeps one judgement per (output, rule parameters), times
@@ -347,8 +357,10 @@ typedef struct kp_family {
     size_t args_bytes;                     /* sizeof its kp_*_args, at most KP_ARGS_MAX */
 
     /* --- required --- */
-    /* Inputs for rows [0, batch + extra_rows) (kp_view_input); extra rows only fill batch probes. Set v->data
-     * first: on a failure the harness still calls release on it and frees the inputs. */
+    /* Set up v->data and generate the inputs (rows [0, batch + extra_rows); extra rows only fill batch probes) and
+     * state into the view's tensors, which the harness allocated from shapes; when v->cached they hold a cache entry's
+     * bytes already and prepare only sets up its data. Set v->data first: on a failure the harness still calls
+     * release on it and frees the tensors. */
     int (*prepare)(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp_error *err);
     void (*release)(void *data);
     /* What prepare, outputs and fill_args will make of a case with extra_rows, declared from the case alone
@@ -361,10 +373,18 @@ typedef struct kp_family {
     /* Fill the family's kp_*_args from the buffers (called again once the workspace is known). */
     void (*fill_args)(const void *data, const kp_launch_bufs *b, void *args);
     /* Compute the reference once (params: the first check's rule parameters, or NULL) and describe
-     * it as arrays. */
+     * it as arrays (and state). */
     int (*reference)(void *data, const void *params, kp_reference *ref, kp_error *err);
 
     /* --- optional --- */
+    /* Take back a reference that reference described before, from the cache (harness/cache.c): ref holds its arrays
+     * and state, names, dtypes and shapes as reference gave them, bytes checked against the digests recorded then, in
+     * malloc'd memory the family now owns (it frees each with free() in release); the family checks they are what it
+     * expects (else KP_EXIT_ENV: the entry is not used) and keeps them, so that reference describes them without
+     * computing. reference_version names what the reference computes: bump it whenever its bytes change.
+     * NULL: the family's references are not cached. */
+    const char *reference_version;
+    int (*reference_adopt)(void *data, const void *params, kp_reference *ref, kp_error *err);
     /* Rule parameters (param_keys) into params (params_bytes); their receipt form; the defaults an
      * exact check explains differences with when the config declares none. */
     size_t params_bytes;

@@ -40,13 +40,31 @@ typedef struct kp_prepared {
     kp_reference ref;
     char ref_digest[KP_SHA256_HEX_LEN];
     double ref_seconds;
+    /* The cache (harness/kp_cache.h): whether this case may read it (inputs, reference), where each came from */
+    bool cache_inputs, cache_reference;
+    char input_sha[KP_MAX_TENSORS][KP_SHA256_HEX_LEN]; /* each input's digest (of the case's rows), once known */
+    bool inputs_cached, ref_cached;
+    char inputs_note[200], ref_note[200]; /* a present entry refused, or why none was read */
+    bool inputs_store, ref_store;         /* made here and worth an entry: written at release */
+    char inputs_skip[120], ref_skip[120]; /* why not, when not */
+    char inputs_key[KP_SHA256_HEX_LEN], ref_key[KP_SHA256_HEX_LEN];
+    bool ref_has_params; /* the rule parameters the reference was computed with (its entry's key) */
+    void *map;           /* the inputs' cache entry, mapped: the view's tensors point into it */
+    size_t map_len;
+    alignas(max_align_t) unsigned char ref_params[KP_PARAMS_MAX];
 } kp_prepared;
 
 /* prepared.c */
+/* Prepare a case: its inputs from the cache when an entry checks out, else generated (and stored at release). */
 int kp_prepare(const kp_family *fam, const kp_case *c, int64_t extra_rows, kp_prepared *p, kp_error *err);
+/* The same, never reading or writing the cache (what `verify --replay` regenerates with). */
+int kp_prepare_uncached(const kp_family *fam, const kp_case *c, int64_t extra_rows, kp_prepared *p, kp_error *err);
 void kp_prepared_release(kp_prepared *p);
 /* Each input tensor's dtype, shape and digest (of the case's rows) into `inputs`. */
-void kp_describe_inputs(const kp_prepared *p, cJSON *inputs);
+void kp_describe_inputs(kp_prepared *p, cJSON *inputs);
+/* Where the inputs (reference false) or the reference came from, into obj: {"from": "cache", "entry"} or
+ * {"from": "generated" / "computed", "why"}; nothing when the case does not use the cache. */
+void kp_describe_cache(const kp_prepared *p, bool reference, cJSON *obj);
 /* The reference, computed once (params: the rule parameters of the check asking first, or NULL),
  * its digest started on a worker thread; desc (when not NULL and not described yet) gets the provider,
  * the digest, the rule, seconds and threads. */

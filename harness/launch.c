@@ -498,7 +498,8 @@ int kp_launch_estimate(const kp_case_spec *cs, int64_t extra_rows, kp_case_bytes
     const double slot = tensors_bytes(s.inputs, s.ninputs, R, true, true) + tensors_bytes(s.outputs, s.noutputs, R, false, true);
     int nimpls = 0;
     bool host_impl = false;
-    double host = tensors_bytes(s.inputs, s.ninputs, R, false, false) + s.private_bytes + check_scratch(cs, &s) +
+    double host = tensors_bytes(s.inputs, s.ninputs, R, false, false) + tensors_bytes(s.state, s.nstate, R, false, false) +
+                  s.private_bytes + check_scratch(cs, &s) +
                   8.0 * row_bytes + digest_spans(s.inputs, s.ninputs, R), device = 0;
     for (int i = 0; i < cs->nchecks; i++)
         for (int j = 0; j < cs->checks[i].nimpl; j++) {

@@ -18,6 +18,7 @@
 #include "kp_harness.h"
 #include "kp_launch.h"
 #include "kp_rates.h"
+#include "kp_cache.h"
 #include "kp_replay.h"
 #include "kp_runner.h"
 #include "../receipts/kp_sign.h"
@@ -29,20 +30,24 @@ static const struct {
 } commands[] = {
     {"list", "kparity list [--config FILE]                 impls and families, or a config's cases and checks"},
     {"run", "kparity run  --config FILE [--filter TEXT] [--shard I/N] [--out DIR] [--timeout S] [--quiet] [--json]\n"
-            "                                             --shard: config cases i with i mod N = I - 1 (kparity merge joins them)"},
-    {"gate", "kparity gate --config FILE [--out DIR] [--timeout S] [--quiet] [--json] [-- COMMAND ...]\n"
-             "                                             runs the whole config; execs COMMAND only when it passes"},
+            "             [--cache DIR | --no-cache]      --shard: config cases i with i mod N = I - 1 (kparity merge joins them)"},
+    {"gate", "kparity gate --config FILE [--out DIR] [--timeout S] [--quiet] [--json] [--cache DIR | --no-cache]\n"
+             "             [-- COMMAND ...]                runs the whole config; execs COMMAND only when it passes;\n"
+             "                                             inputs and references are read back from the cache when\n"
+             "                                             their digests check out (default: $KPARITY_CACHE, else\n"
+             "                                             $XDG_CACHE_HOME/kparity or ~/.cache/kparity)"},
     {"verify", "kparity verify DIR [--replay] [--pubkey PUB.pem]\n"
                "                                             recheck a bundle's bytes and chain (and regenerate inputs,\n"
                "                                             check its signature and that it covers every file)"},
     {"sign", "kparity sign DIR --key KEY.pem               sign a bundle that verifies: DIR/" KP_SIGN_ENVELOPE "\n"
              "                                             (an in-toto statement of every file's SHA-256 and the verdict,\n"
              "                                             Ed25519 in a DSSE envelope; openssl genpkey -algorithm ed25519)"},
-    {"export", "kparity export CASE --out DIR [--impl NAME]... [--force]\n"
+    {"export", "kparity export CASE --out DIR [--impl NAME]... [--force] [--cache DIR | --no-cache]\n"
                "                                             inputs, reference and outputs as .npy, and a case.json\n"
                "                                             that says what each file is"},
     {"bench", "kparity bench [--impl NAME]... [--exec FAMILY:IMPL=CMD]... [--case CASE]... [--reps N] [--no-reference]\n"
-              "              [--quiet] [--json]             time impls (CUDA events on a GPU) and outside programs, and the\n"
+              "              [--quiet] [--json] [--cache DIR | --no-cache]\n"
+              "                                             time impls (CUDA events on a GPU) and outside programs, and the\n"
               "                                             float64 reference once a case; no --case: the GPU shapes with a\n"
               "                                             CUDA device, else host-sized ones (only of --impl's families)"},
     {"merge", "kparity merge B1 B2 ... --out B                shards of one config into one bundle (one verdict, re-chained)"},
@@ -281,8 +286,8 @@ int main(int argc, char **argv) {
     const char *config = NULL, *out = NULL, *filter = NULL, *positional = NULL, *key = NULL, *pubkey = NULL;
     const char *impls[32], *cases[32], *plugins[32], *execs[16];
     int nimpl = 0, ncase = 0, nplugin = 0, nexec = 0, quiet = 0, json = 0, replay = 0, reps = 0, help = 0, force = 0;
-    int no_reference = 0;
-    const char *shard = NULL;
+    int no_reference = 0, no_cache = 0;
+    const char *shard = NULL, *cache = NULL;
     double timeout = 0;
     char **command = NULL;
     kp_error err = {0};
@@ -307,6 +312,8 @@ int main(int argc, char **argv) {
             reps = (int)n;
         }
         else if (!strcmp(a, "--shard") && more) shard = argv[++i];
+        else if (!strcmp(a, "--cache") && more) cache = argv[++i];
+        else if (!strcmp(a, "--no-cache")) no_cache = 1;
         else if (!strcmp(a, "--timeout") && more) {
             char *end;
             timeout = strtod(argv[++i], &end);
@@ -339,6 +346,11 @@ int main(int argc, char **argv) {
         }
     if (force && strcmp(cmd, "export")) return usage("--force is for export (replace a previous export's folder)");
     if (no_reference && strcmp(cmd, "bench")) return usage("--no-reference is for bench (a gate's checks need the reference)");
+    const bool cached = !strcmp(cmd, "run") || !strcmp(cmd, "gate") || !strcmp(cmd, "export") || !strcmp(cmd, "bench");
+    if ((cache || no_cache) && !cached)
+        return usage("--cache and --no-cache are for run, gate, export and bench (verify --replay never reads a cache)");
+    if (cache && no_cache) return usage("--cache DIR and --no-cache: give one");
+    if (cached && kp_cache_configure(cache, no_cache, &err)) return fail(&err);
     const kp_plugin_list pl = {plugins, nplugin};
     if (!strcmp(cmd, "run")) return cmd_run(0, config, out, filter, shard, timeout, quiet, json, NULL, &pl);
     if (!strcmp(cmd, "gate")) {

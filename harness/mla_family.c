@@ -24,8 +24,7 @@ static int mla_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp
     if (!d) return err->code;
     d->mc = *kp_mla_case_of(c);
     const kp_mla_case *mc = &d->mc;
-    int rc = kp_view_declared(v, mla_shapes, c, extra_rows, err);
-    if (rc) return rc;
+    (void)extra_rows; /* the view holds them */
     const int64_t n = v->rows_total;
     kp_mla_case_sizes(mc, n, &d->sz);
     const bool fp8 = mc->cache == KP_MLA_FP8_DS_MLA;
@@ -34,15 +33,15 @@ static int mla_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp
         if (!strcmp(v->inputs[k].name, "topk_length")) d->in_tl = k;
         if (!strcmp(v->inputs[k].name, "attn_sink")) d->in_sink = k;
     }
-    d->positions = kp_calloc(d->sz.indices_bytes, 1, "mla token positions", err);
-    d->pages = d->positions ? kp_calloc(d->sz.page_table_bytes, 1, "mla page table", err) : NULL;
-    d->kv = d->pages && fp8 ? kp_calloc(d->sz.kv_bytes, 1, "mla values before quantization", err) : NULL;
-    if (!d->positions || !d->pages || (fp8 && !d->kv)) return err->code;
+    d->positions = v->state[ST_POSITIONS].data, d->pages = v->state[ST_PAGES].data;
+    d->kv = fp8 ? v->state[ST_KV].data : NULL;
     const kp_mla_buffers out = {.q = v->inputs[IN_Q].data, .indices = d->positions,
                                 .topk_length = d->in_tl >= 0 ? v->inputs[d->in_tl].data : NULL, .page_table = d->pages,
                                 .cache = v->inputs[IN_CACHE].data, .kv = d->kv};
     d->q = out.q, d->cache = out.cache, d->topk_length = out.topk_length;
     d->sink = d->in_sink >= 0 ? v->inputs[d->in_sink].data : NULL;
+    if (v->cached) return 0;
+    int rc;
     if ((rc = kp_mla_case_requests(mc, 0, n, &out, err))) return rc;
     if (d->in_sink >= 0 && (rc = kp_mla_case_sink(mc, v->inputs[d->in_sink].data, err))) return rc;
     /* the impls take cache slots (FlashMLA's indices_in_kvcache): position -> physical page * page + offset */
@@ -52,7 +51,6 @@ static int mla_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp
 
 static void mla_release(void *data) {
     mla_data *d = data;
-    free(d->positions), free(d->pages), free(d->kv);
     for (int i = 0; i < 6; i++) free(d->ref[i]);
     free(d);
 }
@@ -108,15 +106,34 @@ static int mla_shapes(const kp_case *c, int64_t extra_rows, kp_shapes *s, kp_err
     if (mc.topk_length) kp_shapes_input(s, "topk_length", KP_I32, 2, ls, 0, true);
     if (mc.sink != KP_MLA_SINK_OFF) kp_shapes_input(s, "attn_sink", KP_F32, 1, ss, 0, false);
     s->noutputs = mla_outputs(&d, mc.batch, s->outputs);
-    /* token positions, the page table and kv (fp8_ds_mla), the reference's six results and its scratch, and per
-       request a few words a block */
+    /* token positions, the page table and kv (fp8_ds_mla): what the reference and export read */
+    const int64_t ps[1] = {(int64_t)d.sz.indices_bytes}, pts[1] = {(int64_t)d.sz.page_table_bytes},
+                  kvs[1] = {(int64_t)d.sz.kv_bytes};
+    kp_shapes_state(s, "positions", KP_U8, 1, ps);
+    kp_shapes_state(s, "page_table", KP_U8, 1, pts);
+    if (fp8) kp_shapes_state(s, "kv", KP_U8, 1, kvs);
+    /* the reference's six results and its scratch, and per request a few words a block */
     const double heads = heads_of(&mc, mc.batch);
-    s->private_bytes = (double)d.sz.indices_bytes + (double)d.sz.page_table_bytes + (fp8 ? (double)d.sz.kv_bytes : 0.0) +
-                       heads * (KP_MLA_D_V + 2.0) * 8.0 * 2.0 + kp_mla_reference_bytes(&mc, d.sz.rows) +
+    s->private_bytes = heads * (KP_MLA_D_V + 2.0) * 8.0 * 2.0 + kp_mla_reference_bytes(&mc, d.sz.rows) +
                        (double)(d.sz.rows / mc.s_q) * (double)(mc.topk / KP_MLA_BLOCK + 4) * 16.0;
     const kp_launch_bufs run = {.nrows = kp_shapes_largest_run(s->batch, s->rows_total), .sm_count = kp_device_sm_count()};
     mla_fill_args(&d, &run, s->args);
     return 0;
+}
+
+/* out, lse and max_logits on the cache, and (fp8_ds_mla) on the values before quantization. */
+static void describe_reference(const mla_data *d, kp_reference *ref) {
+    const kp_mla_case *mc = &d->mc;
+    ref->digest_tag = "kparity.reference.mla/v1";
+    static const char *const names[6] = {"out", "lse", "max_logits", "out@unquantized", "lse@unquantized",
+                                         "max_logits@unquantized"};
+    ref->narrays = 0;
+    for (int i = 0; i < (mc->cache == KP_MLA_FP8_DS_MLA ? 6 : 3); i++) {
+        kp_tensor *t = &ref->arrays[ref->narrays++];
+        *t = (kp_tensor){.dtype = KP_F64, .ndim = i % 3 ? 3 : 4, .shape = {mc->batch, mc->s_q, mc->h_q, KP_MLA_D_V},
+                         .data = d->ref[i]};
+        snprintf(t->name, sizeof t->name, "%s", names[i]);
+    }
 }
 
 static int mla_reference(void *data, const void *params, kp_reference *ref, kp_error *err) {
@@ -140,16 +157,17 @@ static int mla_reference(void *data, const void *params, kp_reference *ref, kp_e
             return rc;
         }
     }
-    ref->digest_tag = "kparity.reference.mla/v1";
-    static const char *const names[6] = {"out", "lse", "max_logits", "out@unquantized", "lse@unquantized",
-                                         "max_logits@unquantized"};
-    ref->narrays = 0;
-    for (int i = 0; i < (fp8 ? 6 : 3); i++) {
-        kp_tensor *t = &ref->arrays[ref->narrays++];
-        *t = (kp_tensor){.dtype = KP_F64, .ndim = i % 3 ? 3 : 4, .shape = {mc->batch, mc->s_q, mc->h_q, KP_MLA_D_V},
-                         .data = d->ref[i]};
-        snprintf(t->name, sizeof t->name, "%s", names[i]);
-    }
+    describe_reference(d, ref);
+    return 0;
+}
+
+static int mla_reference_adopt(void *data, const void *params, kp_reference *ref, kp_error *err) {
+    (void)params;
+    mla_data *d = data;
+    kp_reference want = {0};
+    describe_reference(d, &want);
+    if (kp_reference_matches(ref, &want, err)) return err->code;
+    for (int i = 0; i < ref->narrays; i++) d->ref[i] = ref->arrays[i].data;
     return 0;
 }
 
@@ -205,6 +223,8 @@ const kp_family kp_mla_family = {
     .outputs = mla_outputs,
     .fill_args = mla_fill_args,
     .reference = mla_reference,
+    .reference_version = "mla/v1",
+    .reference_adopt = mla_reference_adopt,
     .case_thresholds = kp_mla_case_thresholds,
     .describe_probe = kp_mla_describe_probe,
     .bytes_moved = mla_bytes_moved,

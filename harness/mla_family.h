@@ -22,6 +22,7 @@ typedef struct mla_data {
 } mla_data;
 
 enum { IN_Q = 0, IN_INDICES, IN_CACHE };
+enum { ST_POSITIONS = 0, ST_PAGES, ST_KV }; /* its state arrays (kp_shapes_state), bytes */
 
 /* mla_batch.c: the batch size at which split_count stops splitting a full-length request (kp_family.case_thresholds),
  * the filler requests that makes a case hold, and a probe's split counts (kp_family.describe_probe). */

@@ -81,7 +81,7 @@ static int replay_receipt(const char *dir, const char *file, kp_replay_report *r
         rc = kp_fail(err, KP_EXIT_INCORRECT, "%s (%s): family %s has no harness family here", file, name->valuestring,
                      kc.family);
     kp_prepared p = {0};
-    if (!rc && kp_prepare(fam, &kc, 0, &p, err)) rc = err->code;
+    if (!rc && kp_prepare_uncached(fam, &kc, 0, &p, err)) rc = err->code; /* regenerated, never read back */
     if (!rc) {
         cJSON *now = cJSON_CreateObject();
         kp_describe_inputs(&p, now);

@@ -19,10 +19,9 @@ static int topk_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, k
     topk_data *d = v->data = kp_calloc(1, sizeof *d, "topk case", err);
     if (!d) return err->code;
     d->tc = *kp_topk_case_of(c);
-    const int rc = kp_view_declared(v, topk_shapes, c, extra_rows, err);
-    if (rc) return rc;
+    (void)extra_rows; /* the view holds them */
     d->scores = v->inputs[0].data, d->starts = v->inputs[1].data, d->ends = v->inputs[2].data;
-    return kp_topk_case_rows(&d->tc, 0, v->rows_total, d->scores, d->starts, d->ends, err);
+    return v->cached ? 0 : kp_topk_case_rows(&d->tc, 0, v->rows_total, d->scores, d->starts, d->ends, err);
 }
 
 static void topk_release(void *data) {
@@ -74,17 +73,38 @@ static int topk_shapes(const kp_case *c, int64_t extra_rows, kp_shapes *s, kp_er
 /* The recorded reference (hashed, exported, replayed from the case name alone) is the rule's default, NaN below every
  * number, whatever the checks declare: a check with nan "above" judges against that rank's answer, computed beside it
  * (the two differ only in rows whose window holds NaN). */
-static int topk_reference(void *data, const void *params, kp_reference *ref, kp_error *err) {
-    (void)params;
-    topk_data *d = data;
-    const kp_topk_ref *a = kp_topk_answer(d, KP_TOPK_NAN_BELOW, err);
-    if (!a) return err->code;
+/* The answer with NaN ranked below, and (state) its per-row records, which the judge reads. */
+static void describe_reference(const topk_data *d, const kp_topk_ref *a, kp_reference *ref) {
     ref->digest_tag = "kparity.reference.topk/v1";
     ref->arrays[0] = (kp_tensor){.name = "indices", .dtype = KP_I32, .ndim = 2, .shape = {d->tc.rows, d->tc.k},
                                  .data = a->indices};
     ref->arrays[1] = (kp_tensor){.name = "values", .dtype = KP_F32, .ndim = 2, .shape = {d->tc.rows, d->tc.k},
                                  .data = a->values};
     ref->narrays = 2;
+    ref->state[0] = (kp_tensor){.name = "row", .dtype = KP_U8, .ndim = 2,
+                                .shape = {d->tc.rows, (int64_t)sizeof(kp_topk_ref_row)}, .data = a->row};
+    ref->nstate = 1;
+}
+
+static int topk_reference(void *data, const void *params, kp_reference *ref, kp_error *err) {
+    (void)params;
+    topk_data *d = data;
+    const kp_topk_ref *a = kp_topk_answer(d, KP_TOPK_NAN_BELOW, err);
+    if (!a) return err->code;
+    describe_reference(d, a, ref);
+    return 0;
+}
+
+static int topk_reference_adopt(void *data, const void *params, kp_reference *ref, kp_error *err) {
+    (void)params;
+    topk_data *d = data;
+    kp_reference want = {0};
+    describe_reference(d, &d->ref[KP_TOPK_NAN_BELOW], &want);
+    if (kp_reference_matches(ref, &want, err)) return err->code;
+    d->ref[KP_TOPK_NAN_BELOW] = (kp_topk_ref){.rows = d->tc.rows, .k = d->tc.k, .index_base = d->tc.index_base,
+                                              .fill = d->tc.fill, .nan = KP_TOPK_NAN_BELOW, .row = ref->state[0].data,
+                                              .indices = ref->arrays[0].data, .values = ref->arrays[1].data};
+    d->have_ref[KP_TOPK_NAN_BELOW] = 1;
     return 0;
 }
 
@@ -170,6 +190,8 @@ const kp_family kp_topk_family = {
     .outputs = topk_outputs,
     .fill_args = topk_fill_args,
     .reference = topk_reference,
+    .reference_version = "topk/v1",
+    .reference_adopt = topk_reference_adopt,
     .params_bytes = sizeof(topk_params),
     .parse_params = kp_topk_parse_params,
     .describe_params = kp_topk_describe_params,

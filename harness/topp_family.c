@@ -22,10 +22,9 @@ static int topp_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, k
     topp_data *d = v->data = kp_calloc(1, sizeof *d, "topp case", err);
     if (!d) return err->code;
     d->tc = *kp_topp_case_of(c);
-    const int rc = kp_view_declared(v, topp_shapes, c, extra_rows, err);
-    if (rc) return rc;
+    (void)extra_rows; /* the view holds them */
     d->logits = v->inputs[0].data, d->top_p = v->inputs[1].data;
-    return kp_topp_case_rows(&d->tc, 0, v->rows_total, d->logits, d->top_p, err);
+    return v->cached ? 0 : kp_topp_case_rows(&d->tc, 0, v->rows_total, d->logits, d->top_p, err);
 }
 
 static void topp_release(void *data) {
@@ -69,6 +68,23 @@ static int topp_shapes(const kp_case *c, int64_t extra_rows, kp_shapes *s, kp_er
     return 0;
 }
 
+/* What the rule decided: keep mask, probabilities and C_t, all machine-independent; and (state) the per-row records
+ * and the boundary tie groups, which the judge reads. */
+static void describe_reference(const topp_data *d, kp_reference *ref) {
+    const int64_t shape[2] = {d->tc.batch, d->tc.vocab};
+    ref->digest_tag = "kparity.reference.topp/v1";
+    ref->arrays[0] = (kp_tensor){.name = "keep", .dtype = KP_U8, .ndim = 2, .shape = {shape[0], shape[1]}, .data = d->ref.keep};
+    ref->arrays[1] = (kp_tensor){.name = "prob", .dtype = KP_F64, .ndim = 2, .shape = {shape[0], shape[1]}, .data = d->ref.prob};
+    ref->arrays[2] = (kp_tensor){.name = "mass_before", .dtype = KP_F64, .ndim = 2, .shape = {shape[0], shape[1]},
+                                 .data = d->ref.mass_before};
+    ref->narrays = 3;
+    ref->state[0] = (kp_tensor){.name = "rows", .dtype = KP_U8, .ndim = 2,
+                                .shape = {shape[0], (int64_t)sizeof(kp_topp_ref_row)}, .data = d->ref.rows};
+    ref->state[1] = (kp_tensor){.name = "in_group", .dtype = KP_U8, .ndim = 2, .shape = {shape[0], shape[1]},
+                                .data = d->ref.in_group};
+    ref->nstate = 2;
+}
+
 static int topp_reference(void *data, const void *params, kp_reference *ref, kp_error *err) {
     topp_data *d = data;
     const topp_params *tp = params;
@@ -78,14 +94,20 @@ static int topp_reference(void *data, const void *params, kp_reference *ref, kp_
         if (rc) return rc;
         d->have_ref = 1;
     }
-    /* what the rule decided: keep mask, probabilities and C_t, all machine-independent */
-    const int64_t shape[2] = {d->tc.batch, d->tc.vocab};
-    ref->digest_tag = "kparity.reference.topp/v1";
-    ref->arrays[0] = (kp_tensor){.name = "keep", .dtype = KP_U8, .ndim = 2, .shape = {shape[0], shape[1]}, .data = d->ref.keep};
-    ref->arrays[1] = (kp_tensor){.name = "prob", .dtype = KP_F64, .ndim = 2, .shape = {shape[0], shape[1]}, .data = d->ref.prob};
-    ref->arrays[2] = (kp_tensor){.name = "mass_before", .dtype = KP_F64, .ndim = 2, .shape = {shape[0], shape[1]},
-                                 .data = d->ref.mass_before};
-    ref->narrays = 3;
+    describe_reference(d, ref);
+    return 0;
+}
+
+static int topp_reference_adopt(void *data, const void *params, kp_reference *ref, kp_error *err) {
+    topp_data *d = data;
+    const topp_params *tp = params;
+    kp_reference want = {0};
+    describe_reference(d, &want);
+    if (kp_reference_matches(ref, &want, err)) return err->code;
+    d->ref = (kp_topp_ref){.batch = d->tc.batch, .vocab = d->tc.vocab, .band = tp ? tp->band : 0.0,
+                           .rows = ref->state[0].data, .keep = ref->arrays[0].data, .in_group = ref->state[1].data,
+                           .prob = ref->arrays[1].data, .mass_before = ref->arrays[2].data};
+    d->have_ref = 1;
     return 0;
 }
 
@@ -165,6 +187,8 @@ const kp_family kp_topp_family = {
     .outputs = topp_outputs,
     .fill_args = topp_fill_args,
     .reference = topp_reference,
+    .reference_version = "topp/v1",
+    .reference_adopt = topp_reference_adopt,
     .params_bytes = sizeof(topp_params),
     .parse_params = kp_topp_parse_params,
     .describe_params = kp_topp_describe_params,

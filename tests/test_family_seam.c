@@ -628,7 +628,7 @@ Test(family_seam, the_host_estimate_bounds_the_judgements_kept) {
     cr_assert_leq(held, estimate, "the case held %zu bytes at once, over its estimate %zu", held, estimate);
 }
 
-/* The scale family with its declaration bent: a dimension past any address space, or an input of another stride. */
+/* The scale family with its declaration bent: a dimension past any address space, or an output of another stride. */
 static int huge_shapes(const kp_case *c, int64_t extra_rows, kp_shapes *s, kp_error *err) {
     int rc = kpt_scale_family.shapes(c, extra_rows, s, err);
     s->inputs[0].shape[1] = (int64_t)1 << 62, s->inputs[0].row_stride = (int64_t)1 << 62;
@@ -636,7 +636,7 @@ static int huge_shapes(const kp_case *c, int64_t extra_rows, kp_shapes *s, kp_er
 }
 static int restrided_shapes(const kp_case *c, int64_t extra_rows, kp_shapes *s, kp_error *err) {
     int rc = kpt_scale_family.shapes(c, extra_rows, s, err);
-    s->inputs[0].row_stride += 1;
+    s->outputs[1].row_stride = s->outputs[1].shape[1] + 1;
     return rc;
 }
 
@@ -667,8 +667,9 @@ Test(family_seam, an_estimate_past_the_address_space_is_refused) {
     cr_assert_gt(est.host, 0);
 }
 
-/* The estimate is only as good as the declaration: a family whose shapes hook says other than prepare does is a
- * programmer error, and kp_prepare stops on the first case it prepares. */
+/* The estimate is only as good as the declaration: the inputs and state are allocated from it (prepare cannot make
+ * others), and a family whose shapes hook declares other outputs than its outputs hook gives is a programmer error:
+ * kp_prepare stops on the first case it prepares. */
 Test(family_seam, a_declaration_that_prepare_does_not_keep_to_stops_kparity, .signal = SIGABRT) {
     kp_family fam;
     kp_check_spec check;

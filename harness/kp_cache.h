@@ -1,0 +1,62 @@
+/* kp_cache.h: the content-addressed cache of generated inputs and references (harness/cache.c).
+ *
+ * Inputs are a pure function of a case's canonical name and its generator's version, and a reference of its inputs
+ * and its family's reference version: a second run of the same case reads them back instead of recomputing them. An
+ * entry is one file, <dir>/v1/<kind>/<key[0..1]>/<key>, key the SHA-256 of its key text (which the entry repeats, so
+ * a file planted under another key is refused), written to a file of its own and renamed into place, so concurrent
+ * runs sharing a folder never see a torn entry. Its layout: "KPCACHE2"; each tensor's bytes as they lie in memory
+ * (every slice, row padding included) at a 64-byte aligned offset, zeros between; the metadata (JSON: key, tensors
+ * with offsets, the caller's digests); then the metadata's offset and length (u64 LE each) and its SHA-256 hex. The
+ * file is exactly that long. Nothing read is trusted: here the layout, the gaps and row padding (zeros) and the
+ * metadata's digest are checked; harness/prepared.c hashes every tensor byte again and compares the digests a receipt
+ * records before it uses an entry, and recomputes (and rewrites) one that fails. `verify --replay` never reads it. */
+#ifndef KP_CACHE_H
+#define KP_CACHE_H
+
+#include <stdbool.h>
+
+#include "../receipts/kp_json.h"
+#include "kp_harness.h"
+
+/* The process's cache folder: dir (--cache DIR) when given, none when off (--no-cache), else $KPARITY_CACHE ("off",
+ * or a folder), else $XDG_CACHE_HOME/kparity, else $HOME/.cache/kparity. A folder named by --cache or KPARITY_CACHE
+ * that cannot be made or written is KP_EXIT_USAGE naming it; the default one is left unused, with one line on stderr. */
+int kp_cache_configure(const char *dir, bool off, kp_error *err);
+/* The folder in use, or NULL: none (off, or the default could not be used). */
+const char *kp_cache_dir(void);
+
+/* Whether making `bytes` in `seconds` is worth an entry: reading one back and checking it runs at about
+ * KP_CACHE_READ_RATE bytes a second (measured: kparity's default gate, 2-core development machine), so an entry
+ * that was made faster than that is left out; recomputing it is as quick, and writing it costs the run. */
+#define KP_CACHE_READ_RATE 1e9
+static inline bool kp_cache_worth(double bytes, double seconds) { return seconds * KP_CACHE_READ_RATE >= bytes; }
+
+/* A tensor of an entry: t's `slices` slices of dim 0 as they lie in memory (a batched input's rows past its batch). */
+typedef struct kp_cache_tensor {
+    const kp_tensor *t;
+    int64_t slices;
+} kp_cache_tensor;
+
+/* The key of `key_text` (its SHA-256 hex). */
+void kp_cache_key(const char *key_text, char key[KP_SHA256_HEX_LEN]);
+
+/* Store an entry: meta (the caller's fields: its digests; "key" and "tensors" are added here) and the tensors' bytes.
+ * A failure to write (a full disk, a folder gone) leaves no entry and returns KP_EXIT_ENV with why; the run goes on. */
+int kp_cache_put(const char *kind, const char *key_text, cJSON *meta, const kp_cache_tensor *tensors, int n, kp_error *err);
+
+/* An entry read back: its file mapped (private, so writes to it never reach the file), its metadata and tensors. */
+typedef struct kp_cache_entry {
+    void *map;
+    size_t len;
+    cJSON *meta;
+    int ntensors;
+    kp_tensor tensors[2 * KP_MAX_TENSORS]; /* as stored, data pointing into the map */
+    int64_t slices[2 * KP_MAX_TENSORS];
+} kp_cache_entry;
+/* Open entry key_text of kind: 1 when it is there and well formed (the layout checks above), 0 when there is none,
+ * -1 when one is there but refused; why says which (absent, truncated, another key's entry, ...). */
+int kp_cache_open(const char *kind, const char *key_text, kp_cache_entry *e, char *why, size_t why_len);
+/* Unmap it (unless its map was handed on: e->map NULL) and free its metadata. */
+void kp_cache_close(kp_cache_entry *e);
+
+#endif

@@ -1,0 +1,272 @@
+/* test_cache.c: the cache of inputs and references (harness/kp_cache.h) through the command line: a second run reads
+ * both back with the same digests and says so in its receipts; an entry with one flipped byte (in a tensor, in its
+ * metadata), a truncated one and another key's entry planted under the right name are each refused, recomputed with
+ * the same digests, and rewritten; two gates started at once on one folder both pass and leave whole entries;
+ * `verify --replay` never reads it; the options' errors. */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "../harness/kp_cache.h"
+#include "kp_test_util.h"
+
+TestSuite(cache, .init = kpt_dir_setup, .fini = kpt_dir_teardown, .timeout = 600);
+
+/* Two moe cases at the host gates' shapes: generating their experts and computing the reference each take far longer
+ * than reading them back (kp_cache_worth), so both stages are stored. */
+static const char *const config_text =
+    "{\"schema\":\"kparity.gate/v1\",\"name\":\"cache\",\"impls\":{\"candidate\":\"moe.invariant@host\"},"
+    "\"defaults\":{\"atol\":0.04,\"rtol\":0,\"nmse\":0.001},\"cases\":["
+    "{\"case\":\"moe(hidden=256,inter=128,m=33,model=glm53,profile=straddle,seed=22)\","
+    "\"checks\":[{\"check\":\"tolerance\",\"impl\":\"candidate\"}]},"
+    "{\"case\":\"moe(hidden=256,inter=128,m=1,model=qwen3,profile=single,seed=23)\","
+    "\"checks\":[{\"check\":\"tolerance\",\"impl\":\"candidate\"}]}]}";
+
+static char *path_in(const char *name) {
+    char *p;
+    cr_assert(asprintf(&p, "%s/%s", kpt_dir, name) > 0);
+    return kpt_scratch(p);
+}
+
+static char *config(void) {
+    char *cfg = path_in("cache.json");
+    cr_assert_eq(kpt_write(cfg, config_text, strlen(config_text)), 0);
+    return cfg;
+}
+
+/* `kparity gate` on the config into bundle `name`, with the cache folder `cache` (NULL: --no-cache); exit 0 asserted.
+ * Returns what it printed on stderr (scratch). */
+static char *gate(const char *cfg, const char *name, const char *cache) {
+    char *out, *err;
+    char *argv[] = {kpt_binary(), "gate", "--config", (char *)cfg, "--out", path_in(name), "--quiet",
+                    cache ? "--cache" : "--no-cache", (char *)cache, NULL};
+    const int rc = kpt_run(argv, &out, &err);
+    cr_assert_eq(rc, 0, "gate %s exited %d\n%s%s", name, rc, out, err);
+    free(out);
+    return kpt_scratch(err);
+}
+
+/* The receipt of case `index` (from 0): cache.<stage>.<key>, a string. */
+static const char *cached(const char *bundle, int index, const char *stage, const char *key) {
+    cJSON *r = kpt_receipt(path_in(bundle), index + 1);
+    char path[64];
+    snprintf(path, sizeof path, "cache.%s.%s", stage, key);
+    char *v = kpt_scratch(strdup(kpt_str(r, path)));
+    cJSON_Delete(r);
+    return v;
+}
+
+/* What must not change between runs however the inputs and reference were had: every data digest, verdict, result,
+ * summary and findings digest (scripts/bundle-digests.py --checks, as the golden gate tests compare). */
+static char *digests(const char *bundle) {
+    char *out, *err, *script;
+    cr_assert(asprintf(&script, "%s/scripts/bundle-digests.py", kpt_source_dir()) > 0);
+    char *argv[] = {kpt_python(), script, "--checks", path_in(bundle), NULL};
+    cr_assert_eq(kpt_run(argv, &out, &err), 0, "%s", err);
+    free(err), free(script);
+    return kpt_scratch(out);
+}
+
+/* The entry file of a stage's key (as a hit's receipt names it). */
+static char *entry_file(const char *cache, const char *stage, const char *key) {
+    char *p;
+    cr_assert(asprintf(&p, "%s/v1/%s/%.2s/%s", cache, stage, key, key) > 0);
+    return kpt_scratch(p);
+}
+
+static void flip_byte(const char *file, long at_from_end_or_mid) {
+    size_t len;
+    char *b = kpt_read(file, &len);
+    cr_assert_not_null(b, "%s", file);
+    const size_t at = at_from_end_or_mid < 0 ? len / 2 : len - (size_t)at_from_end_or_mid;
+    b[at] ^= 0x10;
+    cr_assert_eq(kpt_write(file, b, len), 0);
+    free(b);
+}
+
+/* A cold run and a warm one into "cold" and "warm"; the cache folder's path. */
+static char *cold_then_warm(const char *cfg) {
+    char *cache = path_in("cache");
+    gate(cfg, "cold", cache);
+    for (int c = 0; c < 2; c++) {
+        cr_assert_str_eq(cached("cold", c, "inputs", "from"), "generated");
+        cr_assert_str_eq(cached("cold", c, "reference", "from"), "computed");
+        cJSON *r = kpt_receipt(path_in("cold"), c + 1);
+        cr_assert(cJSON_IsTrue(kpt_at(r, "cache.inputs.stored")) && cJSON_IsTrue(kpt_at(r, "cache.reference.stored")),
+                  "case %d: not stored", c);
+        cJSON_Delete(r);
+    }
+    gate(cfg, "warm", cache);
+    return cache;
+}
+
+Test(cache, a_second_run_reads_inputs_and_reference_back_with_the_same_digests) {
+    const char *cfg = config();
+    cold_then_warm(cfg);
+    for (int c = 0; c < 2; c++) {
+        cr_assert_str_eq(cached("warm", c, "inputs", "from"), "cache", "case %d", c);
+        cr_assert_str_eq(cached("warm", c, "reference", "from"), "cache", "case %d", c);
+    }
+    cr_assert_str_eq(digests("warm"), digests("cold"));
+    gate(cfg, "none", NULL); /* --no-cache: neither read nor said */
+    cJSON *r = kpt_receipt(path_in("none"), 1);
+    cr_assert_null(cJSON_GetObjectItemCaseSensitive(r, "cache"), "--no-cache still describes a cache");
+    cJSON_Delete(r);
+    cr_assert_str_eq(digests("none"), digests("cold"));
+}
+
+/* Damage one entry, run again: the stage is recomputed with the same digests, the receipt and stderr say why, and the
+ * entry is whole again for the run after. */
+static void refused_and_recomputed(const char *stage, void (*damage)(const char *file, const char *cache), const char *why) {
+    const char *cfg = config();
+    char *cache = cold_then_warm(cfg);
+    const char *key = cached("warm", 0, stage, "entry");
+    damage(entry_file(cache, stage, key), cache);
+    char *err = gate(cfg, "damaged", cache);
+    cr_assert_str_eq(cached("damaged", 0, stage, "from"), !strcmp(stage, "inputs") ? "generated" : "computed");
+    const char *said = cached("damaged", 0, stage, "why");
+    cr_assert(strstr(said, "refused") && strstr(said, why), "the receipt says '%s', not why (%s)", said, why);
+    cr_assert(strstr(err, "refused"), "nothing on stderr: %s", err);
+    cr_assert_str_eq(digests("damaged"), digests("cold"));
+    gate(cfg, "again", cache);
+    cr_assert_str_eq(cached("again", 0, stage, "from"), "cache", "the recomputed entry was not written back");
+}
+
+static void flip_in_a_tensor(const char *file, const char *cache) { (void)cache, flip_byte(file, -1); }
+static void flip_in_the_metadata(const char *file, const char *cache) { (void)cache, flip_byte(file, 100); }
+static void truncate_it(const char *file, const char *cache) {
+    (void)cache;
+    struct stat st;
+    cr_assert_eq(stat(file, &st), 0);
+    cr_assert_eq(truncate(file, st.st_size - 4096), 0);
+}
+/* The other case's entry of the same stage, copied over this one. */
+static void plant_another_key(const char *file, const char *cache) {
+    char *other = NULL;
+    const char *stage = strstr(file, "/v1/inputs/") ? "inputs" : "reference";
+    other = entry_file(cache, stage, cached("warm", 1, stage, "entry"));
+    size_t len;
+    char *b = kpt_read(other, &len);
+    cr_assert_not_null(b);
+    cr_assert_eq(kpt_write(file, b, len), 0);
+    free(b);
+}
+
+Test(cache, inputs_with_a_flipped_byte_are_refused_and_regenerated) { refused_and_recomputed("inputs", flip_in_a_tensor, "hashes to"); }
+Test(cache, inputs_whose_metadata_changed_are_refused) { refused_and_recomputed("inputs", flip_in_the_metadata, "metadata"); }
+Test(cache, truncated_inputs_are_refused) { refused_and_recomputed("inputs", truncate_it, "truncated"); }
+Test(cache, another_keys_inputs_are_refused) { refused_and_recomputed("inputs", plant_another_key, "another key"); }
+Test(cache, a_reference_with_a_flipped_byte_is_refused_and_recomputed) {
+    refused_and_recomputed("reference", flip_in_a_tensor, "do not hash");
+}
+Test(cache, a_truncated_reference_is_refused) { refused_and_recomputed("reference", truncate_it, "truncated"); }
+Test(cache, another_keys_reference_is_refused) { refused_and_recomputed("reference", plant_another_key, "another key"); }
+
+/* Every file under dir, recursively, into names (at most max). */
+static int files_under(const char *dir, char **names, int n, int max) {
+    DIR *d = opendir(dir);
+    if (!d) return n;
+    for (struct dirent *e; (e = readdir(d)) && n < max;) {
+        if (e->d_name[0] == '.') continue;
+        char *p;
+        cr_assert(asprintf(&p, "%s/%s", dir, e->d_name) > 0);
+        struct stat st;
+        cr_assert_eq(stat(p, &st), 0);
+        if (S_ISDIR(st.st_mode)) n = files_under(p, names, n, max), free(p);
+        else names[n++] = kpt_scratch(p);
+    }
+    closedir(d);
+    return n;
+}
+
+Test(cache, two_gates_at_once_on_one_folder_both_pass_and_leave_whole_entries) {
+    const char *cfg = config();
+    char *cache = path_in("cache");
+    pid_t pid[2];
+    for (int i = 0; i < 2; i++) {
+        char *argv[] = {kpt_binary(), "gate", "--config", (char *)cfg, "--out", path_in(i ? "b1" : "b0"), "--quiet",
+                        "--cache", cache, NULL};
+        posix_spawn_file_actions_t quiet; /* their tables would land in the test's own output */
+        cr_assert_eq(posix_spawn_file_actions_init(&quiet), 0);
+        cr_assert_eq(posix_spawn_file_actions_addopen(&quiet, 1, "/dev/null", O_WRONLY, 0), 0);
+        cr_assert_eq(posix_spawn(&pid[i], argv[0], &quiet, NULL, argv, environ), 0);
+        posix_spawn_file_actions_destroy(&quiet);
+    }
+    for (int i = 0; i < 2; i++) {
+        int status;
+        cr_assert_eq(waitpid(pid[i], &status, 0), pid[i]);
+        cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "gate %d: status %d", i, status);
+    }
+    char *names[64];
+    const int n = files_under(cache, names, 0, 64);
+    cr_assert_eq(n, 4, "%d entries, not 2 cases x (inputs, reference)", n);
+    for (int i = 0; i < n; i++) cr_assert_null(strstr(names[i], ".tmp."), "a temporary file was left: %s", names[i]);
+    gate(cfg, "after", cache); /* every entry whole: all four read back */
+    for (int c = 0; c < 2; c++) {
+        cr_assert_str_eq(cached("after", c, "inputs", "from"), "cache");
+        cr_assert_str_eq(cached("after", c, "reference", "from"), "cache");
+    }
+    cr_assert_str_eq(digests("after"), digests("b0"));
+    cr_assert_str_eq(digests("b1"), digests("b0"));
+}
+
+Test(cache, verify_replay_never_reads_the_cache) {
+    const char *cfg = config();
+    char *cache = cold_then_warm(cfg);
+    char *names[64];
+    const int n = files_under(cache, names, 0, 64);
+    cr_assert_eq(n, 4);
+    for (int i = 0; i < n; i++) flip_byte(names[i], -1); /* read back, each would be refused, loudly */
+    cr_assert_eq(setenv("KPARITY_CACHE", cache, 1), 0);
+    char *out, *err;
+    char *argv[] = {kpt_binary(), "verify", path_in("warm"), "--replay", NULL};
+    const int rc = kpt_run(argv, &out, &err);
+    cr_assert_eq(rc, 0, "replay exited %d\n%s%s", rc, out, err);
+    cr_assert_null(strstr(err, "cache"), "replay looked at the cache: %s", err);
+    free(out), free(err);
+    /* the positive control: a gate with that environment does read it, and refuses every entry */
+    char *argv2[] = {kpt_binary(), "gate", "--config", (char *)cfg, "--out", path_in("env"), "--quiet", NULL};
+    cr_assert_eq(kpt_run(argv2, &out, &err), 0, "%s", err);
+    cr_assert(strstr(err, "refused"), "a gate under KPARITY_CACHE did not read it: %s", err);
+    free(out), free(err);
+}
+
+static void usage_error(char *const argv[], const char *needle) {
+    char *out, *err;
+    const int rc = kpt_run(argv, &out, &err);
+    cr_assert_eq(rc, 2, "exit %d\n%s", rc, err);
+    cr_assert(strstr(err, needle), "does not name %s: %s", needle, err);
+    free(out), free(err);
+}
+
+Test(cache, a_cache_folder_that_cannot_be_used_is_a_usage_error_naming_it) {
+    const char *cfg = config();
+    char *file = path_in("a_file");
+    cr_assert_eq(kpt_write(file, "x", 1), 0);
+    char *not_a_dir = path_in("a_file/cache");
+    usage_error((char *[]){kpt_binary(), "gate", "--config", (char *)cfg, "--out", path_in("b"), "--cache", not_a_dir, NULL},
+                "--cache: the cache folder");
+    usage_error((char *[]){kpt_binary(), "gate", "--config", (char *)cfg, "--out", path_in("b"), "--cache", path_in("c"),
+                           "--no-cache", NULL},
+                "give one");
+    usage_error((char *[]){kpt_binary(), "verify", path_in("b"), "--cache", path_in("c"), NULL}, "never reads a cache");
+    cr_assert_eq(setenv("KPARITY_CACHE", not_a_dir, 1), 0);
+    usage_error((char *[]){kpt_binary(), "gate", "--config", (char *)cfg, "--out", path_in("b"), NULL}, "KPARITY_CACHE");
+}
+
+Test(cache, an_entry_is_worth_writing_only_when_it_was_slower_to_make_than_to_read) {
+    cr_assert(kp_cache_worth(1e9, 1.0));
+    cr_assert(kp_cache_worth(1e6, 0.01));
+    cr_assert_not(kp_cache_worth(1e9, 0.5));
+    cr_assert_not(kp_cache_worth(1e8, 0.0));
+}
