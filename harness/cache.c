@@ -5,12 +5,14 @@
 
 #include <errno.h>
 #include <stdatomic.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAGIC "KPCACHE2"
@@ -100,6 +102,67 @@ static uint64_t get_u64(const unsigned char *p) {
     return v;
 }
 
+/* ---- the folder's size: least recently used entries go past the cap ------------------------------------------ */
+
+typedef struct file_seen {
+    char *path;
+    double bytes, used; /* used: mtime, which a hit renews */
+} file_seen;
+
+static void scan(const char *dir, file_seen **files, int *n, int *cap) {
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (e->d_name[0] == '.') continue;
+        char *p;
+        struct stat st;
+        if (asprintf(&p, "%s/%s", dir, e->d_name) < 0) KP_OUT_OF_MEMORY("the cache folder's listing");
+        if (!lstat(p, &st) && S_ISDIR(st.st_mode)) {
+            scan(p, files, n, cap);
+            free(p);
+            continue;
+        }
+        if (*n == *cap) {
+            *cap = *cap ? 2 * *cap : 256;
+            if (!(*files = realloc(*files, sizeof **files * (size_t)*cap))) KP_OUT_OF_MEMORY("the cache folder's listing");
+        }
+        (*files)[(*n)++] = (file_seen){p, (double)st.st_size, (double)st.st_mtim.tv_sec + 1e-9 * (double)st.st_mtim.tv_nsec};
+    }
+    if (d) closedir(d);
+}
+
+static int older_first(const void *a, const void *b) {
+    const double x = ((const file_seen *)a)->used, y = ((const file_seen *)b)->used;
+    return (x > y) - (x < y);
+}
+
+double kp_cache_cap_bytes(void) {
+    const char *v = getenv("KPARITY_CACHE_MAX_GB");
+    char *end;
+    const double gb = v && *v ? strtod(v, &end) : 0;
+    return v && *v && !*end && gb > 0 ? gb * 1e9 : 20e9;
+}
+
+/* Past the cap, remove the least recently used entries (never `keep`, the one just written), and any temporary file
+ * an interrupted run left over an hour ago. */
+static void prune(const char *keep) {
+    char v1[sizeof g_dir + 8];
+    snprintf(v1, sizeof v1, "%s/v1", g_dir);
+    file_seen *files = NULL;
+    int n = 0, cap = 0;
+    scan(v1, &files, &n, &cap);
+    double total = 0;
+    const double now = (double)time(NULL), limit = kp_cache_cap_bytes();
+    for (int i = 0; i < n; i++) {
+        if (strstr(files[i].path, ".tmp.") && now - files[i].used > 3600 && !unlink(files[i].path)) files[i].bytes = 0;
+        total += files[i].bytes;
+    }
+    qsort(files, (size_t)n, sizeof *files, older_first);
+    for (int i = 0; i < n && total > limit; i++)
+        if (strcmp(files[i].path, keep) && !strstr(files[i].path, ".tmp.") && !unlink(files[i].path)) total -= files[i].bytes;
+    for (int i = 0; i < n; i++) free(files[i].path);
+    free(files);
+}
+
 int kp_cache_put(const char *kind, const char *key_text, cJSON *meta, const kp_cache_tensor *tensors, int n, kp_error *err) {
     static atomic_uint counter;
     char key[KP_SHA256_HEX_LEN], path[sizeof g_dir + 256], tmp[sizeof path + 64];
@@ -147,7 +210,10 @@ int kp_cache_put(const char *kind, const char *key_text, cJSON *meta, const kp_c
     const int saved = errno;
     if (f && fclose(f)) ok = false;
     free(text);
-    if (ok && !rename(tmp, path)) return 0;
+    if (ok && !rename(tmp, path)) {
+        prune(path);
+        return 0;
+    }
     const int e = ok ? errno : saved;
     if (f) unlink(tmp);
     return kp_fail(err, KP_EXIT_ENV, "cache: could not write %s: %s", path, strerror(e ? e : EIO));
@@ -265,8 +331,9 @@ int kp_cache_open(const char *kind, const char *key_text, kp_cache_entry *e, cha
         e->map = mmap(NULL, e->len, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
         if (e->map == MAP_FAILED) e->map = NULL, bad = "cannot be mapped";
     }
-    close(fd);
     if (!bad) bad = check_entry(e, key_text);
+    if (!bad) futimens(fd, NULL); /* used now: the last to go past the cap */
+    close(fd);
     if (!bad) return why[0] = 0, 1;
     snprintf(why, why_len, "%s", bad);
     kp_cache_close(e);

@@ -37,6 +37,10 @@ typedef struct kp_cache_tensor {
     int64_t slices;
 } kp_cache_tensor;
 
+/* The most the folder holds ($KPARITY_CACHE_MAX_GB, default 20): past it, each entry written removes the least
+ * recently used (written or read) until it fits. */
+double kp_cache_cap_bytes(void);
+
 /* The key of `key_text` (its SHA-256 hex). */
 void kp_cache_key(const char *key_text, char key[KP_SHA256_HEX_LEN]);
 

@@ -270,3 +270,17 @@ Test(cache, an_entry_is_worth_writing_only_when_it_was_slower_to_make_than_to_re
     cr_assert_not(kp_cache_worth(1e9, 0.5));
     cr_assert_not(kp_cache_worth(1e8, 0.0));
 }
+
+Test(cache, past_its_cap_the_folder_keeps_the_entry_just_written) {
+    const char *cfg = config();
+    char *cache = path_in("cache");
+    gate(cfg, "all", cache);
+    char *names[64];
+    cr_assert_eq(files_under(cache, names, 0, 64), 4, "the control: every entry kept under the default cap");
+    kpt_rmtree(cache);
+    cr_assert_eq(setenv("KPARITY_CACHE_MAX_GB", "0.000001", 1), 0); /* 1 kB: no entry fits beside another */
+    gate(cfg, "capped", cache);
+    const int n = files_under(cache, names, 0, 64);
+    cr_assert_eq(n, 1, "%d entries past a 1 kB cap", n);
+    cr_assert(strstr(names[0], "/v1/reference/"), "the last written is the second case's reference: %s", names[0]);
+}
