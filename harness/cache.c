@@ -80,6 +80,25 @@ int kp_cache_configure(const char *dir, bool off, kp_error *err) {
 
 const char *kp_cache_dir(void) { return g_have ? g_dir : NULL; }
 
+double kp_cache_read_rate(void) {
+    static double rate;
+    if (rate > 0) return rate;
+    enum { N = 16 << 20 };
+    unsigned char *buf = calloc(N, 1);
+    if (!buf) KP_OUT_OF_MEMORY("measuring the hash rate");
+    char hex[KP_SHA256_HEX_LEN];
+    for (int i = 0; i < 2; i++) {
+        const double t0 = kp_now();
+        kp_sha256_hex(buf, N, hex);
+        const double r = N / (kp_now() - t0 + 1e-9);
+        rate = r > rate ? r : rate;
+    }
+    free(buf);
+    return rate;
+}
+
+bool kp_cache_worth(double bytes, double seconds) { return seconds * kp_cache_read_rate() >= bytes; }
+
 void kp_cache_key(const char *key_text, char key[KP_SHA256_HEX_LEN]) { kp_sha256_hex(key_text, strlen(key_text), key); }
 
 static int entry_path(const char *kind, const char *key, char *path, size_t len, bool make) {

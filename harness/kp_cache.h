@@ -25,11 +25,12 @@ int kp_cache_configure(const char *dir, bool off, kp_error *err);
 /* The folder in use, or NULL: none (off, or the default could not be used). */
 const char *kp_cache_dir(void);
 
-/* Whether making `bytes` in `seconds` is worth an entry: reading one back and checking it runs at about
- * KP_CACHE_READ_RATE bytes a second (measured: kparity's default gate, 2-core development machine), so an entry
- * that was made faster than that is left out; recomputing it is as quick, and writing it costs the run. */
-#define KP_CACHE_READ_RATE 1e9
-static inline bool kp_cache_worth(double bytes, double seconds) { return seconds * KP_CACHE_READ_RATE >= bytes; }
+/* Whether making `bytes` in `seconds` is worth an entry: a hit hashes every byte again, so an entry made faster
+ * than this machine hashes (kp_cache_read_rate) is left out; recomputing it is as quick, and writing it costs the
+ * run. */
+bool kp_cache_worth(double bytes, double seconds);
+/* Bytes a second one core hashes with SHA-256 here, measured once a process (16 MiB, twice: the faster). */
+double kp_cache_read_rate(void);
 
 /* A tensor of an entry: t's `slices` slices of dim 0 as they lie in memory (a batched input's rows past its batch). */
 typedef struct kp_cache_tensor {

@@ -264,11 +264,13 @@ Test(cache, a_cache_folder_that_cannot_be_used_is_a_usage_error_naming_it) {
     usage_error((char *[]){kpt_binary(), "gate", "--config", (char *)cfg, "--out", path_in("b"), NULL}, "KPARITY_CACHE");
 }
 
-Test(cache, an_entry_is_worth_writing_only_when_it_was_slower_to_make_than_to_read) {
-    cr_assert(kp_cache_worth(1e9, 1.0));
-    cr_assert(kp_cache_worth(1e6, 0.01));
-    cr_assert_not(kp_cache_worth(1e9, 0.5));
-    cr_assert_not(kp_cache_worth(1e8, 0.0));
+Test(cache, an_entry_is_worth_writing_only_when_it_was_slower_to_make_than_to_hash) {
+    const double rate = kp_cache_read_rate();
+    cr_assert(rate > 1e7 && rate < 1e11, "a hash rate of %g bytes a second", rate);
+    cr_assert(kp_cache_worth(rate, 1.01));
+    cr_assert(kp_cache_worth(rate / 100, 0.0101));
+    cr_assert_not(kp_cache_worth(rate, 0.99));
+    cr_assert_not(kp_cache_worth(1e6, 0.0));
 }
 
 Test(cache, past_its_cap_the_folder_keeps_the_entry_just_written) {
