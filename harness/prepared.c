@@ -242,10 +242,10 @@ static void ref_key_text(const kp_prepared *p, const void *params, char *text, s
     if (kp_case_format(&p->c, name, sizeof name) < 0) snprintf(name, sizeof name, "?");
     int at = snprintf(text, len, "kparity.cache.reference/v1\nfamily %s\ncase %s\ngenerator %s\nreference %s\nparams ",
                       p->fam->name, name, p->fam->cases->generator_version, p->fam->reference_version);
-    for (size_t i = 0; params && i < p->fam->params_bytes && at + 3 < (int)len; i++)
+    KP_ASSERT(p->fam->params_bytes <= KP_PARAMS_MAX && len >= KP_CASE_NAME_MAX + 256 + 2 * KP_PARAMS_MAX + 80 * KP_MAX_TENSORS);
+    for (size_t i = 0; params && i < p->fam->params_bytes; i++)
         at += snprintf(text + at, len - (size_t)at, "%02x", ((const unsigned char *)params)[i]);
-    for (int k = 0; k < p->v.ninputs && at + 80 < (int)len; k++)
-        at += snprintf(text + at, len - (size_t)at, "\ninput %s", p->input_sha[k]);
+    for (int k = 0; k < p->v.ninputs; k++) at += snprintf(text + at, len - (size_t)at, "\ninput %s", p->input_sha[k]);
 }
 
 /* What the reference digest receipts record hashes after the tag: every array's bytes, in order (the arrays are dense
