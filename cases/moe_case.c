@@ -4,6 +4,7 @@
 #include "moe_case.h"
 
 #include <math.h> /* sqrt: correctly rounded, like + - * / */
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,6 +91,16 @@ const kp_case_family kp_moe_case_family = {
 
 int64_t kp_moe_w13_rows(const kp_moe_case *mc) { return mc->gated ? 2 * mc->inter : mc->inter; }
 
+uint64_t kp_moe_case_weight_offset(const kp_moe_case *mc, int64_t e) {
+    const int64_t per = (kp_moe_w13_rows(mc) + mc->inter) * mc->hidden;
+    return slot_offset(SLOT_WEIGHTS, (uint64_t)e * (uint64_t)per);
+}
+
+/* (u - 1/2) * sqrt(12 / K) in f32: variance 1 / K, so outputs keep one scale at any hidden and inter */
+double kp_moe_weight_scale(int64_t k) { return sqrt(12.0 / (double)k); }
+
+float kp_moe_weight(uint32_t draw, double scale) { return (float)((kp_unit(draw) - 0.5) * scale); }
+
 int kp_moe_case_experts(const kp_moe_case *mc, int64_t e0, int64_t ne, uint8_t *w13, uint8_t *s13, float *g13, uint8_t *w2,
                         uint8_t *s2, float *g2, kp_error *err) {
     /* experts' draws are contiguous (expert e's W13 then W2 from e * per): one cuRAND call for all ne, whose
@@ -99,14 +110,13 @@ int kp_moe_case_experts(const kp_moe_case *mc, int64_t e0, int64_t ne, uint8_t *
     uint32_t *draws = w ? kp_calloc((size_t)(per * ne), sizeof *draws, "expert draws", err) : NULL;
     kp_rng rng;
     int rc = draws ? kp_rng_open(&rng, mc->seed, err) : err->code, opened = rc == 0;
-    if (!rc) rc = kp_rng_draw(&rng, slot_offset(SLOT_WEIGHTS, (uint64_t)e0 * (uint64_t)per), draws, (size_t)(per * ne), err);
+    if (!rc) rc = kp_rng_draw(&rng, kp_moe_case_weight_offset(mc, e0), draws, (size_t)(per * ne), err);
+    const double scale13 = kp_moe_weight_scale(H), scale2 = kp_moe_weight_scale(I);
     for (int64_t q = 0; !rc && q < ne; q++) {
         const uint32_t *d = draws + q * per;
-        /* (u - 1/2) * sqrt(12 / K) in f32: variance 1 / K, so outputs keep one scale at any hidden and inter */
-        const double scale13 = sqrt(12.0 / (double)H), scale2 = sqrt(12.0 / (double)I);
-        for (int64_t i = 0; i < n13; i++) w[i] = (float)((kp_unit(d[i]) - 0.5) * scale13);
+        for (int64_t i = 0; i < n13; i++) w[i] = kp_moe_weight(d[i], scale13);
         rc = kp_nvfp4_quantize(w, R, H, mc->scale_dir, w13 + q * R * (H / 2), s13 + q * R * (H / 16), g13 + q, err);
-        for (int64_t i = 0; !rc && i < n2; i++) w[i] = (float)((kp_unit(d[n13 + i]) - 0.5) * scale2);
+        for (int64_t i = 0; !rc && i < n2; i++) w[i] = kp_moe_weight(d[n13 + i], scale2);
         if (!rc) rc = kp_nvfp4_quantize(w, H, I, mc->scale_dir, w2 + q * H * (I / 2), s2 + q * H * (I / 16), g2 + q, err);
     }
     if (opened) kp_rng_close(&rng);
@@ -200,7 +210,8 @@ static void gen_group(void *ctx, int64_t i) {
         g->err = err;
 }
 
-int kp_moe_case_all_experts(const kp_moe_case *mc, uint8_t *w13, uint8_t *s13, float *g13, uint8_t *w2, uint8_t *s2,
+/* The host's generator over every core. */
+static int host_all_experts(const kp_moe_case *mc, uint8_t *w13, uint8_t *s13, float *g13, uint8_t *w2, uint8_t *s2,
                             float *g2, kp_error *err) {
     const int64_t E = mc->experts, per = (kp_moe_w13_rows(mc) + mc->inter) * mc->hidden, threads = kp_thread_count();
     int64_t group = KP_MOE_GEN_DRAWS / per > 1 ? KP_MOE_GEN_DRAWS / per : 1;
@@ -210,4 +221,69 @@ int kp_moe_case_all_experts(const kp_moe_case *mc, uint8_t *w13, uint8_t *s13, f
     kp_parallel_for((E + group - 1) / group, gen_group, &g);
     if (atomic_load(&g.failed)) return *err = g.err, err->code;
     return 0;
+}
+
+/* The device generator is a hook, not a call: cases/ is plain C built without nvcc, and a CPU-only build links
+ * no CUDA symbol, so the CUDA build hands its generator in (cases/cuda/cases_cuda.c, installed by the CLI). */
+static kp_moe_experts_fn device_generator;
+
+void kp_moe_case_set_device_generator(kp_moe_experts_fn fn) { device_generator = fn; }
+
+int64_t kp_moe_case_guard_expert(const kp_moe_case *mc) { return (int64_t)(mc->seed % (uint64_t)mc->experts); }
+
+/* The guard: one expert on the host, on a thread of its own while the device makes them all, so it costs one
+ * expert's host time (0.3 s for GLM-5.3's) hidden behind the device's. */
+typedef struct guard_job {
+    const kp_moe_case *mc;
+    int64_t e;
+    uint8_t *w13, *s13, *w2, *s2;
+    float g13, g2;
+    kp_error err;
+    int rc;
+} guard_job;
+
+static void *guard_run(void *arg) {
+    guard_job *g = arg;
+    g->rc = kp_moe_case_experts(g->mc, g->e, 1, g->w13, g->s13, &g->g13, g->w2, g->s2, &g->g2, &g->err);
+    return NULL;
+}
+
+/* The first of expert e's tensors whose bytes differ from the guard's, or NULL. */
+static const char *guard_differs(const guard_job *g, const uint8_t *w13, const uint8_t *s13, const float *g13,
+                                 const uint8_t *w2, const uint8_t *s2, const float *g2) {
+    const int64_t R = kp_moe_w13_rows(g->mc), H = g->mc->hidden, I = g->mc->inter, e = g->e;
+    if (memcmp(g->w13, w13 + e * R * (H / 2), (size_t)(R * (H / 2)))) return "w13";
+    if (memcmp(g->s13, s13 + e * R * (H / 16), (size_t)(R * (H / 16)))) return "s13";
+    if (memcmp(g->w2, w2 + e * H * (I / 2), (size_t)(H * (I / 2)))) return "w2";
+    if (memcmp(g->s2, s2 + e * H * (I / 16), (size_t)(H * (I / 16)))) return "s2";
+    if (memcmp(&g->g13, g13 + e, sizeof *g13) || memcmp(&g->g2, g2 + e, sizeof *g2)) return "global_scales";
+    return NULL;
+}
+
+int kp_moe_case_all_experts(const kp_moe_case *mc, uint8_t *w13, uint8_t *s13, float *g13, uint8_t *w2, uint8_t *s2,
+                            float *g2, kp_error *err) {
+    if (!device_generator) return host_all_experts(mc, w13, s13, g13, w2, s2, g2, err);
+    const int64_t R = kp_moe_w13_rows(mc), H = mc->hidden, I = mc->inter;
+    const size_t b13 = (size_t)(R * (H / 2)), q13 = (size_t)(R * (H / 16)), b2 = (size_t)(H * (I / 2)),
+                 q2 = (size_t)(H * (I / 16));
+    uint8_t *one = kp_alloc(b13 + q13 + b2 + q2, "the guard expert", err);
+    if (!one) return err->code;
+    guard_job g = {.mc = mc, .e = kp_moe_case_guard_expert(mc), .w13 = one, .s13 = one + b13, .w2 = one + b13 + q13,
+                   .s2 = one + b13 + q13 + b2};
+    pthread_t thread;
+    const int threaded = pthread_create(&thread, NULL, guard_run, &g) == 0;
+    int rc = device_generator(mc, 0, mc->experts, w13, s13, g13, w2, s2, g2, err);
+    if (threaded) pthread_join(thread, NULL);
+    else if (rc == 0) guard_run(&g); /* no thread to be had: the guard after the device, not never */
+    const char *differs = NULL;
+    if (rc == 0 && g.rc) *err = g.err, rc = g.rc;
+    else if (rc == 0 && (differs = guard_differs(&g, w13, s13, g13, w2, s2, g2)))
+        fprintf(stderr, "kparity: warning: moe(model=%s,hidden=%lld,inter=%lld,experts=%lld,seed=%llu): the device "
+                "generator's expert %lld differs from the host's in %s; generating every expert on the host instead "
+                "(a defect in the device generator: please report it)\n", mc->model ? mc->model : "?", (long long)H, (long long)I,
+                (long long)mc->experts, (unsigned long long)mc->seed, (long long)g.e, differs);
+    free(one);
+    /* KP_EXIT_SKIP: no device here, nothing written; the host's bytes are the definition either way */
+    if (rc == KP_EXIT_SKIP || differs) return host_all_experts(mc, w13, s13, g13, w2, s2, g2, err);
+    return rc;
 }

@@ -58,12 +58,30 @@ int kp_moe_case_expert(const kp_moe_case *mc, int64_t e, uint8_t *w13, uint8_t *
 /* Experts [e0, e0 + ne), each laid out as above, one after another (w13 + q * w13_rows * hidden / 2, ...). */
 int kp_moe_case_experts(const kp_moe_case *mc, int64_t e0, int64_t ne, uint8_t *w13, uint8_t *s13, float *g13, uint8_t *w2,
                         uint8_t *s2, float *g2, kp_error *err);
+/* The generator's definition, which any faster generator must reproduce bit for bit: expert e's draws begin at
+ * Philox offset kp_moe_case_weight_offset(mc, e), W13's [w13_rows, hidden] then W2's [hidden, inter], and draw d
+ * becomes the weight kp_moe_weight(d, kp_moe_weight_scale(K)), K = hidden for W13 and inter for W2, which
+ * kp_nvfp4_quantize quantizes along K. */
+uint64_t kp_moe_case_weight_offset(const kp_moe_case *mc, int64_t e);
+double kp_moe_weight_scale(int64_t k);           /* sqrt(12 / k) in double */
+float kp_moe_weight(uint32_t draw, double scale); /* (kp_unit(draw) - 0.5) * scale in double, rounded to f32 */
 /* Draws in one group of experts kp_moe_case_all_experts hands a thread (its scratch: 4 bytes a draw). */
 #define KP_MOE_GEN_DRAWS (8 << 20)
-/* Every expert, as kp_moe_case_experts lays them out (g13 and g2: [experts] each), drawn in groups over
- * kp_thread_count() threads: each expert draws from its own offset, so any order gives the same bytes. */
+/* Every expert, as kp_moe_case_experts lays them out (g13 and g2: [experts] each): on the device generator when
+ * one is set and can run here, else drawn in groups over kp_thread_count() threads (each expert draws from its own
+ * offset, so any order gives the same bytes). A device generator's expert kp_moe_case_guard_expert(mc) is checked
+ * against the host's; should it ever differ, a warning goes to stderr and the host generates every expert. */
 int kp_moe_case_all_experts(const kp_moe_case *mc, uint8_t *w13, uint8_t *s13, float *g13, uint8_t *w2, uint8_t *s2,
                             float *g2, kp_error *err);
+/* A generator of experts [e0, e0 + ne) as kp_moe_case_experts lays them out, with its bytes exactly (the CUDA build's:
+ * cases/cuda/moe_gen.cu). Returns 0; KP_EXIT_SKIP when it cannot run here (no device, or too little device memory)
+ * with err untouched, the host then generating; or an error class with err filled. */
+typedef int (*kp_moe_experts_fn)(const kp_moe_case *mc, int64_t e0, int64_t ne, uint8_t *w13, uint8_t *s13, float *g13,
+                                 uint8_t *w2, uint8_t *s2, float *g2, kp_error *err);
+/* Make kp_moe_case_all_experts use fn (NULL: the host only). Set once at startup, before any generation. */
+void kp_moe_case_set_device_generator(kp_moe_experts_fn fn);
+/* The expert the guard regenerates on the host: seed mod experts, so cases check different ones. */
+int64_t kp_moe_case_guard_expert(const kp_moe_case *mc);
 /* Rows [first, first + n): x [n, hidden], ids [n, topk], weights [n, topk]. */
 int kp_moe_case_rows(const kp_moe_case *mc, int64_t first, int64_t n, float *x, int32_t *ids, float *weights, kp_error *err);
 

@@ -23,6 +23,9 @@
 #include "kp_runner.h"
 #include "../receipts/kp_sign.h"
 #include "../receipts/kp_verify.h"
+#ifdef KP_HAVE_CUDA
+#include "../cases/cuda/kp_cases_cuda.h"
+#endif
 
 /* Each subcommand's usage line: `kparity CMD --help` prints its own, exit 0. */
 static const struct {
@@ -276,6 +279,10 @@ int main(int argc, char **argv) {
      * instead of being faulted in afresh (measured: ~900k minor faults for the CUDA gate). */
     mallopt(M_MMAP_THRESHOLD, 1 << 30);
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
+#ifdef KP_HAVE_CUDA
+    /* inputs the GPU makes faster, where there is one, with the host generator's bytes (cases/cuda/cases_cuda.c) */
+    kp_cases_cuda_install();
+#endif
     const char *cmd = argv[1];
     if (!strcmp(cmd, "rates") && !(argc == 3 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"))))
         return kp_cmd_rates(argc - 2, argv + 2); /* its own options */

@@ -1,15 +1,21 @@
 /* test_cases_moe.c: moe case names and generation: the model shapes and canonical names, bad fields
  * refused naming the field, a row the same whatever m, activations and routing weights that bf16 cannot
- * hold, each routing profile's expert counts, and expert weights quantized to NVFP4 along their K. */
+ * hold, each routing profile's expert counts, expert weights quantized to NVFP4 along their K, and the
+ * device generator's hook and guard (fakes stand in for the GPU; tests/test_gpu_moe_gen.c has the real one). */
+#define _GNU_SOURCE /* setenv, dup */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../cases/kp_tensor.h"
 #include "../cases/moe_case.h"
 #include "kp_test_util.h"
+#ifdef KP_HAVE_CUDA
+#include "../cases/cuda/moe_gen_hook.h"
+#endif
 
 static kp_moe_case read_case(const char *name, char *canonical) {
     kp_case c;
@@ -206,4 +212,99 @@ Test(cases_moe, digests_are_pinned_and_expert_grouping_changes_nothing) {
     }
     drop(&r);
     free(w13), free(s13), free(w2), free(s2), free(one), free(g), free(o13), free(ow2), free(os2);
+}
+
+/* ---- the device generator's hook (kp_moe_case_set_device_generator) and its guard ---- */
+
+enum fake_mode { FAKE_EXACT, FAKE_OTHER_EXPERT_BYTE, FAKE_GUARD_EXPERT_BYTE, FAKE_NO_DEVICE, FAKE_FAILS };
+static enum fake_mode fake_mode;
+static int fake_calls;
+
+/* A device generator as the hook sees one: the host's bytes, one code of an expert's W2 flipped, or a refusal. */
+static int fake_device(const kp_moe_case *mc, int64_t e0, int64_t ne, uint8_t *w13, uint8_t *s13, float *g13, uint8_t *w2,
+                       uint8_t *s2, float *g2, kp_error *err) {
+    fake_calls++;
+    if (fake_mode == FAKE_NO_DEVICE) return KP_EXIT_SKIP;
+    if (fake_mode == FAKE_FAILS) return kp_fail(err, KP_EXIT_ENV, "fake: cudaMemcpyAsync failed");
+    const int rc = kp_moe_case_experts(mc, e0, ne, w13, s13, g13, w2, s2, g2, err);
+    const int64_t guard = kp_moe_case_guard_expert(mc), e = fake_mode == FAKE_GUARD_EXPERT_BYTE ? guard : (guard + 1) % ne;
+    if (fake_mode != FAKE_EXACT) w2[e * mc->hidden * (mc->inter / 2) + 7] ^= 0x10;
+    return rc;
+}
+
+typedef struct all {
+    uint8_t *w13, *s13, *w2, *s2;
+    float *g;
+    int rc;
+    kp_error err;
+    char said[2048]; /* what went to stderr */
+} all;
+
+static all all_experts(const kp_moe_case *mc, kp_moe_experts_fn device) {
+    const int64_t R = kp_moe_w13_rows(mc), H = mc->hidden, I = mc->inter, E = mc->experts;
+    all a = {malloc((size_t)(E * R * H / 2)), malloc((size_t)(E * R * H / 16)), malloc((size_t)(E * H * I / 2)),
+             malloc((size_t)(E * H * I / 16)), malloc(sizeof(float) * (size_t)(2 * E)), 0, {0}, ""};
+    fflush(stderr);
+    FILE *said = tmpfile();
+    const int saved = dup(2);
+    cr_assert(said && saved >= 0 && dup2(fileno(said), 2) >= 0);
+    kp_moe_case_set_device_generator(device);
+    a.rc = kp_moe_case_all_experts(mc, a.w13, a.s13, a.g, a.w2, a.s2, a.g + E, &a.err);
+    kp_moe_case_set_device_generator(NULL);
+    fflush(stderr);
+    dup2(saved, 2), close(saved);
+    rewind(said);
+    a.said[fread(a.said, 1, sizeof a.said - 1, said)] = '\0';
+    fclose(said);
+    return a;
+}
+static int all_same(const kp_moe_case *mc, const all *a, const all *b) {
+    const int64_t R = kp_moe_w13_rows(mc), H = mc->hidden, I = mc->inter, E = mc->experts;
+    return !memcmp(a->w13, b->w13, (size_t)(E * R * H / 2)) && !memcmp(a->s13, b->s13, (size_t)(E * R * H / 16)) &&
+           !memcmp(a->w2, b->w2, (size_t)(E * H * I / 2)) && !memcmp(a->s2, b->s2, (size_t)(E * H * I / 16)) &&
+           !memcmp(a->g, b->g, sizeof(float) * (size_t)(2 * E));
+}
+static void all_free(all *a) { free(a->w13), free(a->s13), free(a->w2), free(a->s2), free(a->g); }
+
+/* The device's bytes are used when its guard expert agrees with the host's (a flip elsewhere stays: the guard is one
+ * expert, the proof is tests/test_gpu_moe_gen.c), and dropped for the host's, with a warning, when it does not. */
+Test(cases_moe, a_device_generator_is_kept_while_its_guard_expert_agrees_and_replaced_when_not) {
+    const kp_moe_case mc = read_case("moe(hidden=64,inter=32,m=1,model=glm47,profile=single,seed=70)", NULL);
+    cr_assert_eq(kp_moe_case_guard_expert(&mc), 70 % 64);
+    all host = all_experts(&mc, NULL);
+    cr_assert_eq(host.rc, 0, "%s", host.err.msg);
+    fake_mode = FAKE_EXACT, fake_calls = 0;
+    all exact = all_experts(&mc, fake_device);
+    cr_assert(exact.rc == 0 && fake_calls == 1 && all_same(&mc, &host, &exact) && !exact.said[0], "%s", exact.said);
+    fake_mode = FAKE_OTHER_EXPERT_BYTE;
+    all other = all_experts(&mc, fake_device);
+    cr_assert(other.rc == 0 && !all_same(&mc, &host, &other) && !other.said[0], "the device's bytes were kept: %s", other.said);
+    fake_mode = FAKE_GUARD_EXPERT_BYTE;
+    all guarded = all_experts(&mc, fake_device);
+    cr_assert_eq(guarded.rc, 0, "%s", guarded.err.msg);
+    cr_assert(all_same(&mc, &host, &guarded), "the host's bytes replaced the device's");
+    cr_assert(strstr(guarded.said, "warning") && strstr(guarded.said, "expert 6 differs from the host's in w2"),
+              "the warning names the expert and the tensor: %s", guarded.said);
+    all_free(&host), all_free(&exact), all_free(&other), all_free(&guarded);
+}
+
+/* No device (KP_EXIT_SKIP): the host's bytes, silently; a device that fails: its error, not the host's bytes. */
+Test(cases_moe, a_device_generator_without_a_device_leaves_it_to_the_host_and_its_failure_is_an_error) {
+    const kp_moe_case mc = read_case("moe(hidden=64,inter=32,m=1,model=qwen3,profile=single,seed=7)", NULL);
+    all host = all_experts(&mc, NULL);
+    fake_mode = FAKE_NO_DEVICE, fake_calls = 0;
+    all none = all_experts(&mc, fake_device);
+    cr_assert(none.rc == 0 && fake_calls == 1 && all_same(&mc, &host, &none) && !none.said[0], "%d %s", none.rc, none.said);
+    fake_mode = FAKE_FAILS;
+    all failed = all_experts(&mc, fake_device);
+    cr_assert_eq(failed.rc, KP_EXIT_ENV);
+    cr_assert_str_eq(failed.err.msg, "fake: cudaMemcpyAsync failed");
+#ifdef KP_HAVE_CUDA
+    /* the CUDA build's own generator where no device is visible (this machine, or the variable): declines */
+    setenv("CUDA_VISIBLE_DEVICES", "", 1);
+    all cuda = all_experts(&mc, kp_moe_experts_cuda);
+    cr_assert(cuda.rc == 0 && all_same(&mc, &host, &cuda) && !cuda.said[0], "%d %s: %s", cuda.rc, cuda.err.msg, cuda.said);
+    all_free(&cuda);
+#endif
+    all_free(&host), all_free(&none), all_free(&failed);
 }
