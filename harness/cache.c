@@ -80,24 +80,11 @@ int kp_cache_configure(const char *dir, bool off, kp_error *err) {
 
 const char *kp_cache_dir(void) { return g_have ? g_dir : NULL; }
 
-double kp_cache_read_rate(void) {
-    static double rate;
-    if (rate > 0) return rate;
-    enum { N = 16 << 20 };
-    unsigned char *buf = calloc(N, 1);
-    if (!buf) KP_OUT_OF_MEMORY("measuring the hash rate");
-    char hex[KP_SHA256_HEX_LEN];
-    for (int i = 0; i < 2; i++) {
-        const double t0 = kp_now();
-        kp_sha256_hex(buf, N, hex);
-        const double r = N / (kp_now() - t0 + 1e-9);
-        rate = r > rate ? r : rate;
-    }
-    free(buf);
-    return rate;
-}
+static double g_write_rate = 0.4e9;
 
-bool kp_cache_worth(double bytes, double seconds) { return seconds * kp_cache_read_rate() >= bytes; }
+double kp_cache_write_rate(void) { return g_write_rate; }
+
+bool kp_cache_worth(double bytes, double seconds) { return seconds * g_write_rate >= bytes; }
 
 void kp_cache_key(const char *key_text, char key[KP_SHA256_HEX_LEN]) { kp_sha256_hex(key_text, strlen(key_text), key); }
 
@@ -217,6 +204,7 @@ int kp_cache_put(const char *kind, const char *key_text, cJSON *meta, const kp_c
     kp_sha256_hex(text, mlen, hex);
     memcpy(tail + 16, hex, 64);
     static const unsigned char zeros[64];
+    const double t0 = kp_now();
     FILE *f = fopen(tmp, "wbx");
     bool ok = f && fwrite(MAGIC, 1, MAGIC_LEN, f) == MAGIC_LEN;
     uint64_t pos = MAGIC_LEN;
@@ -230,6 +218,8 @@ int kp_cache_put(const char *kind, const char *key_text, cJSON *meta, const kp_c
     if (f && fclose(f)) ok = false;
     free(text);
     if (ok && !rename(tmp, path)) {
+        const double seconds = kp_now() - t0;
+        if (seconds > 0 && at > (64u << 20)) g_write_rate = (double)at / seconds; /* small ones say little */
         prune(path);
         return 0;
     }

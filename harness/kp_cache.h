@@ -25,12 +25,14 @@ int kp_cache_configure(const char *dir, bool off, kp_error *err);
 /* The folder in use, or NULL: none (off, or the default could not be used). */
 const char *kp_cache_dir(void);
 
-/* Whether making `bytes` in `seconds` is worth an entry: a hit hashes every byte again, so an entry made faster
- * than this machine hashes (kp_cache_read_rate) is left out; recomputing it is as quick, and writing it costs the
- * run. */
+/* Whether making `bytes` in `seconds` is worth an entry: whether its first hit saves the time writing it costs the run
+ * that makes it. A hit skips the making and nothing else (it hashes every byte, as a receipt of made bytes must too;
+ * mapping a file the page cache holds is cheap), so an entry is written when making it took longer than writing it
+ * takes (kp_cache_write_rate). */
 bool kp_cache_worth(double bytes, double seconds);
-/* Bytes a second one core hashes with SHA-256 here, measured once a process (16 MiB, twice: the faster). */
-double kp_cache_read_rate(void);
+/* Bytes a second the folder took the last entry written in this process at (file written, closed and renamed);
+ * 0.4e9 before any (the development machine's disk: dd, 1 GB, 0.42 GB/s). */
+double kp_cache_write_rate(void);
 
 /* A tensor of an entry: t's `slices` slices of dim 0 as they lie in memory (a batched input's rows past its batch). */
 typedef struct kp_cache_tensor {
