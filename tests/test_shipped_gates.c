@@ -719,6 +719,7 @@ SHIPPED(indexer_topk, "ci/gates/indexer-topk.json")
 SHIPPED(indexer_topk_cuda, "ci/gates/indexer-topk-cuda.json")
 SHIPPED(nvfp4_moe, "ci/gates/nvfp4-moe.json")
 SHIPPED(nvfp4_moe_cuda, "ci/gates/nvfp4-moe-cuda.json")
+SHIPPED(moe_presets_cuda, "ci/gates/moe-presets-cuda.json")
 SHIPPED(sparse_mla, "ci/gates/sparse-mla.json")
 SHIPPED(sparse_mla_cuda, "ci/gates/sparse-mla-cuda.json")
 SHIPPED(matrix_topp, "ci/matrix/topp.json")
@@ -729,7 +730,7 @@ SHIPPED(matrix_mla, "ci/matrix/mla.json")
 /* Every shipped config has a test above: a new one must be added, not forgotten. */
 Test(shipped_gates, every_shipped_config_is_listed) {
     static const char *const listed[] = {"default.json", "glm-split-topp.json", "glm-split-topp-cuda.json", "indexer-topk.json",
-                                         "indexer-topk-cuda.json", "nvfp4-moe.json", "nvfp4-moe-cuda.json", "sparse-mla.json",
+                                         "indexer-topk-cuda.json", "nvfp4-moe.json", "nvfp4-moe-cuda.json", "moe-presets-cuda.json", "sparse-mla.json",
                                          "sparse-mla-cuda.json", "topp.json", "topk.json", "moe.json", "mla.json"};
     const char *folders[] = {"ci/gates", "ci/matrix"};
     for (int f = 0; f < 2; f++) {
