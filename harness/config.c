@@ -100,13 +100,15 @@ static int add_case(kp_config *cfg, kp_case *c, const cJSON *checks, const char 
     cs->host_bytes = (size_t)est.host, cs->device_bytes = (size_t)est.device;
     if (est.ncuda > 0 && kp_device_count() > 0 && cs->device_bytes > cfg->device_budget)
         return kp_fail(err, KP_EXIT_USAGE, "%s: case %s needs about %.3g GiB of device memory (its inputs and the buffers "
-                       "of its %d CUDA impl%s), over the budget of %.3g GiB (budget.device_bytes); nothing was allocated",
-                       where, cs->name, (double)cs->device_bytes / 1073741824.0, est.ncuda, est.ncuda > 1 ? "s" : "",
-                       (double)cfg->device_budget / 1073741824.0);
+                       "of its %d CUDA impl%s), over the budget of %.3g GiB (budget.device_bytes); nothing was allocated; "
+                       "its largest tensor, which the case's fields size: %s", where, cs->name,
+                       (double)cs->device_bytes / 1073741824.0, est.ncuda, est.ncuda > 1 ? "s" : "",
+                       (double)cfg->device_budget / 1073741824.0, est.largest);
     if (cs->host_bytes > cfg->host_budget)
         return kp_fail(err, KP_EXIT_USAGE, "%s: case %s needs about %.3g GiB of host memory, over the budget of %.3g GiB "
-                       "(budget.host_bytes); nothing was allocated", where, cs->name, (double)cs->host_bytes / 1073741824.0,
-                       (double)cfg->host_budget / 1073741824.0);
+                       "(budget.host_bytes); nothing was allocated; its largest tensor, which the case's fields size: %s",
+                       where, cs->name, (double)cs->host_bytes / 1073741824.0, (double)cfg->host_budget / 1073741824.0,
+                       est.largest);
     return 0;
 }
 

@@ -78,7 +78,8 @@ int kp_reference_run(kp_prepared *p, const void *params, cJSON *desc, kp_error *
  * overflows. */
 typedef struct kp_case_bytes {
     uint64_t host, device;
-    int ncuda; /* CUDA impls the device bytes are for */
+    int ncuda;         /* CUDA impls the device bytes are for */
+    char largest[200]; /* the largest tensor declared, for an error: "input 'w13' [288, 4096, 2048] u8, 2.25 GiB" */
 } kp_case_bytes;
 int kp_launch_estimate(const kp_case_spec *cs, int64_t extra_rows, kp_case_bytes *est, kp_error *err);
 /* The case is done (kp_prepared_release): its pooled outputs are freed. */

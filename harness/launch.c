@@ -486,6 +486,20 @@ int kp_launch_estimate(const kp_case_spec *cs, int64_t extra_rows, kp_case_bytes
     if (rc) return rc;
     KP_ASSERT(s.ninputs >= 1 && s.ninputs <= KP_MAX_TENSORS && s.noutputs >= 1 && s.noutputs <= KP_MAX_TENSORS);
     const int64_t R = s.rows_total, largest = kp_shapes_largest_run(s.batch, R);
+    double most = -1;
+    for (int k = 0; k < s.ninputs + s.nstate + s.noutputs; k++) { /* named in a budget's error */
+        const bool in = k < s.ninputs, st = !in && k < s.ninputs + s.nstate;
+        const kp_tensor *t = in ? &s.inputs[k] : st ? &s.state[k - s.ninputs] : &s.outputs[k - s.ninputs - s.nstate];
+        const double bytes = tensors_bytes(t, 1, R, false, false);
+        if (bytes <= most) continue;
+        most = bytes;
+        int at = snprintf(est->largest, sizeof est->largest, "%s '%s' [", in ? "input" : st ? "state array" : "output", t->name);
+        for (int d = 0; d < t->ndim && at < (int)sizeof est->largest; d++)
+            at += snprintf(est->largest + at, sizeof est->largest - (size_t)at, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+        if (at < (int)sizeof est->largest)
+            snprintf(est->largest + at, sizeof est->largest - (size_t)at, "] %s, %.3g GiB", kp_dtype_name(t->dtype),
+                     bytes / 1073741824.0);
+    }
     /* one host output of the largest run (output_new's block, each tensor 64-byte aligned); the comparisons'
        row buffers (kp_output_row's and row_diff's, kept per thread) hold a few rows */
     double out_run = 0, row_bytes = 0;

@@ -120,6 +120,8 @@ Test(cli, a_budget_at_the_host_estimate_runs_and_one_byte_less_is_refused) {
         cr_assert_eq(rc, 2, "a budget one byte under the estimate: exit %d\n%s", rc, err);
         cr_assert(strstr(err, "cases[0]: case topp(batch=4,") && strstr(err, "(budget.host_bytes); nothing was allocated"),
                   "the refusal names the case and the field: %s", err);
+        cr_assert(strstr(err, "its largest tensor, which the case's fields size: input 'logits' [4, "),
+                  "the refusal names what the case's fields made large: %s", err);
         cr_assert_neq(stat(bundle, &st), 0, "a refused case leaves no bundle");
     }
 }
