@@ -268,6 +268,9 @@ typedef struct kp_reference {
      * cached beside the arrays (harness/cache.c) so reference_adopt can take the whole reference back */
     kp_tensor state[KP_MAX_TENSORS];
     int nstate;
+    /* optional: where the reference was computed ("cuda (host-identical; ...)"), a static string that the receipt's
+     * reference description records as computed_on; NULL: nothing recorded */
+    const char *computed_on;
 } kp_reference;
 
 /* Whether a reference read back (got) holds the arrays and state want describes (names, dtypes, shapes; data aside):

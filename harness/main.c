@@ -25,6 +25,7 @@
 #include "../receipts/kp_verify.h"
 #ifdef KP_HAVE_CUDA
 #include "../cases/cuda/kp_cases_cuda.h"
+#include "../reference/cuda/kp_reference_cuda.h"
 #endif
 
 /* Each subcommand's usage line: `kparity CMD --help` prints its own, exit 0. */
@@ -282,6 +283,8 @@ int main(int argc, char **argv) {
 #ifdef KP_HAVE_CUDA
     /* inputs the GPU makes faster, where there is one, with the host generator's bytes (cases/cuda/cases_cuda.c) */
     kp_cases_cuda_install();
+    /* references the GPU computes faster, with the host's bits (reference/cuda/reference_cuda.c) */
+    kp_reference_cuda_install();
 #endif
     const char *cmd = argv[1];
     if (!strcmp(cmd, "rates") && !(argc == 3 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"))))

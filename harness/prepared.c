@@ -506,6 +506,7 @@ int kp_reference_run(kp_prepared *p, const void *params, cJSON *desc, kp_error *
         if (p->fam->reference_rule) cJSON_AddStringToObject(desc, "rule", p->fam->reference_rule);
         kp_json_add_double(desc, "seconds", p->ref_seconds);
         kp_json_add_int(desc, "threads", kp_thread_count());
+        if (p->ref.computed_on) cJSON_AddStringToObject(desc, "computed_on", p->ref.computed_on);
     }
     return 0;
 }

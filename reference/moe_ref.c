@@ -7,6 +7,8 @@
 #include "moe_ref.h"
 
 #include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -169,14 +171,21 @@ double kp_moe_reference_bytes(const kp_moe_case *mc, int64_t rows) {
            (double)kp_thread_count() * (64.0 * (double)mc->hidden * 8.0 + 2.0 * COLS * (double)(mc->hidden + mc->inter) * 8.0);
 }
 
-int kp_moe_reference(const kp_moe_ref_in *in, double *out, kp_error *err) {
+static int ids_valid(const kp_moe_ref_in *in, kp_error *err) {
     const kp_moe_case *mc = in->mc;
-    ref_job j = {.in = in, .w13_rows = kp_moe_w13_rows(mc), .pairs = in->rows * mc->topk, .out = out};
-    atomic_init(&j.failed, 0);
-    for (int64_t i = 0; i < j.pairs; i++)
+    for (int64_t i = 0; i < in->rows * mc->topk; i++)
         if (in->ids[i] < 0 || in->ids[i] >= mc->experts)
             return kp_fail(err, KP_EXIT_USAGE, "moe reference: ids[%lld] = %d is outside [0, %lld)", (long long)i,
                            in->ids[i], (long long)mc->experts);
+    return 0;
+}
+
+/* The definition: the host on every core. */
+static int host_reference(const kp_moe_ref_in *in, double *out, kp_error *err) {
+    const kp_moe_case *mc = in->mc;
+    ref_job j = {.in = in, .w13_rows = kp_moe_w13_rows(mc), .pairs = in->rows * mc->topk, .out = out};
+    atomic_init(&j.failed, 0);
+    if (ids_valid(in, err)) return err->code;
     j.order = kp_calloc((size_t)j.pairs, sizeof *j.order, "moe reference order", err);
     j.first = kp_calloc((size_t)mc->experts + 1, sizeof *j.first, "moe reference order", err);
     j.act = j.order && j.first ? kp_calloc((size_t)(j.pairs * mc->inter), sizeof *j.act, "moe reference activations", err) : NULL;
@@ -196,4 +205,102 @@ int kp_moe_reference(const kp_moe_ref_in *in, double *out, kp_error *err) {
     if (!rc && atomic_load(&j.failed)) rc = kp_fail(err, KP_EXIT_ENV, "moe reference: out of host memory");
     free(j.order), free(j.first), free(j.act), free(j.y);
     return rc;
+}
+
+/* ---- the device hook and its guard ---- */
+
+/* A hook, not a call: reference/ is plain C built without nvcc, and a CPU-only build links no CUDA symbol, so the
+ * CUDA build hands its reference in (reference/cuda/reference_cuda.c, installed by the CLI). */
+static kp_moe_reference_fn device_reference;
+
+void kp_moe_reference_set_device(kp_moe_reference_fn fn) { device_reference = fn; }
+
+int kp_moe_reference_guard_rows(int64_t rows, int64_t at[KP_MOE_REF_GUARD_ROWS]) {
+    const int64_t want[KP_MOE_REF_GUARD_ROWS] = {0, rows / 2, rows - 1};
+    int n = 0;
+    for (int i = 0; i < KP_MOE_REF_GUARD_ROWS && rows > 0; i++)
+        if (n == 0 || want[i] != at[n - 1]) at[n++] = want[i];
+    return n;
+}
+
+/* The host on `sets` activation arrays, one call each. */
+static int host_sets(const kp_moe_ref_in *in, int sets, const float *const x[], double *const out[], kp_error *err) {
+    for (int s = 0; s < sets; s++) {
+        kp_moe_ref_in one = *in;
+        one.x = x[s];
+        const int rc = host_reference(&one, out[s], err);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* The guard: the guard rows, packed into a batch of their own, on the host; *differs when the device's rows differ
+ * from them by a bit (the first named in *row, *set). 0 or an error class. */
+static int guard_check(const kp_moe_ref_in *in, int sets, const float *const x[], double *const out[], bool *differs,
+                       int64_t *row, int *set, kp_error *err) {
+    const kp_moe_case *mc = in->mc;
+    const int64_t H = mc->hidden, K = mc->topk;
+    int64_t at[KP_MOE_REF_GUARD_ROWS];
+    const int n = kp_moe_reference_guard_rows(in->rows, at);
+    float *gx = kp_calloc((size_t)(sets * n * H) + (size_t)(n * K), sizeof *gx, "moe reference guard rows", err);
+    int32_t *gids = gx ? kp_calloc((size_t)(n * K), sizeof *gids, "moe reference guard rows", err) : NULL;
+    double *gout = gids ? kp_calloc((size_t)(sets * n * H), sizeof *gout, "moe reference guard rows", err) : NULL;
+    if (!gout) return free(gx), free(gids), err->code;
+    float *gw = gx + sets * n * H;
+    const float *sx[2];
+    double *sout[2];
+    for (int s = 0; s < sets; s++) {
+        for (int i = 0; i < n; i++) memcpy(gx + (s * n + i) * H, x[s] + at[i] * H, sizeof *gx * (size_t)H);
+        sx[s] = gx + s * n * H, sout[s] = gout + s * n * H;
+    }
+    for (int i = 0; i < n; i++) {
+        memcpy(gids + i * K, in->ids + at[i] * K, sizeof *gids * (size_t)K);
+        memcpy(gw + i * K, in->weights + at[i] * K, sizeof *gw * (size_t)K);
+    }
+    kp_moe_ref_in sub = *in;
+    sub.rows = n, sub.ids = gids, sub.weights = gw;
+    int rc = host_sets(&sub, sets, sx, sout, err);
+    *differs = false;
+    for (int s = 0; !rc && s < sets; s++)
+        for (int i = 0; !rc && !*differs && i < n; i++)
+            if (memcmp(sout[s] + i * H, out[s] + at[i] * H, sizeof *gout * (size_t)H)) *row = at[i], *set = s, *differs = true;
+    free(gx), free(gids), free(gout);
+    return rc;
+}
+
+static const char *const on_device_names[KP_MOE_REF_GUARD_ROWS + 1] = {
+    "cuda (host-identical; 0 guard rows)", "cuda (host-identical; 1 guard row checked on the host)",
+    "cuda (host-identical; 2 guard rows checked on the host)", "cuda (host-identical; 3 guard rows checked on the host)"};
+
+/* Every public entry: the device when one is set and can run here, guarded, else the host. */
+static int reference_sets(const kp_moe_ref_in *in, int sets, const float *const x[], double *const out[], kp_error *err) {
+    if (ids_valid(in, err)) return err->code;
+    const char *where = "host";
+    int rc = KP_EXIT_SKIP;
+    if (device_reference && in->rows > 0) rc = device_reference(in, sets, x, out, err);
+    if (rc == 0) {
+        int64_t row = 0, at[KP_MOE_REF_GUARD_ROWS];
+        int set = 0;
+        bool differs = false;
+        rc = guard_check(in, sets, x, out, &differs, &row, &set, err);
+        if (!rc && differs) {
+            const kp_moe_case *mc = in->mc;
+            fprintf(stderr, "kparity: warning: moe(model=%s,hidden=%lld,inter=%lld,m=%lld,seed=%llu): the device "
+                    "reference's row %lld (activation set %d) differs from the host's; computing the whole reference on "
+                    "the host instead (a defect in the device reference: please report it)\n", mc->model ? mc->model : "?",
+                    (long long)mc->hidden, (long long)mc->inter, (long long)in->rows, (unsigned long long)mc->seed,
+                    (long long)row, set);
+            where = "host (the device reference's guard rows differed)";
+            rc = KP_EXIT_SKIP;
+        } else if (rc == 0) where = on_device_names[kp_moe_reference_guard_rows(in->rows, at)];
+    }
+    if (rc == KP_EXIT_SKIP) rc = host_sets(in, sets, x, out, err); /* the host's bits are the definition either way */
+    if (!rc && in->computed_on) *in->computed_on = where;
+    return rc;
+}
+
+int kp_moe_reference(const kp_moe_ref_in *in, double *out, kp_error *err) {
+    const float *x[1] = {in->x};
+    double *o[1] = {out};
+    return reference_sets(in, 1, x, o, err);
 }

@@ -22,6 +22,8 @@ typedef struct kp_moe_ref_in {
     const float *weights; /* [rows, topk] */
     const uint8_t *w13, *s13, *w2, *s2;
     const float *g13, *g2;
+    /* optional: where the reference was computed, a static string ("host", "cuda (host-identical; ...)") */
+    const char **computed_on;
 } kp_moe_ref_in;
 
 /* out [rows, hidden]. Experts and blocks of weight rows run in parallel (kp_parallel_for).
@@ -29,5 +31,19 @@ typedef struct kp_moe_ref_in {
 int kp_moe_reference(const kp_moe_ref_in *in, double *out, kp_error *err);
 /* Host bytes kp_moe_reference needs besides its inputs and out. */
 double kp_moe_reference_bytes(const kp_moe_case *mc, int64_t rows);
+
+/* A faster computation of the same rule with the host's bits (the CUDA build's GPU: reference/cuda/moe_ref.cu), on
+ * `sets` (1 or 2) activation arrays x[s] ([rows, hidden] each; in->x is not read) into out[s]. Returns 0; KP_EXIT_SKIP
+ * when it cannot run here (no device, too little device memory) with err untouched, the host then computing; or an
+ * error class with err filled. */
+typedef int (*kp_moe_reference_fn)(const kp_moe_ref_in *in, int sets, const float *const x[], double *const out[],
+                                   kp_error *err);
+/* Make kp_moe_reference use fn (NULL: the host only). Set once at startup, before any reference. Every call is then
+ * guarded: KP_MOE_REF_GUARD_ROWS rows (0, rows / 2, rows - 1) are computed on the host too (a row depends on its own
+ * token alone), and should one differ by a bit, a warning goes to stderr and the host computes everything. */
+void kp_moe_reference_set_device(kp_moe_reference_fn fn);
+#define KP_MOE_REF_GUARD_ROWS 3
+/* The guard's rows of a batch of `rows`, ascending and distinct, into at[]: how many. */
+int kp_moe_reference_guard_rows(int64_t rows, int64_t at[KP_MOE_REF_GUARD_ROWS]);
 
 #endif

@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -256,5 +257,73 @@ Test(reference_moe, an_id_outside_the_experts_is_refused_as_usage) {
         in.ids[at[i]] = keep;
     }
     free(out);
+    drop(&in);
+}
+
+/* ---- the device hook (kp_moe_reference_set_device) with fakes: the guard's rows, the device's bytes really used ---- */
+
+static const double *fake_answer; /* the host's answer the fakes start from */
+static int64_t fake_flip_row;     /* the row whose first element a fake flips the last bit of; -1: none */
+static int fake_calls;
+
+static int fake_device(const kp_moe_ref_in *in, int sets, const float *const x[], double *const out[], kp_error *err) {
+    (void)x, (void)err;
+    fake_calls++;
+    cr_assert_eq(sets, 1);
+    memcpy(out[0], fake_answer, sizeof *out[0] * (size_t)(in->rows * in->mc->hidden));
+    if (fake_flip_row >= 0) {
+        uint64_t b;
+        memcpy(&b, &out[0][fake_flip_row * in->mc->hidden], sizeof b);
+        b ^= 1;
+        memcpy(&out[0][fake_flip_row * in->mc->hidden], &b, sizeof b);
+    }
+    return 0;
+}
+static int fake_no_device(const kp_moe_ref_in *in, int sets, const float *const x[], double *const out[], kp_error *err) {
+    (void)in, (void)sets, (void)x, (void)out, (void)err;
+    fake_calls++;
+    return KP_EXIT_SKIP;
+}
+
+Test(reference_moe, a_device_reference_is_guarded_by_host_rows_and_its_bytes_used_elsewhere) {
+    moe_in in = load("moe(hidden=256,inter=128,m=33,model=glm53,profile=straddle,seed=5)");
+    const int64_t n = in.mc.m * in.mc.hidden;
+    double *host = reference(&in), *got = malloc(sizeof *got * (size_t)n);
+    cr_assert(got);
+    int64_t at[KP_MOE_REF_GUARD_ROWS];
+    cr_assert_eq(kp_moe_reference_guard_rows(33, at), 3);
+    cr_assert(at[0] == 0 && at[1] == 16 && at[2] == 32);
+    cr_assert_eq(kp_moe_reference_guard_rows(1, at), 1);
+    cr_assert_eq(kp_moe_reference_guard_rows(2, at), 2);
+    const char *where = NULL;
+    const kp_moe_ref_in r = {.mc = &in.mc, .rows = in.mc.m, .x = in.x, .ids = in.ids, .weights = in.weights,
+                             .w13 = in.w13, .s13 = in.s13, .w2 = in.w2, .s2 = in.s2, .g13 = in.g13, .g2 = in.g2,
+                             .computed_on = &where};
+    kp_error err = {0};
+    fake_answer = host;
+    const struct {
+        kp_moe_reference_fn fn;
+        int64_t flip;
+        bool host_bits;
+        const char *where;
+    } runs[] = {
+        {fake_device, -1, true, "cuda (host-identical; 3 guard rows checked on the host)"},
+        {fake_device, 5, false, "cuda (host-identical; 3 guard rows checked on the host)"}, /* the device's bytes, used */
+        {fake_device, 16, true, "host (the device reference's guard rows differed)"},      /* a guard row: the host's */
+        {fake_device, 32, true, "host (the device reference's guard rows differed)"},
+        {fake_no_device, -1, true, "host"},
+        {NULL, -1, true, "host"},
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        kp_moe_reference_set_device(runs[i].fn);
+        fake_flip_row = runs[i].flip, fake_calls = 0, where = NULL;
+        memset(got, 0xff, sizeof *got * (size_t)n);
+        cr_assert_eq(kp_moe_reference(&r, got, &err), 0, "run %zu: %s", i, err.msg);
+        cr_assert_eq(fake_calls, runs[i].fn ? 1 : 0, "run %zu", i);
+        cr_assert_eq(memcmp(got, host, sizeof *got * (size_t)n) == 0, runs[i].host_bits, "run %zu", i);
+        cr_assert_str_eq(where, runs[i].where, "run %zu", i);
+    }
+    kp_moe_reference_set_device(NULL);
+    free(host), free(got);
     drop(&in);
 }
