@@ -84,7 +84,7 @@ static double g_write_rate = 0.4e9;
 
 double kp_cache_write_rate(void) { return g_write_rate; }
 
-bool kp_cache_worth(double bytes, double seconds) { return seconds * g_write_rate >= bytes; }
+bool kp_cache_worth(double bytes, double seconds) { return seconds * KP_CACHE_PAYBACK_HITS * g_write_rate >= bytes; }
 
 void kp_cache_key(const char *key_text, char key[KP_SHA256_HEX_LEN]) { kp_sha256_hex(key_text, strlen(key_text), key); }
 

@@ -267,9 +267,9 @@ Test(cache, a_cache_folder_that_cannot_be_used_is_a_usage_error_naming_it) {
 Test(cache, an_entry_is_worth_writing_only_when_it_was_slower_to_make_than_to_write) {
     const double rate = kp_cache_write_rate();
     cr_assert_eq(rate, 0.4e9, "before any entry is written: the development machine's disk");
-    cr_assert(kp_cache_worth(rate, 1.01));
-    cr_assert(kp_cache_worth(rate / 100, 0.0101));
-    cr_assert_not(kp_cache_worth(rate, 0.99));
+    cr_assert(kp_cache_worth(rate * KP_CACHE_PAYBACK_HITS, 1.01));
+    cr_assert(kp_cache_worth(rate * KP_CACHE_PAYBACK_HITS / 100, 0.0101));
+    cr_assert_not(kp_cache_worth(rate * KP_CACHE_PAYBACK_HITS, 0.99));
     cr_assert_not(kp_cache_worth(1e6, 0.0));
 }
 
