@@ -29,7 +29,11 @@ typedef struct kp_moe_ref_in {
 /* out [rows, hidden]. Experts and blocks of weight rows run in parallel (kp_parallel_for).
  * KP_EXIT_USAGE for an id outside [0, experts); KP_EXIT_ENV when memory runs out. */
 int kp_moe_reference(const kp_moe_ref_in *in, double *out, kp_error *err);
-/* Host bytes kp_moe_reference needs besides its inputs and out. */
+/* kp_moe_reference on in->x into out and on x2 ([rows, hidden], e.g. x rounded to bf16) into out2 in one call (the
+ * host dequantizes each weight block once for both; a device reference gets both sets): each output bit for bit what
+ * kp_moe_reference gives on its activations alone. */
+int kp_moe_reference_x2(const kp_moe_ref_in *in, const float *x2, double *out, double *out2, kp_error *err);
+/* Host bytes either call needs besides its inputs and outputs (an upper bound). */
 double kp_moe_reference_bytes(const kp_moe_case *mc, int64_t rows);
 
 /* A faster computation of the same rule with the host's bits (the CUDA build's GPU: reference/cuda/moe_ref.cu), on

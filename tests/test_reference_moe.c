@@ -1,5 +1,6 @@
 /* test_reference_moe.c: the NVFP4 MoE reference against a float64 computation written here from the rule, with
- * planted nibble-order and scale-direction defects as its positive controls; its bits pinned and thread-blind. */
+ * planted nibble-order and scale-direction defects as its positive controls; its bits pinned, thread-blind and, on
+ * shapes the gates do not reach, those of its summation order written out here. */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
 #include <math.h>
@@ -11,6 +12,8 @@
 
 #include "../cases/kp_sha256.h"
 #include "../cases/moe_case.h"
+#include "../kernels/kp_formats.h"
+#include "../reference/kp_detmath.h"
 #include "../reference/moe_ref.h"
 
 TestSuite(reference_moe, .timeout = 120);
@@ -234,6 +237,108 @@ Test(reference_moe, one_reference_output_has_its_pinned_digest) {
                      "the reference's output bytes (f64, little-endian) hash to %s", hex);
     free(ref);
     drop(&in);
+}
+
+/* Rows [rows, K] of an NVFP4 tensor as code value times block scale in float64, the global scale not applied. */
+static void dequant_unscaled(const uint8_t *packed, const uint8_t *scales, int64_t rows, int64_t K, double *w) {
+    for (int64_t i = 0; i < rows * K; i++)
+        w[i] = (double)kp_e2m1_value((uint8_t)((packed[i / 2] >> (4 * (i % 2))) & 15u)) * (double)kp_e4m3_value(scales[i / 16]);
+}
+
+/* x . w over K in the reference's order: `lanes` sums (k mod lanes), each in k order, then for 4 lanes
+ * (l0 + l1) + (l2 + l3). */
+static double dot_in_lanes(const double *w, const double *x, int64_t K, int lanes) {
+    double l[4] = {0, 0, 0, 0};
+    for (int64_t k = 0; k < K; k++) l[k % lanes] += x[k] * w[k];
+    return lanes == 4 ? (l[0] + l[1]) + (l[2] + l[3]) : l[0];
+}
+
+static double global_apply(double dot, float g, kp_nvfp4_scale_dir dir) {
+    return dir == KP_NVFP4_DIVIDE ? dot / (double)g : dot * (double)g;
+}
+
+/* The reference's sequence of float64 operations written out one pair at a time: each dot product as dot_in_lanes,
+ * the global scale after it, the activation with kp_exp_det, out[t] summed over slots j ascending from 0.
+ * out [m, hidden] (malloc'd). */
+static double *written_out(const moe_in *in, const float *x, int lanes) {
+    const kp_moe_case *mc = &in->mc;
+    const int64_t H = mc->hidden, I = mc->inter, K = mc->topk, R = kp_moe_w13_rows(mc), m = mc->m;
+    double *w13 = malloc(sizeof *w13 * (size_t)(R * H)), *w2 = malloc(sizeof *w2 * (size_t)(H * I));
+    double *xd = malloc(sizeof *xd * (size_t)H), *h = malloc(sizeof *h * (size_t)R), *a = malloc(sizeof *a * (size_t)I);
+    double *y = malloc(sizeof *y * (size_t)(K * H)), *out = malloc(sizeof *out * (size_t)(m * H));
+    cr_assert(w13 && w2 && xd && h && a && y && out);
+    for (int64_t t = 0; t < m; t++) {
+        for (int64_t k = 0; k < H; k++) xd[k] = (double)x[t * H + k];
+        for (int64_t j = 0; j < K; j++) {
+            const int64_t e = in->ids[t * K + j];
+            dequant_unscaled(in->w13 + e * R * (H / 2), in->s13 + e * R * (H / 16), R, H, w13);
+            dequant_unscaled(in->w2 + e * H * (I / 2), in->s2 + e * H * (I / 16), H, I, w2);
+            for (int64_t r = 0; r < R; r++)
+                h[r] = global_apply(dot_in_lanes(w13 + r * H, xd, H, lanes), in->g13[e], mc->scale_dir);
+            for (int64_t i = 0; i < I; i++)
+                a[i] = mc->gated ? h[i] / (1.0 + kp_exp_det(-h[i])) * h[I + i] : (h[i] > 0.0 ? h[i] * h[i] : 0.0);
+            for (int64_t o = 0; o < H; o++)
+                y[j * H + o] = global_apply(dot_in_lanes(w2 + o * I, a, I, lanes), in->g2[e], mc->scale_dir);
+        }
+        for (int64_t o = 0; o < H; o++) {
+            double s = 0.0;
+            for (int64_t j = 0; j < K; j++) s += (double)in->weights[t * K + j] * y[j * H + o];
+            out[t * H + o] = s;
+        }
+    }
+    free(w13), free(w2), free(xd), free(h), free(a), free(y);
+    return out;
+}
+
+/* The first element where a and b differ in their bits, or -1. */
+static int64_t first_bit_difference(const double *a, const double *b, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], sizeof *a)) return i;
+    return -1;
+}
+
+/* Edges of the reference's blocking the gates (hidden 256, inter 128) do not reach, each held bit for bit to the
+ * order written out above, on x alone (kp_moe_reference) and on x and x in bf16 together (kp_moe_reference_x2).
+ * As the positive control, the same computation summing each dot product in one lane differs somewhere: equal bits
+ * say the reference kept the order, not merely the value. */
+Test(reference_moe, edge_shapes_give_the_bits_of_the_summation_order_written_out) {
+    static const char *const edges[] = {
+        /* K past a whole number of 128-k chunks (272 = 2 x 128 + 16, 144 = 128 + 16), hidden not a whole number of
+           24-row blocks, two output spans, the global scale multiplied */
+        "moe(hidden=272,inter=144,m=5,model=glm47,profile=hot,scale_dir=multiply,seed=61)",
+        "moe(hidden=48,inter=16,m=1,model=qwen3,profile=single,seed=62,topk=1)", /* one row, top-1: one expert used */
+        "moe(hidden=80,inter=208,m=9,model=nemotron,profile=uniform,seed=63)",   /* relu^2, inter not 24-column blocks */
+        "moe(hidden=32,inter=32,m=130,model=glm47,profile=hot,seed=64)",        /* an expert's 130 (260) rows: 128-row chunks */
+        "moe(experts=1,hidden=16,inter=16,m=3,model=qwen3,profile=uniform,seed=65,topk=1)", /* K 16, one expert */
+    };
+    for (size_t c = 0; c < sizeof edges / sizeof *edges; c++) {
+        moe_in in = load(edges[c]);
+        const int64_t n = in.mc.m * in.mc.hidden;
+        float *x_bf16 = malloc(sizeof *x_bf16 * (size_t)n);
+        double *out = malloc(sizeof *out * (size_t)n), *out_bf16 = malloc(sizeof *out_bf16 * (size_t)n);
+        cr_assert(x_bf16 && out && out_bf16);
+        for (int64_t i = 0; i < n; i++) x_bf16[i] = kp_bf16_round(in.x[i]);
+        const kp_moe_ref_in r = {.mc = &in.mc, .rows = in.mc.m, .x = in.x, .ids = in.ids, .weights = in.weights,
+                                 .w13 = in.w13, .s13 = in.s13, .w2 = in.w2, .s2 = in.s2, .g13 = in.g13, .g2 = in.g2};
+        kp_error err = {0};
+        cr_assert_eq(kp_moe_reference_x2(&r, x_bf16, out, out_bf16, &err), 0, "%s: %s", edges[c], err.msg);
+        double *alone = reference(&in), *mine = written_out(&in, in.x, 4), *mine_bf16 = written_out(&in, x_bf16, 4);
+        double *one_lane = written_out(&in, in.x, 1);
+        int64_t at = first_bit_difference(alone, mine, n);
+        cr_assert_eq(at, -1, "%s: kp_moe_reference's element %lld is %.17g, the order written out gives %.17g", edges[c],
+                     (long long)at, at < 0 ? 0 : alone[at], at < 0 ? 0 : mine[at]);
+        at = first_bit_difference(out, mine, n);
+        cr_assert_eq(at, -1, "%s: kp_moe_reference_x2's out[%lld] is %.17g, the order written out gives %.17g", edges[c],
+                     (long long)at, at < 0 ? 0 : out[at], at < 0 ? 0 : mine[at]);
+        at = first_bit_difference(out_bf16, mine_bf16, n);
+        cr_assert_eq(at, -1, "%s: kp_moe_reference_x2's out2[%lld] is %.17g, the order written out gives %.17g", edges[c],
+                     (long long)at, at < 0 ? 0 : out_bf16[at], at < 0 ? 0 : mine_bf16[at]);
+        cr_assert_neq(first_bit_difference(alone, one_lane, n), -1, "%s: a one-lane sum gives the same bits: the comparison "
+                      "cannot tell the order", edges[c]);
+        cr_assert_neq(first_bit_difference(out, out_bf16, n), -1, "%s: x in bf16 changed nothing", edges[c]);
+        free(x_bf16), free(out), free(out_bf16), free(alone), free(mine), free(mine_bf16), free(one_lane);
+        drop(&in);
+    }
 }
 
 Test(reference_moe, an_id_outside_the_experts_is_refused_as_usage) {
