@@ -84,7 +84,26 @@ static double g_write_rate = 0.4e9;
 
 double kp_cache_write_rate(void) { return g_write_rate; }
 
-bool kp_cache_worth(double bytes, double seconds) { return seconds * KP_CACHE_PAYBACK_HITS * g_write_rate >= bytes; }
+double kp_cache_hash_rate(void) {
+    static double rate;
+    if (rate > 0) return rate;
+    enum { N = 16 << 20 };
+    unsigned char *buf = calloc(N, 1);
+    if (!buf) KP_OUT_OF_MEMORY("measuring the hash rate");
+    char hex[KP_SHA256_HEX_LEN];
+    for (int i = 0; i < 2; i++) {
+        const double t0 = kp_now();
+        kp_sha256_hex(buf, N, hex);
+        const double r = N / (kp_now() - t0 + 1e-9);
+        rate = r > rate ? r : rate;
+    }
+    free(buf);
+    return rate;
+}
+
+bool kp_cache_worth(double bytes, double seconds) {
+    return seconds * kp_cache_hash_rate() >= bytes && seconds * KP_CACHE_PAYBACK_HITS * g_write_rate >= bytes;
+}
 
 void kp_cache_key(const char *key_text, char key[KP_SHA256_HEX_LEN]) { kp_sha256_hex(key_text, strlen(key_text), key); }
 

@@ -25,13 +25,15 @@ int kp_cache_configure(const char *dir, bool off, kp_error *err);
 /* The folder in use, or NULL: none (off, or the default could not be used). */
 const char *kp_cache_dir(void);
 
-/* Whether making `bytes` in `seconds` is worth an entry: whether its hits save the time writing it costs the run that
- * makes it within KP_CACHE_PAYBACK_HITS of them. A hit skips the making and nothing else (it hashes every byte, as a
- * receipt of made bytes must too; mapping a file the page cache holds is cheap), so an entry is written when making it
- * took longer than writing it takes (kp_cache_write_rate) over that many: a startup gate reruns its config far more
- * often, and an entry its GPU makes faster than a disk takes it is never worth the disk. */
+/* Whether making `bytes` in `seconds` is worth an entry. A hit skips the making, but hashes every byte before it may
+ * use them, where a run that makes them hashes them for its receipt beside its other work: so a hit is faster only when
+ * making took longer than one core hashes the bytes (kp_cache_hash_rate), and the entry pays for its writing within
+ * KP_CACHE_PAYBACK_HITS hits only when making took longer than that many parts of writing it (kp_cache_write_rate).
+ * Both must hold (measured on the H200: caching the GPU's 29 GB of expert weights made the CUDA MoE gate slower). */
 #define KP_CACHE_PAYBACK_HITS 4
 bool kp_cache_worth(double bytes, double seconds);
+/* Bytes a second one core hashes with SHA-256 here, measured once a process (16 MiB, twice: the faster). */
+double kp_cache_hash_rate(void);
 /* Bytes a second the folder took the last entry written in this process at (file written, closed and renamed);
  * 0.4e9 before any (the development machine's disk: dd, 1 GB, 0.42 GB/s). */
 double kp_cache_write_rate(void);

@@ -46,7 +46,7 @@ typedef struct kp_prepared {
     bool inputs_cached, ref_cached;
     char inputs_note[200], ref_note[200]; /* a present entry refused, or why none was read */
     bool inputs_store, ref_store;         /* made here and worth an entry: written at release */
-    char inputs_skip[120], ref_skip[120]; /* why not, when not */
+    char inputs_skip[240], ref_skip[240]; /* why not, when not */
     char inputs_key[KP_SHA256_HEX_LEN], ref_key[KP_SHA256_HEX_LEN];
     bool ref_has_params; /* the rule parameters the reference was computed with (its entry's key) */
     void *map;           /* the inputs' cache entry, mapped: the view's tensors point into it */

@@ -209,8 +209,9 @@ static bool worth_storing(kp_tensor *const *ts, const int64_t *slices, int n, do
     double bytes = 0;
     for (int k = 0; k < n; k++) bytes += (double)kp_tensor_slice_bytes(ts[k]) * (double)slices[k];
     if (kp_cache_worth(bytes, seconds)) return true;
-    snprintf(why, len, "made at %.2f GB/s (%.3f s for %.1f MB), over four times faster than the cache writes (%.2f GB/s)",
-             bytes / seconds / 1e9, seconds, bytes / 1e6, kp_cache_write_rate() / 1e9);
+    snprintf(why, len, "made at %.2f GB/s (%.3f s for %.1f MB): a hit hashes at %.2f GB/s, the cache writes at %.2f GB/s "
+             "(worth it below the first, and below %d times the second)", bytes / seconds / 1e9, seconds, bytes / 1e6,
+             kp_cache_hash_rate() / 1e9, kp_cache_write_rate() / 1e9, KP_CACHE_PAYBACK_HITS);
     return false;
 }
 

@@ -267,9 +267,13 @@ Test(cache, a_cache_folder_that_cannot_be_used_is_a_usage_error_naming_it) {
 Test(cache, an_entry_is_worth_writing_only_when_it_was_slower_to_make_than_to_write) {
     const double rate = kp_cache_write_rate();
     cr_assert_eq(rate, 0.4e9, "before any entry is written: the development machine's disk");
-    cr_assert(kp_cache_worth(rate * KP_CACHE_PAYBACK_HITS, 1.01));
-    cr_assert(kp_cache_worth(rate * KP_CACHE_PAYBACK_HITS / 100, 0.0101));
-    cr_assert_not(kp_cache_worth(rate * KP_CACHE_PAYBACK_HITS, 0.99));
+    const double hash = kp_cache_hash_rate(), write = rate * KP_CACHE_PAYBACK_HITS;
+    cr_assert(hash > 1e7 && hash < 1e11, "a hash rate of %g bytes a second", hash);
+    const double either = hash < write ? hash : write; /* the rule: below both rates */
+    cr_assert(kp_cache_worth(either, 1.01));
+    cr_assert(kp_cache_worth(either / 100, 0.0101));
+    cr_assert_not(kp_cache_worth(either, 0.99));
+    cr_assert_not(kp_cache_worth(hash > write ? hash : write, 0.99 * (hash > write ? hash : write) / either));
     cr_assert_not(kp_cache_worth(1e6, 0.0));
 }
 
