@@ -29,7 +29,7 @@ const char *kp_cache_dir(void);
  * use them, where a run that makes them hashes them for its receipt beside its other work: so a hit is faster only when
  * making took longer than one core hashes the bytes (kp_cache_hash_rate), and the entry pays for its writing within
  * KP_CACHE_PAYBACK_HITS hits only when making took longer than that many parts of writing it (kp_cache_write_rate).
- * Both must hold (measured on the H200: caching the GPU's 29 GB of expert weights made the CUDA MoE gate slower). */
+ * Both must hold (measured on the H200: caching 29 GB of inputs its GPU makes at 3-6 GB/s made a CUDA gate slower). */
 #define KP_CACHE_PAYBACK_HITS 4
 bool kp_cache_worth(double bytes, double seconds);
 /* Bytes a second one core hashes with SHA-256 here, measured once a process (16 MiB, twice: the faster). */
