@@ -251,3 +251,22 @@ void kpt_case_refused(const char *name, const char *needle) {
     cr_assert_eq(kp_case_normalize(&c, &err), KP_EXIT_USAGE, "%s was accepted", name);
     cr_assert(strstr(err.msg, needle), "%s: %s", name, err.msg);
 }
+
+_Static_assert(KP_CASE_NAME_MAX == 512, "kp_test_util.h's kpt_gate_cases spells the name length out");
+int kpt_gate_cases(const char *config, char names[][KP_CASE_NAME_MAX], int most) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/ci/gates/%s", kpt_source_dir(), config);
+    char *text = kpt_read(path, NULL);
+    cr_assert(text, "cannot read %s", path);
+    cJSON *doc = cJSON_Parse(text);
+    cr_assert(doc, "%s does not parse", path);
+    int n = 0;
+    const cJSON *c;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(doc, "cases")) {
+        cr_assert(n < most, "%s: more than %d cases", path, most);
+        snprintf(names[n++], KP_CASE_NAME_MAX, "%s", cJSON_GetStringValue(cJSON_GetObjectItem(c, "case")));
+    }
+    cJSON_Delete(doc);
+    free(text);
+    return n;
+}

@@ -63,6 +63,8 @@ int kpt_gpu_available(void);
 struct kp_impl;
 const struct kp_impl *impl_named(const char *name);
 void *alloc_or_die(size_t bytes);
+/* The case names of a shipped gate config, ci/gates/<config> (at most `most`, KP_CASE_NAME_MAX bytes each); their count. */
+int kpt_gate_cases(const char *config, char names[][512], int most);
 /* Remove a folder tree (best effort). */
 void kpt_rmtree(const char *path);
 

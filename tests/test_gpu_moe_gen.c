@@ -293,30 +293,12 @@ static void some_expert(void *ctx, int64_t i) {
         atomic_store(&s->failed, 1);
 }
 
-/* The cases of a shipped gate config. */
-static int gate_cases(const char *config, char names[][KP_CASE_NAME_MAX], int most) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/ci/gates/%s", kpt_source_dir(), config);
-    char *text = kpt_read(path, NULL);
-    cr_assert(text, "cannot read %s", path);
-    cJSON *doc = cJSON_Parse(text);
-    cr_assert(doc, "%s does not parse", path);
-    int n = 0;
-    const cJSON *c;
-    cJSON_ArrayForEach(c, cJSON_GetObjectItem(doc, "cases")) {
-        cr_assert(n < most);
-        snprintf(names[n++], KP_CASE_NAME_MAX, "%s", cJSON_GetStringValue(cJSON_GetObjectItem(c, "case")));
-    }
-    cJSON_Delete(doc);
-    free(text);
-    return n;
-}
 
 /* The host gate's cases, hidden 256 and inter 128: whole tensors on both, the device's in one group and in groups of
  * 5 (a last group of 3, 4 or 1 experts for 288, 64 and 256 experts). */
 Test(gpu_moe_gen, whole_tensors_equal_the_hosts_for_the_host_gates_cases_in_groups_of_any_size) {
     char names[64][KP_CASE_NAME_MAX];
-    const int n = gate_cases("nvfp4-moe.json", names, 64);
+    const int n = kpt_gate_cases("nvfp4-moe.json", names, 64);
     cr_assert_geq(n, 15);
     for (int c = 0; c < n; c++) {
         const kp_moe_case mc = case_named(names[c]);
@@ -338,7 +320,7 @@ Test(gpu_moe_gen, whole_tensors_equal_the_hosts_for_the_host_gates_cases_in_grou
  * weights are compared whole by the timed test below (weights depend on the model, seed and scale_dir only). */
 Test(gpu_moe_gen, whole_tensors_equal_the_hosts_for_the_cuda_gates_cases) {
     char names[64][KP_CASE_NAME_MAX];
-    const int n = gate_cases("nvfp4-moe-cuda.json", names, 64);
+    const int n = kpt_gate_cases("nvfp4-moe-cuda.json", names, 64);
     cr_assert_geq(n, 11);
     for (int c = 0; c < n; c++) {
         const kp_moe_case mc = case_named(names[c]);

@@ -117,24 +117,6 @@ static void assert_identical(const char *name, const char *what, const kp_moe_ca
                  first >= 0 ? host[first] : 0.0, first >= 0 ? dev[first] : 0.0);
 }
 
-/* The cases of a shipped gate config. */
-static int gate_cases(const char *config, char names[][KP_CASE_NAME_MAX], int most) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/ci/gates/%s", kpt_source_dir(), config);
-    char *text = kpt_read(path, NULL);
-    cr_assert(text, "cannot read %s", path);
-    cJSON *doc = cJSON_Parse(text);
-    cr_assert(doc, "%s does not parse", path);
-    int n = 0;
-    const cJSON *c;
-    cJSON_ArrayForEach(c, cJSON_GetObjectItem(doc, "cases")) {
-        cr_assert(n < most);
-        snprintf(names[n++], KP_CASE_NAME_MAX, "%s", cJSON_GetStringValue(cJSON_GetObjectItem(c, "case")));
-    }
-    cJSON_Delete(doc);
-    free(text);
-    return n;
-}
 
 /* The budget that holds `g` experts of mc a group. */
 static size_t budget_for(const kp_moe_case *mc, int64_t g) {
@@ -147,7 +129,7 @@ static size_t budget_for(const kp_moe_case *mc, int64_t g) {
  * and on x through groups of 5 experts (a last partial group). */
 Test(gpu_moe_ref, every_element_equals_the_hosts_for_the_host_gates_cases_presets_and_edges) {
     char names[64][KP_CASE_NAME_MAX];
-    int n = gate_cases("nvfp4-moe.json", names, 48);
+    int n = kpt_gate_cases("nvfp4-moe.json", names, 48);
     cr_assert_geq(n, 15);
     const char *more[] = {"moe(hidden=256,inter=128,m=33,model=deepseek_v3,profile=uniform,seed=16)",
                           "moe(hidden=256,inter=128,m=33,model=kimi_k2,profile=straddle,seed=17)",
