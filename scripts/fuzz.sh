@@ -51,7 +51,7 @@ seconds=${1:-60}
 [ $install_clang_only = 1 ] && seconds=0
 case $seconds in '' | *[!0-9]*) echo "fuzz.sh: SECONDS must be a whole number, not '$seconds'" >&2; exit 2;; esac
 [ $# -gt 0 ] && shift
-targets=${*:-config case_name npy judge_output bundle merge}
+targets=${*:-config case_name npy judge_output bundle merge cache_entry}
 for t in $targets; do
   [ -f "fuzz/fuzz_$t.c" ] || { echo "fuzz.sh: no target '$t' (fuzz/fuzz_$t.c)" >&2; exit 2; }
 done
@@ -90,7 +90,8 @@ fi
 # --- seeds, made afresh each run (the corpora under corpus/ keep what the fuzzer found) ---
 seeds="$build/seeds"
 rm -rf "$seeds" "$build/seed-bundle" "$build/seed-part1" "$build/seed-part2" "$build/export"
-mkdir -p "$build/export" "$seeds/config" "$seeds/case_name" "$seeds/npy" "$seeds/judge_output" "$seeds/bundle" "$seeds/merge"
+mkdir -p "$build/export" "$seeds/config" "$seeds/case_name" "$seeds/npy" "$seeds/judge_output" "$seeds/bundle" "$seeds/merge" \
+  "$seeds/cache_entry"
 cp ci/gates/*.json ci/matrix/*.json fuzz/seed-gate.json "$seeds/config/"
 i=0
 for name in $(sed -n 's/.*"case": *"\([^"]*\)".*/\1/p' ci/gates/*.json ci/matrix/*.json fuzz/seed-gate.json | sort -u); do
@@ -133,6 +134,8 @@ for i in 1 2; do
 done
 KP_FUZZ_PART1="$build/seed-part1" KP_FUZZ_PART2="$build/seed-part2" KP_FUZZ_WRITE_SEEDS="$seeds/merge" "$build/fuzz_merge" \
   >/dev/null 2>&1
+# the cache's entries: what kp_cache_put writes under the key the target opens (it writes them itself, then stops)
+KP_FUZZ_WRITE_SEEDS="$seeds/cache_entry" "$build/fuzz_cache_entry" -runs=0 >/dev/null 2>&1
 
 # --- run ---
 [ "$seconds" != 0 ] || { echo "fuzz.sh: built and seeded $build (SECONDS 0: nothing run)" >&2; exit 0; }
