@@ -4,6 +4,8 @@
 #ifndef KP_LAUNCH_H
 #define KP_LAUNCH_H
 
+#include <string.h>
+
 #include "kp_harness.h"
 
 /* A family's judgements of outputs, one per (output, rule parameters), so the checks of a case judge an output once
@@ -53,6 +55,27 @@ typedef struct kp_prepared {
     size_t map_len;
     alignas(max_align_t) unsigned char ref_params[KP_PARAMS_MAX];
 } kp_prepared;
+
+/* Whether two tensors are declared alike: name, dtype, shape, row stride, batched (data aside). */
+static inline bool kp_tensors_alike(const kp_tensor *a, const kp_tensor *b) {
+    bool same = !strcmp(a->name, b->name) && a->dtype == b->dtype && a->ndim == b->ndim &&
+                kp_tensor_stride(a) == kp_tensor_stride(b) && !a->batched == !b->batched;
+    for (int d = 0; same && d < a->ndim; d++) same = a->shape[d] == b->shape[d];
+    return same;
+}
+
+/* cached.c: a prepared case's cache entries. The inputs from their entry when it holds the tensors s declares and
+ * every byte checks out (the view's tensors then point into its map, which p keeps); whether inputs made in `seconds`
+ * are worth an entry (why not into p->inputs_skip), and writing it. The reference the same way (read: when the family
+ * takes it back, then described into p->ref; its key waits for the inputs' digests). What the reference digest hashes
+ * after its tag (every array's bytes). */
+bool kp_cache_inputs_read(kp_prepared *p, const kp_shapes *s, int64_t extra_rows);
+bool kp_cache_inputs_worth(kp_prepared *p, double seconds);
+void kp_cache_inputs_write(kp_prepared *p);
+bool kp_cache_ref_read(kp_prepared *p, const void *params, kp_error *err);
+bool kp_cache_ref_worth(kp_prepared *p);
+void kp_cache_ref_write(kp_prepared *p, const void *params);
+void kp_reference_parts(const kp_reference *ref, kp_span parts[KP_MAX_TENSORS]);
 
 /* prepared.c */
 /* Prepare a case: its inputs from the cache when an entry checks out, else generated (and stored at release). */
