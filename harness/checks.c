@@ -729,6 +729,8 @@ static kp_result check_expect(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON
 kp_result kp_check_run(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON *chk) {
     check_header(ctx->fam, &ctx->cs->c, spec, chk);
     const double t0 = kp_now();
+    double before[KP_STAGE_COUNT];
+    for (int st = 0; st < KP_STAGE_COUNT; st++) before[st] = kp_stage_seconds((kp_stage)st);
     kp_result r = KP_FAILED;
     switch (spec->kind) { /* every kind listed: -Wswitch flags one left out */
     case KP_CHECK_EXACT: r = check_exact(ctx, spec, chk); break;
@@ -741,5 +743,9 @@ kp_result kp_check_run(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON *chk) 
     }
     cJSON_AddStringToObject(chk, "result", kp_result_name(r));
     kp_json_add_double(chk, "seconds", kp_now() - t0);
+    cJSON *stages = cJSON_AddObjectToObject(chk, "stages_s"); /* where the check's seconds went */
+    for (int st = 0; st < KP_STAGE_COUNT; st++)
+        if (kp_stage_seconds((kp_stage)st) > before[st])
+            kp_json_add_double(stages, kp_stage_name((kp_stage)st), kp_stage_seconds((kp_stage)st) - before[st]);
     return r;
 }

@@ -160,7 +160,7 @@ int kp_evidence_list(kp_evidence *ev, cJSON *obj, const char *key, const char *a
 typedef enum kp_stage {
     KP_STAGE_GENERATION = 0, /* seeded inputs */
     KP_STAGE_REFERENCE,      /* the float64 reference */
-    KP_STAGE_KERNELS,        /* impl runs: copies, launch, sync, guard checks */
+    KP_STAGE_KERNELS,        /* impl runs: row gathers, launch, sync, guard checks, copies back */
     KP_STAGE_JUDGING,        /* comparisons, rule judging, evidence */
     KP_STAGE_RECEIPTS,       /* receipts, artifacts, reports, manifest */
     KP_STAGE_DIGESTS,        /* SHA-256 of inputs, reference and outputs recorded in receipts: the time the
@@ -168,6 +168,7 @@ typedef enum kp_stage {
                                 threads beside the other stages: kp_digest_start) */
     KP_STAGE_CACHE,          /* inputs and references read from the cache and checked, and written to it
                                 (harness/kp_cache.h) */
+    KP_STAGE_UPLOADS,        /* a case's inputs copied to an impl's memory, once a case and memory kind */
     KP_STAGE_COUNT
 } kp_stage;
 void kp_stage_add(kp_stage stage, double seconds);

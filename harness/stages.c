@@ -4,7 +4,7 @@
 
 static double g_stage[KP_STAGE_COUNT];
 static const char *const stage_names[KP_STAGE_COUNT] = {"generation", "reference", "kernels", "judging", "receipts",
-                                                        "digests", "cache"};
+                                                        "digests", "cache", "uploads"};
 
 void kp_stage_add(kp_stage stage, double seconds) { g_stage[stage] += seconds; }
 void kp_stages_reset(void) {
