@@ -102,7 +102,7 @@ double kp_cache_hash_rate(void) {
 }
 
 bool kp_cache_worth(double bytes, double seconds) {
-    return seconds * kp_cache_hash_rate() >= bytes && seconds * KP_CACHE_PAYBACK_HITS * g_write_rate >= bytes;
+    return seconds * kp_cache_hash_rate() * kp_thread_count() >= bytes && seconds * KP_CACHE_PAYBACK_HITS * g_write_rate >= bytes;
 }
 
 void kp_cache_key(const char *key_text, char key[KP_SHA256_HEX_LEN]) { kp_sha256_hex(key_text, strlen(key_text), key); }

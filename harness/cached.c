@@ -11,18 +11,27 @@
 /* The slices of a view tensor an entry holds: a batched input's every row, else shape[0]. */
 static int64_t view_slices(const kp_case_view *v, const kp_tensor *t) { return t->batched ? v->rows_total : t->shape[0]; }
 
-/* A job hashing slices [first, first + n) of t the way receipts hash a tensor (kp_buffer_digest). */
-static kp_sha256_job *slices_job(const kp_tensor *t, int64_t first, int64_t n) {
+/* The stream receipts hash for slices [first, first + n) of t (kp_buffer_digest): its header and its rows. */
+typedef struct stream {
+    unsigned char prefix[KP_TENSOR_PREFIX_MAX];
+    size_t prefix_len, nrows;
+    kp_span *rows;
+} stream;
+
+static void stream_of(const kp_tensor *t, int64_t first, int64_t n, stream *st) {
     int64_t shape[KP_MAX_DIMS];
     memcpy(shape, t->shape, sizeof shape);
     shape[0] = n;
-    unsigned char prefix[KP_TENSOR_PREFIX_MAX];
-    kp_span *rows;
-    size_t nrows;
     const void *at = (const unsigned char *)t->data + (size_t)first * kp_tensor_slice_bytes(t);
-    const size_t len = kp_buffer_digest_parts(t->dtype, t->ndim, shape, t->row_stride, at, prefix, &rows, &nrows);
-    kp_sha256_job *job = kp_sha256_job_start(prefix, len, rows, nrows);
-    free(rows);
+    st->prefix_len = kp_buffer_digest_parts(t->dtype, t->ndim, shape, t->row_stride, at, st->prefix, &st->rows, &st->nrows);
+}
+
+/* A job hashing slices [first, first + n) of t the way receipts hash a tensor, checkpoints and all. */
+static kp_sha256_job *slices_job(const kp_tensor *t, int64_t first, int64_t n) {
+    stream st;
+    stream_of(t, first, n, &st);
+    kp_sha256_job *job = kp_sha256_job_start(st.prefix, st.prefix_len, st.rows, st.nrows);
+    free(st.rows);
     return job;
 }
 
@@ -33,25 +42,69 @@ static int view_tensors(kp_case_view *v, kp_tensor **t) {
     return v->ninputs + v->nstate;
 }
 
-/* Every input's and state array's digests, hashed at once, one thread each: sha[k] of tensor k's shape[0] slices
- * (an input's: the receipt's), more[k] of a batched input's rows past them ("" when none). Digests known already
- * (known[k][0], inputs only) are not hashed again. */
-static void view_digests(kp_case_view *v, char (*known)[KP_SHA256_HEX_LEN], char (*sha)[KP_SHA256_HEX_LEN],
-                         char (*more)[KP_SHA256_HEX_LEN]) {
+/* A stream's digest and checkpoints, as an entry records them. */
+typedef struct sums {
+    char sha[KP_SHA256_HEX_LEN];
+    kp_sha256_points points;
+} sums;
+
+/* Every input's and state array's sums, hashed at once, one thread each: head[k] of tensor k's shape[0] slices (an
+ * input's: the receipt's), more[k] of a batched input's rows past them (sha "" when none). An input's sums known
+ * already (from the receipt's hashing: p->input_points) are taken, not hashed again. */
+static void view_sums(kp_prepared *p, sums *head, sums *more) {
     kp_sha256_job *jobs[2 * 2 * KP_MAX_TENSORS] = {0};
     kp_tensor *ts[2 * KP_MAX_TENSORS];
-    const int n = view_tensors(v, ts);
+    const int n = view_tensors(&p->v, ts);
     for (int k = 0; k < n; k++) {
-        const int64_t slices = view_slices(v, ts[k]);
-        more[k][0] = 0;
-        if (known && k < v->ninputs && known[k][0]) memcpy(sha[k], known[k], KP_SHA256_HEX_LEN);
-        else jobs[2 * k] = slices_job(ts[k], 0, ts[k]->shape[0]);
+        const int64_t slices = view_slices(&p->v, ts[k]);
+        head[k] = more[k] = (sums){.sha = {0}};
+        if (k < p->v.ninputs && p->input_sha[k][0] && p->input_points[k].len) {
+            memcpy(head[k].sha, p->input_sha[k], KP_SHA256_HEX_LEN);
+            head[k].points = p->input_points[k];
+            p->input_points[k] = (kp_sha256_points){0};
+        } else {
+            jobs[2 * k] = slices_job(ts[k], 0, ts[k]->shape[0]);
+        }
         if (slices > ts[k]->shape[0]) jobs[2 * k + 1] = slices_job(ts[k], ts[k]->shape[0], slices - ts[k]->shape[0]);
     }
     for (int k = 0; k < n; k++) {
-        if (jobs[2 * k]) kp_sha256_job_join(jobs[2 * k], sha[k]);
-        if (jobs[2 * k + 1]) kp_sha256_job_join(jobs[2 * k + 1], more[k]);
+        if (jobs[2 * k]) kp_sha256_job_join_points(jobs[2 * k], head[k].sha, &head[k].points);
+        if (jobs[2 * k + 1]) kp_sha256_job_join_points(jobs[2 * k + 1], more[k].sha, &more[k].points);
     }
+}
+
+/* A stream's sums into an entry's metadata: "<key>" its digest, "<key>_points" its checkpoints. */
+static void add_sums(cJSON *d, const char *key, const sums *s) {
+    char name[64];
+    cJSON_AddStringToObject(d, key, s->sha);
+    char *hex = kp_sha256_points_hex(&s->points);
+    snprintf(name, sizeof name, "%s_points", key);
+    cJSON_AddStringToObject(d, name, hex);
+    free(hex);
+}
+
+/* A claim that slices [first, first + n) of t hash to the sums recorded under key in d: false when d records none
+ * (or not that stream's length's points); the stream's rows and points are the claim's until claim_free. */
+static bool claim_of(const kp_tensor *t, int64_t first, int64_t n, const cJSON *d, const char *key, stream *st,
+                     kp_sha256_points *pts, kp_sha256_claim *c) {
+    char name[64];
+    snprintf(name, sizeof name, "%s_points", key);
+    const cJSON *sha = cJSON_GetObjectItemCaseSensitive(d, key), *ph = cJSON_GetObjectItemCaseSensitive(d, name);
+    stream_of(t, first, n, st);
+    uint64_t len = st->prefix_len;
+    for (size_t i = 0; i < st->nrows; i++) len += st->rows[i].len;
+    *c = (kp_sha256_claim){st->prefix, st->prefix_len, st->rows, st->nrows, pts, NULL, false};
+    memset(pts, 0, sizeof *pts);
+    if (!cJSON_IsString(sha) || strlen(sha->valuestring) != KP_SHA256_HEX_LEN - 1 || !cJSON_IsString(ph) ||
+        !kp_sha256_points_parse(ph->valuestring, len, pts))
+        return false;
+    c->hex = sha->valuestring;
+    return true;
+}
+
+static void claim_free(stream *st, kp_sha256_points *pts) {
+    free(st->rows);
+    kp_sha256_points_free(pts);
 }
 
 /* Every input's digest in p->input_sha (a reference entry's key): those being hashed for the receipt waited for,
@@ -68,8 +121,36 @@ static void inputs_digests(kp_prepared *p) {
 static void inputs_key_text(const kp_prepared *p, int64_t extra_rows, char *text, size_t len) {
     char name[KP_CASE_NAME_MAX];
     if (kp_case_format(&p->c, name, sizeof name) < 0) snprintf(name, sizeof name, "?");
-    snprintf(text, len, "kparity.cache.inputs/v1\nfamily %s\ncase %s\ngenerator %s\nextra_rows %lld\n", p->fam->name, name,
+    snprintf(text, len, "kparity.cache.inputs/v2\nfamily %s\ncase %s\ngenerator %s\nextra_rows %lld\n", p->fam->name, name,
              p->fam->cases->generator_version, (long long)extra_rows);
+}
+
+/* Check the claims that each of the n tensors ts hashes to what digests (an entry's list, one object a tensor) records:
+ * its shape[0] slices as "sha256", its slices past them up to slices[k] as "more_sha256" (ts[k]->shape[0] == slices[k]:
+ * none). All at once on every thread (kp_sha256_check). True when every one holds; else why says which failed. */
+static bool check_sums(kp_tensor *const *ts, const int64_t *slices, int n, const cJSON *digests, char *why, size_t why_len) {
+    stream st[2 * 2 * KP_MAX_TENSORS];
+    kp_sha256_points pts[2 * 2 * KP_MAX_TENSORS];
+    kp_sha256_claim c[2 * 2 * KP_MAX_TENSORS];
+    int owner[2 * 2 * KP_MAX_TENSORS], nc = 0;
+    bool recorded = cJSON_GetArraySize(digests) == n;
+    for (int k = 0; k < n; k++) {
+        const cJSON *d = cJSON_GetArrayItem(digests, k);
+        recorded &= claim_of(ts[k], 0, ts[k]->shape[0], d, "sha256", &st[nc], &pts[nc], &c[nc]);
+        owner[nc++] = k;
+        if (slices[k] > ts[k]->shape[0]) {
+            recorded &= claim_of(ts[k], ts[k]->shape[0], slices[k] - ts[k]->shape[0], d, "more_sha256", &st[nc], &pts[nc], &c[nc]);
+            owner[nc++] = k;
+        }
+    }
+    bool ok = recorded;
+    if (!recorded) snprintf(why, why_len, "refused: its metadata lacks a digest or checkpoints of a tensor");
+    if (recorded) kp_sha256_check(c, nc);
+    for (int i = 0; ok && i < nc; i++)
+        if (!(ok = c[i].ok)) snprintf(why, why_len, "refused: '%s' does not hash to the digest its entry recorded (%.16s...)",
+                                      ts[owner[i]]->name, c[i].hex);
+    for (int i = 0; i < nc; i++) claim_free(&st[i], &pts[i]);
+    return ok;
 }
 
 /* The view from the inputs' entry, when it holds the tensors s declares and every byte hashes to the digests it
@@ -91,25 +172,21 @@ bool kp_cache_inputs_read(kp_prepared *p, const kp_shapes *s, int64_t extra_rows
     if (got == 1 && !ok) snprintf(p->inputs_note, sizeof p->inputs_note, "refused: it holds other tensors than the case's");
     if (ok) {
         *v = (kp_case_view){.batch = s->batch, .rows_total = s->rows_total, .ninputs = s->ninputs, .nstate = s->nstate};
+        kp_tensor *ts[2 * KP_MAX_TENSORS];
+        int64_t slices[2 * KP_MAX_TENSORS];
         for (int k = 0; k < e.ntensors; k++) {
             kp_tensor *t = k < s->ninputs ? &v->inputs[k] : &v->state[k - s->ninputs];
             *t = e.tensors[k];
             t->batched = k < s->ninputs && s->inputs[k].batched;
+            ts[k] = t, slices[k] = e.slices[k];
         }
-        char sha[2 * KP_MAX_TENSORS][KP_SHA256_HEX_LEN], more[2 * KP_MAX_TENSORS][KP_SHA256_HEX_LEN];
-        view_digests(v, NULL, sha, more);
         const cJSON *want = cJSON_GetObjectItemCaseSensitive(e.meta, "digests");
-        for (int k = 0; ok && k < e.ntensors; k++) {
-            const cJSON *d = cJSON_GetArrayItem(want, k);
-            const cJSON *a = cJSON_GetObjectItemCaseSensitive(d, "sha256"), *b = cJSON_GetObjectItemCaseSensitive(d, "more_sha256");
-            const bool head = cJSON_IsString(a) && !strcmp(a->valuestring, sha[k]);
-            ok = head && cJSON_IsString(b) && !strcmp(b->valuestring, more[k]);
-            if (!ok) snprintf(p->inputs_note, sizeof p->inputs_note, "refused: '%s' hashes to %.16s..., its entry recorded %.16s...",
-                              e.tensors[k].name, head ? more[k] : sha[k],
-                              !head ? (cJSON_IsString(a) ? a->valuestring : "nothing") : cJSON_IsString(b) ? b->valuestring : "nothing");
-        }
+        ok = check_sums(ts, slices, e.ntensors, want, p->inputs_note, sizeof p->inputs_note);
         if (ok) {
-            for (int k = 0; k < v->ninputs; k++) memcpy(p->input_sha[k], sha[k], KP_SHA256_HEX_LEN);
+            for (int k = 0; k < v->ninputs; k++) {
+                const cJSON *d = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(want, k), "sha256");
+                memcpy(p->input_sha[k], d->valuestring, KP_SHA256_HEX_LEN);
+            }
             p->map = e.map, p->map_len = e.len, e.map = NULL; /* the view's tensors live there now */
         } else {
             memset(v, 0, sizeof *v);
@@ -124,6 +201,56 @@ bool kp_cache_inputs_read(kp_prepared *p, const kp_shapes *s, int64_t extra_rows
     return ok;
 }
 
+bool kp_cache_digests_read(kp_prepared *p, int64_t extra_rows) {
+    char text[KP_CASE_NAME_MAX + 256];
+    inputs_key_text(p, extra_rows, text, sizeof text);
+    kp_cache_entry e;
+    const int got = kp_cache_open("digests", text, &e, p->digests_note, sizeof p->digests_note);
+    bool ok = got == 1 && e.ntensors == 0;
+    if (got == 1 && !ok) snprintf(p->digests_note, sizeof p->digests_note, "refused: it holds tensors");
+    if (ok) {
+        kp_tensor *ts[KP_MAX_TENSORS];
+        int64_t slices[KP_MAX_TENSORS];
+        for (int k = 0; k < p->v.ninputs; k++) ts[k] = &p->v.inputs[k], slices[k] = p->v.inputs[k].shape[0];
+        const cJSON *want = cJSON_GetObjectItemCaseSensitive(e.meta, "digests");
+        ok = check_sums(ts, slices, p->v.ninputs, want, p->digests_note, sizeof p->digests_note);
+        for (int k = 0; ok && k < p->v.ninputs; k++) {
+            const cJSON *d = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(want, k), "sha256");
+            memcpy(p->input_sha[k], d->valuestring, KP_SHA256_HEX_LEN);
+        }
+    } else if (got < 0) {
+        char why[sizeof p->digests_note];
+        snprintf(why, sizeof why, "%s", p->digests_note);
+        snprintf(p->digests_note, sizeof p->digests_note, "refused: %.180s", why);
+    }
+    kp_cache_close(&e);
+    if (got != 0 && !ok)
+        fprintf(stderr, "kparity: cache: the inputs generated here do not check against their digests entry: %s\n",
+                p->digests_note);
+    return ok;
+}
+
+void kp_cache_digests_write(kp_prepared *p) {
+    char text[KP_CASE_NAME_MAX + 256];
+    inputs_key_text(p, p->v.rows_total - p->v.batch, text, sizeof text);
+    cJSON *meta = cJSON_CreateObject();
+    cJSON *list = cJSON_AddArrayToObject(meta, "digests");
+    for (int k = 0; k < p->v.ninputs; k++) {
+        sums one = {.sha = {0}};
+        if (!p->input_sha[k][0] || !p->input_points[k].len) /* none from the receipt's hashing: hashed now, kept */
+            kp_sha256_job_join_points(slices_job(&p->v.inputs[k], 0, p->v.inputs[k].shape[0]), p->input_sha[k],
+                                      &p->input_points[k]);
+        memcpy(one.sha, p->input_sha[k], KP_SHA256_HEX_LEN);
+        one.points = p->input_points[k];
+        cJSON *d = cJSON_CreateObject();
+        add_sums(d, "sha256", &one);
+        cJSON_AddItemToArray(list, d);
+    }
+    kp_error err = {0};
+    if (kp_cache_put("digests", text, meta, NULL, 0, &err)) fprintf(stderr, "kparity: %s (the run goes on)\n", err.msg);
+    cJSON_Delete(meta);
+}
+
 /* Whether an entry of these tensors, made in `seconds`, is worth writing (kp_cache_worth); why not into why. */
 static bool worth_storing(kp_tensor *const *ts, const int64_t *slices, int n, double seconds, char *why, size_t len) {
     double bytes = 0;
@@ -131,7 +258,7 @@ static bool worth_storing(kp_tensor *const *ts, const int64_t *slices, int n, do
     if (kp_cache_worth(bytes, seconds)) return true;
     snprintf(why, len, "made at %.2f GB/s (%.3f s for %.1f MB): a hit hashes at %.2f GB/s, the cache writes at %.2f GB/s "
              "(worth it below the first, and below %d times the second)", bytes / seconds / 1e9, seconds, bytes / 1e6,
-             kp_cache_hash_rate() / 1e9, kp_cache_write_rate() / 1e9, KP_CACHE_PAYBACK_HITS);
+             kp_cache_hash_rate() * kp_thread_count() / 1e9, kp_cache_write_rate() / 1e9, KP_CACHE_PAYBACK_HITS);
     return false;
 }
 
@@ -159,17 +286,19 @@ void kp_cache_inputs_write(kp_prepared *p) {
     const int n = view_tensors(v, ts);
     char text[KP_CASE_NAME_MAX + 256];
     inputs_key_text(p, v->rows_total - v->batch, text, sizeof text);
-    char sha[2 * KP_MAX_TENSORS][KP_SHA256_HEX_LEN], more[2 * KP_MAX_TENSORS][KP_SHA256_HEX_LEN];
-    view_digests(v, p->input_sha, sha, more);
+    sums head[2 * KP_MAX_TENSORS], more[2 * KP_MAX_TENSORS];
+    view_sums(p, head, more);
     cJSON *meta = cJSON_CreateObject();
     cJSON *list = cJSON_AddArrayToObject(meta, "digests");
     kp_cache_tensor ct[2 * KP_MAX_TENSORS];
     for (int k = 0; k < n; k++) {
         ct[k] = (kp_cache_tensor){ts[k], view_slices(v, ts[k])};
         cJSON *d = cJSON_CreateObject();
-        cJSON_AddStringToObject(d, "sha256", sha[k]);
-        cJSON_AddStringToObject(d, "more_sha256", more[k]);
+        add_sums(d, "sha256", &head[k]);
+        if (more[k].sha[0]) add_sums(d, "more_sha256", &more[k]);
         cJSON_AddItemToArray(list, d);
+        kp_sha256_points_free(&head[k].points);
+        kp_sha256_points_free(&more[k].points);
     }
     kp_error err = {0};
     if (kp_cache_put("inputs", text, meta, ct, n, &err)) fprintf(stderr, "kparity: %s (the run goes on)\n", err.msg);
@@ -179,7 +308,7 @@ void kp_cache_inputs_write(kp_prepared *p) {
 static void ref_key_text(const kp_prepared *p, const void *params, char *text, size_t len) {
     char name[KP_CASE_NAME_MAX];
     if (kp_case_format(&p->c, name, sizeof name) < 0) snprintf(name, sizeof name, "?");
-    int at = snprintf(text, len, "kparity.cache.reference/v1\nfamily %s\ncase %s\ngenerator %s\nreference %s\nparams ",
+    int at = snprintf(text, len, "kparity.cache.reference/v2\nfamily %s\ncase %s\ngenerator %s\nreference %s\nparams ",
                       p->fam->name, name, p->fam->cases->generator_version, p->fam->reference_version);
     KP_ASSERT(p->fam->params_bytes <= KP_PARAMS_MAX && len >= KP_CASE_NAME_MAX + 256 + 2 * KP_PARAMS_MAX + 80 * KP_MAX_TENSORS);
     for (size_t i = 0; params && i < p->fam->params_bytes; i++)
@@ -207,30 +336,38 @@ bool kp_cache_ref_read(kp_prepared *p, const void *params, kp_error *err) {
     kp_cache_entry e;
     const int got = kp_cache_open("reference", text, &e, p->ref_note, sizeof p->ref_note);
     const cJSON *tag = cJSON_GetObjectItemCaseSensitive(e.meta, "tag"), *sha = cJSON_GetObjectItemCaseSensitive(e.meta, "sha256");
-    const cJSON *na = cJSON_GetObjectItemCaseSensitive(e.meta, "arrays"), *st = cJSON_GetObjectItemCaseSensitive(e.meta, "state");
+    const cJSON *na = cJSON_GetObjectItemCaseSensitive(e.meta, "arrays"), *st_list = cJSON_GetObjectItemCaseSensitive(e.meta, "state");
     kp_reference ref = {0};
     bool ok = got == 1 && cJSON_IsString(tag) && cJSON_IsString(sha) && cJSON_IsNumber(na) && na->valuedouble >= 1 &&
               na->valuedouble <= e.ntensors && na->valuedouble <= KP_MAX_TENSORS &&
-              e.ntensors - na->valuedouble <= KP_MAX_TENSORS && cJSON_IsArray(st) &&
-              cJSON_GetArraySize(st) == e.ntensors - (int)na->valuedouble;
+              e.ntensors - na->valuedouble <= KP_MAX_TENSORS && cJSON_IsArray(st_list) &&
+              cJSON_GetArraySize(st_list) == e.ntensors - (int)na->valuedouble;
     for (int k = 0; ok && k < e.ntensors; k++) ok = e.tensors[k].row_stride == 0 && e.slices[k] == e.tensors[k].shape[0];
     if (got == 1 && !ok) snprintf(p->ref_note, sizeof p->ref_note, "refused: malformed metadata");
     if (ok) {
         ref.narrays = (int)na->valuedouble, ref.nstate = e.ntensors - ref.narrays;
         for (int k = 0; k < e.ntensors; k++) *(k < ref.narrays ? &ref.arrays[k] : &ref.state[k - ref.narrays]) = e.tensors[k];
-        char hex[KP_SHA256_HEX_LEN], one[KP_MAX_TENSORS][KP_SHA256_HEX_LEN];
-        kp_sha256_job *jobs[KP_MAX_TENSORS + 1];
+        /* the arrays, after the tag, to the receipt's digest; each state array to its own */
         kp_span parts[KP_MAX_TENSORS];
         kp_reference_parts(&ref, parts);
-        jobs[0] = kp_sha256_job_start(tag->valuestring, strlen(tag->valuestring) + 1, parts, (size_t)ref.narrays);
-        for (int k = 0; k < ref.nstate; k++) jobs[k + 1] = slices_job(&ref.state[k], 0, ref.state[k].shape[0]);
-        kp_sha256_job_join(jobs[0], hex);
-        for (int k = 0; k < ref.nstate; k++) kp_sha256_job_join(jobs[k + 1], one[k]);
-        ok = !strcmp(hex, sha->valuestring);
-        for (int k = 0; ok && k < ref.nstate; k++) {
-            const cJSON *want = cJSON_GetArrayItem(st, k);
-            ok = cJSON_IsString(want) && !strcmp(want->valuestring, one[k]);
-        }
+        const cJSON *ph = cJSON_GetObjectItemCaseSensitive(e.meta, "sha256_points");
+        uint64_t len = strlen(tag->valuestring) + 1;
+        for (int k = 0; k < ref.narrays; k++) len += parts[k].len;
+        stream st[KP_MAX_TENSORS + 1];
+        memset(st, 0, sizeof st);
+        kp_sha256_points pts[KP_MAX_TENSORS + 1] = {{0}};
+        kp_sha256_claim c[KP_MAX_TENSORS + 1];
+        c[0] = (kp_sha256_claim){tag->valuestring, strlen(tag->valuestring) + 1, parts, (size_t)ref.narrays, &pts[0],
+                                 sha->valuestring, false};
+        bool recorded = cJSON_IsString(ph) && kp_sha256_points_parse(ph->valuestring, len, &pts[0]);
+        for (int k = 0; k < ref.nstate; k++)
+            recorded &= claim_of(&ref.state[k], 0, ref.state[k].shape[0], cJSON_GetArrayItem(st_list, k), "sha256", &st[k + 1],
+                                 &pts[k + 1], &c[k + 1]);
+        if (recorded) kp_sha256_check(c, ref.nstate + 1);
+        ok = recorded;
+        for (int k = 0; ok && k <= ref.nstate; k++) ok = c[k].ok;
+        kp_sha256_points_free(&pts[0]);
+        for (int k = 0; k < ref.nstate; k++) claim_free(&st[k + 1], &pts[k + 1]);
         if (!ok) snprintf(p->ref_note, sizeof p->ref_note, "refused: its bytes do not hash to the digests it recorded");
     } else if (got < 0) {
         char why[sizeof p->ref_note];
@@ -275,7 +412,10 @@ void kp_cache_ref_write(kp_prepared *p, const void *params) {
     ref_key_text(p, params, text, sizeof text);
     cJSON *meta = cJSON_CreateObject();
     cJSON_AddStringToObject(meta, "tag", p->ref.digest_tag);
-    cJSON_AddStringToObject(meta, "sha256", p->ref_digest);
+    sums all = {.sha = {0}};
+    memcpy(all.sha, p->ref_digest, KP_SHA256_HEX_LEN);
+    all.points = p->ref_points; /* the receipt's hashing of it (settled at release) */
+    add_sums(meta, "sha256", &all);
     kp_json_add_int(meta, "arrays", p->ref.narrays);
     cJSON *st = cJSON_AddArrayToObject(meta, "state");
     kp_cache_tensor ct[2 * KP_MAX_TENSORS];
@@ -284,9 +424,12 @@ void kp_cache_ref_write(kp_prepared *p, const void *params) {
         const kp_tensor *t = &p->ref.state[k];
         KP_ASSERT(t->row_stride == 0 || t->row_stride == kp_tensor_cols(t));
         ct[p->ref.narrays + k] = (kp_cache_tensor){t, t->shape[0]};
-        char hex[KP_SHA256_HEX_LEN];
-        kp_sha256_job_join(slices_job(t, 0, t->shape[0]), hex);
-        cJSON_AddItemToArray(st, cJSON_CreateString(hex));
+        sums one = {.sha = {0}};
+        kp_sha256_job_join_points(slices_job(t, 0, t->shape[0]), one.sha, &one.points);
+        cJSON *d = cJSON_CreateObject();
+        add_sums(d, "sha256", &one);
+        cJSON_AddItemToArray(st, d);
+        kp_sha256_points_free(&one.points);
     }
     kp_error err = {0};
     if (kp_cache_put("reference", text, meta, ct, p->ref.narrays + p->ref.nstate, &err))
@@ -303,6 +446,10 @@ void kp_describe_cache(const kp_prepared *p, bool reference, cJSON *obj) {
         return;
     }
     cJSON_AddStringToObject(obj, "why", reference ? p->ref_note : p->inputs_note);
+    if (!reference) { /* the digests receipts record: checked against the cache's on every thread, or hashed here */
+        cJSON_AddStringToObject(obj, "digests", p->digests_checked ? "checked against the cache's" : "hashed");
+        if (!p->digests_checked && p->digests_note[0]) cJSON_AddStringToObject(obj, "digests_why", p->digests_note);
+    }
     cJSON_AddBoolToObject(obj, "stored", store); /* at the end of the case */
     if (!store) cJSON_AddStringToObject(obj, "not_stored", reference ? p->ref_skip : p->inputs_skip);
 }

@@ -11,6 +11,7 @@
 typedef struct pending {
     kp_sha256_job *job;
     char *hex_out; /* the caller's buffer, or NULL: own */
+    kp_sha256_points *points; /* the caller's, or NULL: not wanted */
     char own[KP_SHA256_HEX_LEN];
     int nplaces;
     cJSON *place[DIGEST_PLACES];
@@ -28,6 +29,11 @@ static void add_place(pending *p, cJSON *obj, const char *key) {
 
 void kp_digest_start(const void *prefix, size_t prefix_len, const kp_span *spans, size_t nspans, char *hex_out,
                      cJSON *obj, const char *key) {
+    kp_digest_start_points(prefix, prefix_len, spans, nspans, hex_out, NULL, obj, key);
+}
+
+void kp_digest_start_points(const void *prefix, size_t prefix_len, const kp_span *spans, size_t nspans, char *hex_out,
+                            kp_sha256_points *points, cJSON *obj, const char *key) {
     const double t0 = kp_now();
     if (npend == cap) {
         int grown_cap = cap ? 2 * cap : 16;
@@ -36,7 +42,7 @@ void kp_digest_start(const void *prefix, size_t prefix_len, const kp_span *spans
         pend = grown, cap = grown_cap;
     }
     pending *p = &pend[npend++];
-    *p = (pending){.job = kp_sha256_job_start(prefix, prefix_len, spans, nspans), .hex_out = hex_out};
+    *p = (pending){.job = kp_sha256_job_start(prefix, prefix_len, spans, nspans), .hex_out = hex_out, .points = points};
     if (obj) add_place(p, obj, key);
     kp_stage_add(KP_STAGE_DIGESTS, kp_now() - t0);
 }
@@ -55,7 +61,7 @@ void kp_digests_settle(void) {
     const double t0 = kp_now();
     for (int i = 0; i < npend; i++) {
         char *hex = pend[i].hex_out ? pend[i].hex_out : pend[i].own;
-        kp_sha256_job_join(pend[i].job, hex);
+        kp_sha256_job_join_points(pend[i].job, hex, pend[i].points);
         for (int k = 0; k < pend[i].nplaces; k++)
             if (!cJSON_SetValuestring(pend[i].place[k], hex))
                 KP_OUT_OF_MEMORY("recording a digest");

@@ -8,8 +8,10 @@
  * (every slice, row padding included) at a 64-byte aligned offset, zeros between; the metadata (JSON: key, tensors
  * with offsets, the caller's digests); then the metadata's offset and length (u64 LE each) and its SHA-256 hex. The
  * file is exactly that long. Nothing read is trusted: here the layout, the gaps and row padding (zeros) and the
- * metadata's digest are checked; harness/prepared.c hashes every tensor byte again and compares the digests a receipt
- * records before it uses an entry, and recomputes (and rewrites) one that fails. `verify --replay` never reads it. */
+ * metadata's digest are checked; harness/cached.c hashes every tensor byte again before it uses an entry, on every
+ * thread from the SHA-256 checkpoints the entry records (kp_sha256_points), which proves the bytes hash to the digests a
+ * receipt records, and recomputes (and rewrites) one that fails. Kinds: "inputs" and "reference" (bytes), "digests"
+ * (the inputs' digests and checkpoints alone, no bytes). `verify --replay` never reads it. */
 #ifndef KP_CACHE_H
 #define KP_CACHE_H
 
@@ -26,10 +28,13 @@ int kp_cache_configure(const char *dir, bool off, kp_error *err);
 const char *kp_cache_dir(void);
 
 /* Whether making `bytes` in `seconds` is worth an entry. A hit skips the making, but hashes every byte before it may
- * use them, where a run that makes them hashes them for its receipt beside its other work: so a hit is faster only when
- * making took longer than one core hashes the bytes (kp_cache_hash_rate), and the entry pays for its writing within
- * KP_CACHE_PAYBACK_HITS hits only when making took longer than that many parts of writing it (kp_cache_write_rate).
- * Both must hold (measured on the H200: caching 29 GB of inputs its GPU makes at 3-6 GB/s made a CUDA gate slower). */
+ * use them, on every thread (from the checkpoints its entry records, kp_sha256_check): so a hit is faster only when
+ * making took longer than the run's threads hash the bytes (kp_cache_hash_rate each), and the entry pays for its
+ * writing within KP_CACHE_PAYBACK_HITS hits only when making took longer than that many parts of writing it
+ * (kp_cache_write_rate). Both must hold (measured on the H200: writing the 27 GB of expert weights its GPU makes at 3-6
+ * GB/s made a CUDA gate slower cold and warm). Inputs not worth an entry leave a digests entry (their digests and
+ * checkpoints, no bytes): a run that makes them again checks them against it on every thread instead of hashing each
+ * input on one (kp_cache_digests_read). */
 #define KP_CACHE_PAYBACK_HITS 4
 bool kp_cache_worth(double bytes, double seconds);
 /* Bytes a second one core hashes with SHA-256 here, measured once a process (16 MiB, twice: the faster). */

@@ -187,6 +187,9 @@ const char *kp_stage_name(kp_stage stage);
  * the runner before it writes a case's receipt. */
 void kp_digest_start(const void *prefix, size_t prefix_len, const kp_span *spans, size_t nspans, char *hex_out,
                      cJSON *obj, const char *key);
+/* The same, and the stream's checkpoints into *points at settle (the cache stores them: kp_sha256_points). */
+void kp_digest_start_points(const void *prefix, size_t prefix_len, const kp_span *spans, size_t nspans, char *hex_out,
+                            kp_sha256_points *points, cJSON *obj, const char *key);
 void kp_digest_record(cJSON *obj, const char *key, const char *hex_out);
 void kp_digests_settle(void);
 

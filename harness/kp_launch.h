@@ -45,7 +45,11 @@ typedef struct kp_prepared {
     /* The cache (harness/kp_cache.h): whether this case may read it (inputs, reference), where each came from */
     bool cache_inputs, cache_reference;
     char input_sha[KP_MAX_TENSORS][KP_SHA256_HEX_LEN]; /* each input's digest (of the case's rows), once known */
+    kp_sha256_points input_points[KP_MAX_TENSORS];     /* and its checkpoints, from the receipt's hashing */
+    kp_sha256_points ref_points;                       /* the reference digest's */
     bool inputs_cached, ref_cached;
+    bool digests_checked; /* generated inputs proven to hash to the digests entry's digests (not hashed again) */
+    char digests_note[200]; /* the digests entry: refused, or why none was used */
     char inputs_note[200], ref_note[200]; /* a present entry refused, or why none was read */
     bool inputs_store, ref_store;         /* made here and worth an entry: written at release */
     char inputs_skip[240], ref_skip[240]; /* why not, when not */
@@ -70,6 +74,11 @@ static inline bool kp_tensors_alike(const kp_tensor *a, const kp_tensor *b) {
  * takes it back, then described into p->ref; its key waits for the inputs' digests). What the reference digest hashes
  * after its tag (every array's bytes). */
 bool kp_cache_inputs_read(kp_prepared *p, const kp_shapes *s, int64_t extra_rows);
+/* Inputs made here, checked against the digests entry (their digests and checkpoints, stored when the inputs were not
+ * worth an entry of their own) on every thread: true when each input hashes to its recorded digest, which p->input_sha
+ * then holds; false when there is none or they differ (why in p->digests_note; a difference is named on stderr). */
+bool kp_cache_digests_read(kp_prepared *p, int64_t extra_rows);
+void kp_cache_digests_write(kp_prepared *p);
 bool kp_cache_inputs_worth(kp_prepared *p, double seconds);
 void kp_cache_inputs_write(kp_prepared *p);
 bool kp_cache_ref_read(kp_prepared *p, const void *params, kp_error *err);

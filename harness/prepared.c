@@ -87,6 +87,8 @@ static void prepared_free(kp_prepared *p) {
     view_free(p->fam, &p->judged, &p->v);
     if (p->map) munmap(p->map, p->map_len);
     p->map = NULL;
+    for (int k = 0; k < KP_MAX_TENSORS; k++) kp_sha256_points_free(&p->input_points[k]);
+    kp_sha256_points_free(&p->ref_points);
 }
 
 static int prepare(const kp_family *fam, const kp_case *c, int64_t extra_rows, bool use_cache, kp_prepared *p,
@@ -109,6 +111,10 @@ static int prepare(const kp_family *fam, const kp_case *c, int64_t extra_rows, b
     const double made = kp_now() - t1;
     kp_stage_add(p->cache_inputs ? KP_STAGE_CACHE : KP_STAGE_GENERATION, t1 - t0); /* shapes and allocation are cheap */
     kp_stage_add(KP_STAGE_GENERATION, made);
+    if (!rc && p->cache_inputs && !p->inputs_cached) { /* their digests, checked on every thread, when an entry has them */
+        p->digests_checked = kp_cache_digests_read(p, extra_rows);
+        kp_stage_add(KP_STAGE_CACHE, kp_now() - t1 - made);
+    }
     if (rc) {
         prepared_free(p);
         p->fam = NULL;
@@ -136,8 +142,10 @@ int kp_prepare_uncached(const kp_family *fam, const kp_case *c, int64_t extra_ro
 void kp_prepared_release(kp_prepared *p) {
     if (!p->fam) return;
     kp_digests_settle(); /* digests may still be reading the inputs or the reference */
-    if (p->inputs_store || p->ref_store) { /* what was made here, for the next run */
+    const bool digests_store = p->cache_inputs && !p->inputs_cached && !p->digests_checked; /* tiny: always */
+    if (p->inputs_store || p->ref_store || digests_store) { /* what was made here, for the next run */
         const double t0 = kp_now();
+        if (digests_store) kp_cache_digests_write(p);
         if (p->inputs_store) kp_cache_inputs_write(p);
         if (p->ref_store) kp_cache_ref_write(p, p->ref_has_params ? p->ref_params : NULL);
         kp_stage_add(KP_STAGE_CACHE, kp_now() - t0);
@@ -155,7 +163,7 @@ void kp_describe_inputs(kp_prepared *p, cJSON *inputs) {
         cJSON *s = cJSON_AddArrayToObject(o, "shape");
         for (int d = 0; d < t->ndim; d++) cJSON_AddItemToArray(s, kp_json_int(t->shape[d]));
         if (t->ndim > 1) kp_json_add_int(o, "row_stride", kp_tensor_stride(t));
-        if (p->input_sha[k][0]) { /* checked as the inputs came from the cache */
+        if (p->input_sha[k][0]) { /* checked against the cache's digests */
             cJSON_AddStringToObject(o, "sha256", p->input_sha[k]);
             continue;
         }
@@ -163,7 +171,7 @@ void kp_describe_inputs(kp_prepared *p, cJSON *inputs) {
         kp_span *rows;
         size_t nrows;
         const size_t n = kp_buffer_digest_parts(t->dtype, t->ndim, t->shape, t->row_stride, t->data, prefix, &rows, &nrows);
-        kp_digest_start(prefix, n, rows, nrows, p->input_sha[k], o, "sha256"); /* kp_buffer_digest's hex, at settle */
+        kp_digest_start_points(prefix, n, rows, nrows, p->input_sha[k], &p->input_points[k], o, "sha256"); /* at settle */
         free(rows);
     }
 }
@@ -190,8 +198,8 @@ int kp_reference_run(kp_prepared *p, const void *params, cJSON *desc, kp_error *
             KP_ASSERT(p->ref.narrays > 0 && p->ref.narrays <= KP_MAX_TENSORS && p->ref.digest_tag);
             kp_span parts[KP_MAX_TENSORS]; /* hashed on a worker thread into ref_digest */
             kp_reference_parts(&p->ref, parts);
-            kp_digest_start(p->ref.digest_tag, strlen(p->ref.digest_tag) + 1, parts, (size_t)p->ref.narrays,
-                            p->ref_digest, NULL, NULL);
+            kp_digest_start_points(p->ref.digest_tag, strlen(p->ref.digest_tag) + 1, parts, (size_t)p->ref.narrays,
+                                   p->ref_digest, &p->ref_points, NULL, NULL);
         }
         p->have_ref = true;
     }

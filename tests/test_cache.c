@@ -1,8 +1,9 @@
 /* test_cache.c: the cache of inputs and references (harness/kp_cache.h) through the command line: a second run reads
  * both back with the same digests and says so in its receipts; an entry with one flipped byte (in a tensor, in its
  * metadata), a truncated one and another key's entry planted under the right name are each refused, recomputed with
- * the same digests, and rewritten; two gates started at once on one folder both pass and leave whole entries;
- * `verify --replay` never reads it; the options' errors. */
+ * the same digests, and rewritten; inputs made again are checked against their digests entry, and a well-formed one
+ * recording another digest is named, the inputs hashed, the entry rewritten; two gates started at once on one folder
+ * both pass and leave whole entries; `verify --replay` never reads it; the options' errors. */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
 #include <dirent.h>
@@ -162,7 +163,7 @@ static void plant_another_key(const char *file, const char *cache) {
     free(b);
 }
 
-Test(cache, inputs_with_a_flipped_byte_are_refused_and_regenerated) { refused_and_recomputed("inputs", flip_in_a_tensor, "hashes to"); }
+Test(cache, inputs_with_a_flipped_byte_are_refused_and_regenerated) { refused_and_recomputed("inputs", flip_in_a_tensor, "does not hash to"); }
 Test(cache, inputs_whose_metadata_changed_are_refused) { refused_and_recomputed("inputs", flip_in_the_metadata, "metadata"); }
 Test(cache, truncated_inputs_are_refused) { refused_and_recomputed("inputs", truncate_it, "truncated"); }
 Test(cache, another_keys_inputs_are_refused) { refused_and_recomputed("inputs", plant_another_key, "another key"); }
@@ -173,6 +174,7 @@ Test(cache, a_truncated_reference_is_refused) { refused_and_recomputed("referenc
 Test(cache, another_keys_reference_is_refused) { refused_and_recomputed("reference", plant_another_key, "another key"); }
 
 /* Every file under dir, recursively, into names (at most max). */
+static int files_under(const char *dir, char **names, int n, int max);
 static int files_under(const char *dir, char **names, int n, int max) {
     DIR *d = opendir(dir);
     if (!d) return n;
@@ -209,9 +211,9 @@ Test(cache, two_gates_at_once_on_one_folder_both_pass_and_leave_whole_entries) {
     }
     char *names[64];
     const int n = files_under(cache, names, 0, 64);
-    cr_assert_eq(n, 4, "%d entries, not 2 cases x (inputs, reference)", n);
+    cr_assert_eq(n, 6, "%d entries, not 2 cases x (inputs, their digests, reference)", n);
     for (int i = 0; i < n; i++) cr_assert_null(strstr(names[i], ".tmp."), "a temporary file was left: %s", names[i]);
-    gate(cfg, "after", cache); /* every entry whole: all four read back */
+    gate(cfg, "after", cache); /* every entry whole: inputs and references read back */
     for (int c = 0; c < 2; c++) {
         cr_assert_str_eq(cached("after", c, "inputs", "from"), "cache");
         cr_assert_str_eq(cached("after", c, "reference", "from"), "cache");
@@ -225,7 +227,7 @@ Test(cache, verify_replay_never_reads_the_cache) {
     char *cache = cold_then_warm(cfg);
     char *names[64];
     const int n = files_under(cache, names, 0, 64);
-    cr_assert_eq(n, 4);
+    cr_assert_eq(n, 6);
     for (int i = 0; i < n; i++) flip_byte(names[i], -1); /* read back, each would be refused, loudly */
     cr_assert_eq(setenv("KPARITY_CACHE", cache, 1), 0);
     char *out, *err;
@@ -267,8 +269,8 @@ Test(cache, a_cache_folder_that_cannot_be_used_is_a_usage_error_naming_it) {
 Test(cache, an_entry_is_worth_writing_only_when_it_was_slower_to_make_than_to_write) {
     const double rate = kp_cache_write_rate();
     cr_assert_eq(rate, 0.4e9, "before any entry is written: the development machine's disk");
-    const double hash = kp_cache_hash_rate(), write = rate * KP_CACHE_PAYBACK_HITS;
-    cr_assert(hash > 1e7 && hash < 1e11, "a hash rate of %g bytes a second", hash);
+    const double hash = kp_cache_hash_rate() * kp_thread_count(), write = rate * KP_CACHE_PAYBACK_HITS; /* a hit checks on every thread */
+    cr_assert(hash > 1e7 && hash < 1e13, "a hash rate of %g bytes a second", hash);
     const double either = hash < write ? hash : write; /* the rule: below both rates */
     cr_assert(kp_cache_worth(either, 1.01));
     cr_assert(kp_cache_worth(either / 100, 0.0101));
@@ -282,11 +284,79 @@ Test(cache, past_its_cap_the_folder_keeps_the_entry_just_written) {
     char *cache = path_in("cache");
     gate(cfg, "all", cache);
     char *names[64];
-    cr_assert_eq(files_under(cache, names, 0, 64), 4, "the control: every entry kept under the default cap");
+    cr_assert_eq(files_under(cache, names, 0, 64), 6, "the control: every entry kept under the default cap");
     kpt_rmtree(cache);
     cr_assert_eq(setenv("KPARITY_CACHE_MAX_GB", "0.000001", 1), 0); /* 1 kB: no entry fits beside another */
     gate(cfg, "capped", cache);
     const int n = files_under(cache, names, 0, 64);
     cr_assert_eq(n, 1, "%d entries past a 1 kB cap", n);
     cr_assert(strstr(names[0], "/v1/reference/"), "the last written is the second case's reference: %s", names[0]);
+}
+
+/* A top-p case: its logits are stored, and so are their digests. */
+static const char *const quick_text =
+    "{\"schema\":\"kparity.gate/v1\",\"name\":\"quick\",\"impls\":{\"candidate\":\"topp.split_prob@host\"},"
+    "\"defaults\":{\"tie_policy\":\"minimal_index\",\"band\":1e-06},\"cases\":["
+    "{\"case\":\"topp(batch=4,profile=ordinary,seed=58231,top_p=0.95,vocab=131072)\","
+    "\"checks\":[{\"check\":\"rule\",\"impl\":\"candidate\"}]}]}";
+
+/* The one file under cache/v1/<kind>/ (asserted one). */
+static char *only_entry(const char *cache, const char *kind) {
+    char *dir, *names[8];
+    cr_assert(asprintf(&dir, "%s/v1/%s", cache, kind) > 0);
+    const int n = files_under(dir, names, 0, 8);
+    cr_assert_eq(n, 1, "%d %s entries", n, kind);
+    free(dir);
+    return names[0];
+}
+
+/* An entry's metadata (the JSON its trailer points at). */
+static cJSON *entry_meta(const char *file) {
+    size_t len;
+    unsigned char *b = (unsigned char *)kpt_read(file, &len);
+    cr_assert(b && len > 80);
+    uint64_t off = 0, n = 0;
+    for (int i = 7; i >= 0; i--) off = off << 8 | b[len - 80 + i], n = n << 8 | b[len - 72 + i];
+    cr_assert(off + n <= len - 80);
+    cJSON *meta = cJSON_ParseWithLength((const char *)b + off, (size_t)n);
+    cr_assert_not_null(meta);
+    free(b);
+    return meta;
+}
+
+Test(cache, inputs_made_again_are_checked_against_their_digests_entry_and_a_wrong_one_is_named_and_rewritten) {
+    char *cfg = path_in("quick.json"), *cache = path_in("cache");
+    cr_assert_eq(kpt_write(cfg, quick_text, strlen(quick_text)), 0);
+    gate(cfg, "cold", cache);
+    cr_assert_str_eq(cached("cold", 0, "inputs", "from"), "generated");
+    cr_assert_str_eq(cached("cold", 0, "inputs", "digests"), "hashed");
+    only_entry(cache, "digests");
+    cr_assert_eq(unlink(only_entry(cache, "inputs")), 0); /* gone (evicted, say): the inputs are made again */
+    gate(cfg, "warm", cache);
+    cr_assert_str_eq(cached("warm", 0, "inputs", "from"), "generated");
+    cr_assert_str_eq(cached("warm", 0, "inputs", "digests"), "checked against the cache's");
+    cr_assert_str_eq(digests("warm"), digests("cold"));
+
+    /* a well-formed entry whose first digest is another's: the inputs are hashed, named, and the entry rewritten */
+    char *file = only_entry(cache, "digests");
+    cJSON *meta = entry_meta(file);
+    char *key_text = kpt_scratch(strdup(kpt_str(meta, "key")));
+    cJSON *d = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(meta, "digests"), 0), "sha256");
+    d->valuestring[0] = d->valuestring[0] == '0' ? '1' : '0';
+    cJSON_DeleteItemFromObjectCaseSensitive(meta, "key");
+    cJSON_DeleteItemFromObjectCaseSensitive(meta, "tensors");
+    kp_error err = {0};
+    cr_assert_eq(kp_cache_configure(cache, false, &err), 0, "%s", err.msg);
+    cr_assert_eq(kp_cache_put("digests", key_text, meta, NULL, 0, &err), 0, "%s", err.msg);
+    cJSON_Delete(meta);
+    cr_assert_eq(unlink(only_entry(cache, "inputs")), 0);
+    char *said = gate(cfg, "wrong", cache);
+    cr_assert_str_eq(cached("wrong", 0, "inputs", "digests"), "hashed");
+    const char *why = cached("wrong", 0, "inputs", "digests_why");
+    cr_assert(strstr(why, "does not hash to"), "the receipt says '%s'", why);
+    cr_assert(strstr(said, "do not check against their digests entry"), "stderr: %s", said);
+    cr_assert_str_eq(digests("wrong"), digests("cold"), "the receipt's digests are the bytes' own");
+    cr_assert_eq(unlink(only_entry(cache, "inputs")), 0);
+    gate(cfg, "again", cache);
+    cr_assert_str_eq(cached("again", 0, "inputs", "digests"), "checked against the cache's", "not rewritten");
 }
