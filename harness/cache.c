@@ -22,6 +22,7 @@
 
 static char g_dir[3072];
 static bool g_have;
+static double g_run_start; /* the wall clock when the folder was configured: entries used since are this run's */
 
 /* mkdir -p: every missing folder of path; 0, or errno. */
 static int make_dirs(const char *path) {
@@ -71,6 +72,9 @@ int kp_cache_configure(const char *dir, bool off, kp_error *err) {
     else if (!usable(dir, why, sizeof why)) {
         snprintf(g_dir, sizeof g_dir, "%s", dir);
         g_have = true;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        g_run_start = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec - 1; /* a second's slack for coarse file times */
         return 0;
     }
     if (named_by) return kp_fail(err, KP_EXIT_USAGE, "%s: the cache folder '%s' cannot be used: %s", named_by, dir, why);
@@ -167,14 +171,41 @@ double kp_cache_cap_bytes(void) {
     return v && *v && !*end && gb > 0 ? gb * 1e9 : 20e9;
 }
 
-/* Past the cap, remove the least recently used entries (never `keep`, the one just written), and any temporary file
- * an interrupted run left over an hour ago. */
-static void prune(const char *keep) {
+static bool this_runs(const file_seen *f) { return f->used >= g_run_start; }
+
+/* The folder's entries, and the bytes of those this run has used (read or written). */
+static file_seen *listing(int *n, double *mine) {
     char v1[sizeof g_dir + 8];
     snprintf(v1, sizeof v1, "%s/v1", g_dir);
     file_seen *files = NULL;
-    int n = 0, cap = 0;
-    scan(v1, &files, &n, &cap);
+    int cap = 0;
+    *n = 0, *mine = 0;
+    scan(v1, &files, n, &cap);
+    for (int i = 0; i < *n; i++)
+        if (this_runs(&files[i]) && !strstr(files[i].path, ".tmp.")) *mine += files[i].bytes;
+    return files;
+}
+
+static void listing_free(file_seen *files, int n) {
+    for (int i = 0; i < n; i++) free(files[i].path);
+    free(files);
+}
+
+bool kp_cache_fits(double bytes) {
+    int n;
+    double mine;
+    file_seen *files = listing(&n, &mine);
+    listing_free(files, n);
+    return mine + bytes <= kp_cache_cap_bytes();
+}
+
+/* Past the cap, remove the least recently used entries that this run has not used (so a run whose entries pass the cap
+ * keeps the first it wrote, rather than evicting its own as it goes and finding none the next time), and any temporary
+ * file an interrupted run left over an hour ago. */
+static void prune(void) {
+    int n;
+    double mine;
+    file_seen *files = listing(&n, &mine);
     double total = 0;
     const double now = (double)time(NULL), limit = kp_cache_cap_bytes();
     for (int i = 0; i < n; i++) {
@@ -183,9 +214,8 @@ static void prune(const char *keep) {
     }
     qsort(files, (size_t)n, sizeof *files, older_first);
     for (int i = 0; i < n && total > limit; i++)
-        if (strcmp(files[i].path, keep) && !strstr(files[i].path, ".tmp.") && !unlink(files[i].path)) total -= files[i].bytes;
-    for (int i = 0; i < n; i++) free(files[i].path);
-    free(files);
+        if (!this_runs(&files[i]) && !strstr(files[i].path, ".tmp.") && !unlink(files[i].path)) total -= files[i].bytes;
+    listing_free(files, n);
 }
 
 int kp_cache_put(const char *kind, const char *key_text, cJSON *meta, const kp_cache_tensor *tensors, int n, kp_error *err) {
@@ -217,6 +247,11 @@ int kp_cache_put(const char *kind, const char *key_text, cJSON *meta, const kp_c
     char *text = cJSON_PrintUnformatted(meta);
     if (!text) KP_OUT_OF_MEMORY("a cache entry's metadata");
     const size_t mlen = strlen(text);
+    if (!kp_cache_fits((double)(at + mlen + TAIL_LEN))) {
+        free(text);
+        return kp_fail(err, KP_EXIT_ENV, "cache: %s entry %.16s... not written: beside this run's entries it would pass "
+                       "the cap (%.3g GB, $KPARITY_CACHE_MAX_GB)", kind, key, kp_cache_cap_bytes() / 1e9);
+    }
     unsigned char tail[TAIL_LEN];
     put_u64(tail, at), put_u64(tail + 8, mlen);
     char hex[KP_SHA256_HEX_LEN];
@@ -239,7 +274,7 @@ int kp_cache_put(const char *kind, const char *key_text, cJSON *meta, const kp_c
     if (ok && !rename(tmp, path)) {
         const double seconds = kp_now() - t0;
         if (seconds > 0 && at > (64u << 20)) g_write_rate = (double)at / seconds; /* small ones say little */
-        prune(path);
+        prune();
         return 0;
     }
     const int e = ok ? errno : saved;

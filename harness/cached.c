@@ -255,7 +255,12 @@ void kp_cache_digests_write(kp_prepared *p) {
 static bool worth_storing(kp_tensor *const *ts, const int64_t *slices, int n, double seconds, char *why, size_t len) {
     double bytes = 0;
     for (int k = 0; k < n; k++) bytes += (double)kp_tensor_slice_bytes(ts[k]) * (double)slices[k];
-    if (kp_cache_worth(bytes, seconds)) return true;
+    if (kp_cache_worth(bytes, seconds)) {
+        if (kp_cache_fits(bytes)) return true;
+        snprintf(why, len, "%.1f MB would pass the cache's cap (%.3g GB, $KPARITY_CACHE_MAX_GB) beside this run's entries",
+                 bytes / 1e6, kp_cache_cap_bytes() / 1e9);
+        return false;
+    }
     snprintf(why, len, "made at %.2f GB/s (%.3f s for %.1f MB): a hit hashes at %.2f GB/s, the cache writes at %.2f GB/s "
              "(worth it below the first, and below %d times the second)", bytes / seconds / 1e9, seconds, bytes / 1e6,
              kp_cache_hash_rate() * kp_thread_count() / 1e9, kp_cache_write_rate() / 1e9, KP_CACHE_PAYBACK_HITS);

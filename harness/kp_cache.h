@@ -50,8 +50,12 @@ typedef struct kp_cache_tensor {
 } kp_cache_tensor;
 
 /* The most the folder holds ($KPARITY_CACHE_MAX_GB, default 20): past it, each entry written removes the least
- * recently used (written or read) until it fits. */
+ * recently used (written or read) that this run has not used, until it fits; an entry that would not fit beside this
+ * run's own is not written (so a run whose entries pass the cap keeps a stable part of them, run after run, instead
+ * of evicting its own as it goes). */
 double kp_cache_cap_bytes(void);
+/* Whether an entry of `bytes` fits under the cap beside the entries this run has used. */
+bool kp_cache_fits(double bytes);
 
 /* The key of `key_text` (its SHA-256 hex). */
 void kp_cache_key(const char *key_text, char key[KP_SHA256_HEX_LEN]);

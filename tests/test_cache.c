@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -279,18 +280,78 @@ Test(cache, an_entry_is_worth_writing_only_when_it_was_slower_to_make_than_to_wr
     cr_assert_not(kp_cache_worth(1e6, 0.0));
 }
 
-Test(cache, past_its_cap_the_folder_keeps_the_entry_just_written) {
-    const char *cfg = config();
-    char *cache = path_in("cache");
-    gate(cfg, "all", cache);
+/* The bytes of case c's three entries (inputs, their digests, reference) in a bundle's cache folder. */
+static double case_bytes(const char *cache, const char *bundle, int c) {
+    const char *key = cached(bundle, c, "inputs", "entry");
+    const char *files[3] = {entry_file(cache, "inputs", key), entry_file(cache, "digests", key),
+                            entry_file(cache, "reference", cached(bundle, c, "reference", "entry"))};
+    double total = 0;
+    for (int i = 0; i < 3; i++) {
+        struct stat st;
+        cr_assert_eq(stat(files[i], &st), 0, "%s", files[i]);
+        total += (double)st.st_size;
+    }
+    return total;
+}
+
+static double folder_bytes(const char *cache, int *n) {
     char *names[64];
-    cr_assert_eq(files_under(cache, names, 0, 64), 6, "the control: every entry kept under the default cap");
-    kpt_rmtree(cache);
-    cr_assert_eq(setenv("KPARITY_CACHE_MAX_GB", "0.000001", 1), 0); /* 1 kB: no entry fits beside another */
-    gate(cfg, "capped", cache);
+    *n = files_under(cache, names, 0, 64);
+    double total = 0;
+    for (int i = 0; i < *n; i++) {
+        struct stat st;
+        cr_assert_eq(stat(names[i], &st), 0);
+        total += (double)st.st_size;
+    }
+    return total;
+}
+
+Test(cache, past_its_cap_a_run_keeps_its_first_entries_and_evicts_only_older_ones) {
+    const char *cfg = config();
+    char *all = path_in("all_cache"), *cache = path_in("cache"), cap[64];
+    gate(cfg, "all", all); /* uncapped: what each case's entries take */
+    cr_assert_str_eq(cached("all", 1, "inputs", "from"), "generated");
+    gate(cfg, "all_warm", all);
+    const double first = case_bytes(all, "all_warm", 0), second = case_bytes(all, "all_warm", 1);
+    snprintf(cap, sizeof cap, "%.17g", first / 1e9); /* room for the first case's entries, none of the second's */
+    cr_assert_eq(setenv("KPARITY_CACHE_MAX_GB", cap, 1), 0);
+    for (int run = 0; run < 2; run++) { /* twice: the second run finds the same entries, and keeps them */
+        const char *name = run ? "capped_warm" : "capped";
+        gate(cfg, name, cache);
+        cr_assert_str_eq(cached(name, 0, "inputs", "from"), run ? "cache" : "generated");
+        cr_assert_str_eq(cached(name, 1, "inputs", "from"), "generated");
+        cJSON *r = kpt_receipt(path_in(name), 2);
+        cr_assert(cJSON_IsFalse(kpt_at(r, "cache.inputs.stored")), "run %d: the second case's inputs were stored", run);
+        cr_assert(strstr(kpt_str(r, "cache.inputs.not_stored"), "cap"), "%s", kpt_str(r, "cache.inputs.not_stored"));
+        cJSON_Delete(r);
+        int n;
+        const double held = folder_bytes(cache, &n);
+        cr_assert_eq(n, 3, "run %d: %d entries, not the first case's three", run, n);
+        cr_assert_eq(held, first);
+    }
+    cr_assert_str_eq(digests("capped_warm"), digests("all"));
+    /* entries older than the run go to make room: the first case's, aged, give way to the second case's */
+    char *names[64];
     const int n = files_under(cache, names, 0, 64);
-    cr_assert_eq(n, 1, "%d entries past a 1 kB cap", n);
-    cr_assert(strstr(names[0], "/v1/reference/"), "the last written is the second case's reference: %s", names[0]);
+    for (int i = 0; i < n; i++) {
+        const struct timespec old[2] = {{time(NULL) - 7200, 0}, {time(NULL) - 7200, 0}};
+        cr_assert_eq(utimensat(AT_FDCWD, names[i], old, 0), 0);
+    }
+    snprintf(cap, sizeof cap, "%.17g", (first > second ? first : second) / 1e9);
+    cr_assert_eq(setenv("KPARITY_CACHE_MAX_GB", cap, 1), 0);
+    char *one = path_in("second.json");
+    const char *at = strstr(config_text, "{\"case\":\"moe(hidden=256,inter=128,m=1,");
+    char *text;
+    cr_assert(at && asprintf(&text, "%.*s%s", (int)(strstr(config_text, "{\"case\":") - config_text), config_text, at) > 0);
+    cr_assert_eq(kpt_write(one, text, strlen(text)), 0);
+    free(text);
+    gate(one, "second", cache);
+    cr_assert_str_eq(cached("second", 0, "inputs", "from"), "generated");
+    int m;
+    const double held = folder_bytes(cache, &m);
+    cr_assert(held <= (first > second ? first : second), "%g bytes held past the cap", held);
+    cr_assert_eq(case_bytes(cache, "all_warm", 1), second, "the second case's entries were not all written");
+    cr_assert(m >= 3 && m < 6, "%d entries: the older ones were not evicted", m);
 }
 
 /* A top-p case: its logits are stored, and so are their digests. */
