@@ -23,6 +23,7 @@
 static char g_dir[3072];
 static bool g_have;
 static double g_run_start; /* the wall clock when the folder was configured: entries used since are this run's */
+static void read_write_rate(void);
 
 /* mkdir -p: every missing folder of path; 0, or errno. */
 static int make_dirs(const char *path) {
@@ -75,6 +76,7 @@ int kp_cache_configure(const char *dir, bool off, kp_error *err) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         g_run_start = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec - 1; /* a second's slack for coarse file times */
+        read_write_rate();
         return 0;
     }
     if (named_by) return kp_fail(err, KP_EXIT_USAGE, "%s: the cache folder '%s' cannot be used: %s", named_by, dir, why);
@@ -85,6 +87,33 @@ int kp_cache_configure(const char *dir, bool off, kp_error *err) {
 const char *kp_cache_dir(void) { return g_have ? g_dir : NULL; }
 
 static double g_write_rate = 0.4e9;
+
+/* The folder's write rate, as the last process that wrote a large entry measured it (<dir>/write_rate, a number):
+ * so a run's first entries are judged by this disk's rate, not the default. */
+static void read_write_rate(void) {
+    char path[sizeof g_dir + 16], text[64];
+    snprintf(path, sizeof path, "%s/write_rate", g_dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    const size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    char *end;
+    const double r = strtod(text, &end);
+    if (end != text && (*end == '\n' || !*end) && r >= 1e6 && r <= 1e12) g_write_rate = r;
+}
+
+static void record_write_rate(double rate) {
+    g_write_rate = rate;
+    char path[sizeof g_dir + 16], tmp[sizeof path + 32];
+    snprintf(path, sizeof path, "%s/write_rate", g_dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f) return;
+    const bool ok = fprintf(f, "%.6g\n", rate) > 0;
+    if (!fclose(f) && ok && !rename(tmp, path)) return;
+    unlink(tmp);
+}
 
 double kp_cache_write_rate(void) { return g_write_rate; }
 
@@ -273,7 +302,7 @@ int kp_cache_put(const char *kind, const char *key_text, cJSON *meta, const kp_c
     free(text);
     if (ok && !rename(tmp, path)) {
         const double seconds = kp_now() - t0;
-        if (seconds > 0 && at > (64u << 20)) g_write_rate = (double)at / seconds; /* small ones say little */
+        if (seconds > 0 && at > (64u << 20)) record_write_rate((double)at / seconds); /* small ones say little */
         prune();
         return 0;
     }

@@ -334,6 +334,12 @@ void kp_reference_parts(const kp_reference *ref, kp_span parts[KP_MAX_TENSORS]) 
 /* The reference from its entry, when its arrays hash to the digest it recorded (the receipt's) and its state to its
  * own, and the family takes it (reference_adopt); then described into p->ref. */
 bool kp_cache_ref_read(kp_prepared *p, const void *params, kp_error *err) {
+    if (!p->inputs_cached && !p->digests_checked) {
+        /* inputs the cache has no record of (neither entry: both are written with every reference entry) have no
+           reference entry either; looking would wait for their digests, hashed on one thread a tensor, for nothing */
+        snprintf(p->ref_note, sizeof p->ref_note, "absent: the cache has no record of these inputs");
+        return false;
+    }
     inputs_digests(p); /* its key */
     char text[KP_CASE_NAME_MAX + 2048];
     ref_key_text(p, params, text, sizeof text);

@@ -16,6 +16,8 @@
 
 #ifdef KP_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "../cases/cuda/kp_staged_copy.h"
 /* Every CUDA failure goes through here: it names the call, and a sticky error (one a device-wide
  * sync still reports) marks the device lost for the rest of the process (the runner then carries on in a fresh
  * worker process, with a fresh context, where it has one). */
@@ -180,8 +182,9 @@ int kp_buf_upload(kp_buf *b, const void *src, size_t bytes, const char *name, kp
         return 0;
     }
 #ifdef KP_HAVE_CUDA
-    CUDA_TRY(cudaMemcpyAsync(kp_buf_ptr(b), src, bytes, cudaMemcpyHostToDevice, g_stream), name);
-    CUDA_TRY(cudaStreamSynchronize(g_stream), name); /* the source may be freed as soon as we return */
+    /* staged through page-locked buffers when src is pageable (inputs, a cache entry's map); waited for: the source
+       may be freed as soon as we return */
+    CUDA_TRY((cudaError_t)kp_staged_copy(kp_buf_ptr(b), src, bytes, 1, g_stream), name);
     return 0;
 #else
     (void)name;

@@ -39,8 +39,9 @@ const char *kp_cache_dir(void);
 bool kp_cache_worth(double bytes, double seconds);
 /* Bytes a second one core hashes with SHA-256 here, measured once a process (16 MiB, twice: the faster). */
 double kp_cache_hash_rate(void);
-/* Bytes a second the folder took the last entry written in this process at (file written, closed and renamed);
- * 0.4e9 before any (the development machine's disk: dd, 1 GB, 0.42 GB/s). */
+/* Bytes a second the folder took the last large entry written at (file written, closed and renamed), recorded in the
+ * folder for the next process (<dir>/write_rate); 0.4e9 before any (the development machine's disk: dd, 1 GB, 0.42
+ * GB/s). */
 double kp_cache_write_rate(void);
 
 /* A tensor of an entry: t's `slices` slices of dim 0 as they lie in memory (a batched input's rows past its batch). */

@@ -278,6 +278,19 @@ Test(cache, an_entry_is_worth_writing_only_when_it_was_slower_to_make_than_to_wr
     cr_assert_not(kp_cache_worth(either, 0.99));
     cr_assert_not(kp_cache_worth(hash > write ? hash : write, 0.99 * (hash > write ? hash : write) / either));
     cr_assert_not(kp_cache_worth(1e6, 0.0));
+    /* a folder remembers the rate its last large entry was written at; a line that is not a rate is ignored */
+    char *dir = path_in("rated");
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    char *file;
+    cr_assert(asprintf(&file, "%s/write_rate", dir) > 0);
+    cr_assert_eq(kpt_write(file, "nonsense\n", 9), 0);
+    kp_error err = {0};
+    cr_assert_eq(kp_cache_configure(dir, false, &err), 0, "%s", err.msg);
+    cr_assert_eq(kp_cache_write_rate(), 0.4e9);
+    cr_assert_eq(kpt_write(file, "2.5e+09\n", 8), 0);
+    cr_assert_eq(kp_cache_configure(dir, false, &err), 0, "%s", err.msg);
+    cr_assert_eq(kp_cache_write_rate(), 2.5e9);
+    free(file);
 }
 
 /* The bytes of case c's three entries (inputs, their digests, reference) in a bundle's cache folder. */

@@ -9,6 +9,7 @@
 #include <curand.h>
 #include <stdio.h>
 
+#include "kp_staged_copy.h"
 #include "moe_gen_cuda.h"
 
 namespace {
@@ -282,13 +283,14 @@ int generate(const kp_moe_gen_job *job, int64_t group, held *h, char *msg, size_
         TRY_CUDA(cudaGetLastError());
         tensor_quantize<<<quant_grid, THREADS, 0, h->stream>>>(g, amax, job->multiply, w13, s13, w2, s2, globals);
         TRY_CUDA(cudaGetLastError());
-        TRY_CUDA(cudaMemcpyAsync(job->w13 + q0 * (n13 / 2), w13, (size_t)(ne * (n13 / 2)), cudaMemcpyDeviceToHost, h->stream));
-        TRY_CUDA(cudaMemcpyAsync(job->s13 + q0 * (n13 / 16), s13, (size_t)(ne * (n13 / 16)), cudaMemcpyDeviceToHost, h->stream));
-        TRY_CUDA(cudaMemcpyAsync(job->w2 + q0 * (n2 / 2), w2, (size_t)(ne * (n2 / 2)), cudaMemcpyDeviceToHost, h->stream));
-        TRY_CUDA(cudaMemcpyAsync(job->s2 + q0 * (n2 / 16), s2, (size_t)(ne * (n2 / 16)), cudaMemcpyDeviceToHost, h->stream));
+        /* back to the caller's pageable memory, staged (kp_staged_copy.h) and waited for: the scratch is the next group's */
+        TRY_CUDA((cudaError_t)kp_staged_copy(job->w13 + q0 * (n13 / 2), w13, (size_t)(ne * (n13 / 2)), 0, h->stream));
+        TRY_CUDA((cudaError_t)kp_staged_copy(job->s13 + q0 * (n13 / 16), s13, (size_t)(ne * (n13 / 16)), 0, h->stream));
+        TRY_CUDA((cudaError_t)kp_staged_copy(job->w2 + q0 * (n2 / 2), w2, (size_t)(ne * (n2 / 2)), 0, h->stream));
+        TRY_CUDA((cudaError_t)kp_staged_copy(job->s2 + q0 * (n2 / 16), s2, (size_t)(ne * (n2 / 16)), 0, h->stream));
         TRY_CUDA(cudaMemcpyAsync(job->g13 + q0, globals, (size_t)ne * sizeof(float), cudaMemcpyDeviceToHost, h->stream));
         TRY_CUDA(cudaMemcpyAsync(job->g2 + q0, globals + ne, (size_t)ne * sizeof(float), cudaMemcpyDeviceToHost, h->stream));
-        TRY_CUDA(cudaStreamSynchronize(h->stream)); /* the scratch is the next group's */
+        TRY_CUDA(cudaStreamSynchronize(h->stream));
     }
     return KP_MOE_GEN_CUDA_OK;
 }
