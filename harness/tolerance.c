@@ -155,34 +155,48 @@ static void add_bound(cJSON *obj, const char *key, bool has, double v) {
     else cJSON_AddNullToObject(obj, key);
 }
 
-/* Output k against every reference array named "<output>@<what>": the same bounds, reported under "against",
- * never part of the verdict (an error in the comparison itself is). */
-static int report_against(const kp_prepared *p, const kp_output *o, int k, const kp_tolerance *tol, cJSON *e,
-                          kp_error *err) {
-    const size_t n = strlen(o->t[k].name);
+/* Output k against its reference array and every one named "<output>@<what>" (the same bounds, reported under
+ * "against", never part of the verdict), each comparison on a thread of its own: they read the same output and
+ * write only their own results, each in the one order compare_tensor sums in. */
+typedef struct comparisons {
+    const kp_prepared *p;
+    const kp_output *o;
+    int k, n;
+    const kp_tolerance *tol;
+    const char *name[1 + KP_MAX_TENSORS]; /* [0]: the output's own */
+    tensor_result t[1 + KP_MAX_TENSORS];
+    int rc[1 + KP_MAX_TENSORS];
+    kp_error err[1 + KP_MAX_TENSORS];
+} comparisons;
+
+static void compare_one(void *ctx, int64_t i) {
+    comparisons *c = ctx;
+    c->rc[i] = compare_tensor(c->p, c->o, c->k, c->name[i], c->tol, &c->t[i], &c->err[i]);
+}
+
+static void comparisons_free(comparisons *c) {
+    for (int i = 0; i < c->n; i++) free(c->t[i].nonfinite_idx), free(c->t[i].over_idx), free(c->t[i].per_row);
+}
+
+/* The "against" entries of e from c's comparisons 1..n-1. */
+static void report_against(const comparisons *c, cJSON *e) {
     cJSON *list = NULL;
-    for (int a = 0; a < p->ref.narrays; a++) {
-        const char *name = p->ref.arrays[a].name;
-        if (strncmp(name, o->t[k].name, n) || name[n] != '@') continue;
-        tensor_result t;
-        const int rc = compare_tensor(p, o, k, name, tol, &t, err);
-        free(t.nonfinite_idx), free(t.over_idx), free(t.per_row);
-        if (rc) return rc;
+    for (int i = 1; i < c->n; i++) {
+        const tensor_result *t = &c->t[i];
         if (!list) list = cJSON_AddArrayToObject(e, "against");
         cJSON *x = cJSON_CreateObject();
         cJSON_AddItemToArray(list, x);
-        cJSON_AddStringToObject(x, "reference", name);
+        cJSON_AddStringToObject(x, "reference", c->name[i]);
         cJSON_AddStringToObject(x, "counts", "no: reported only");
-        const double srr = kp_nsum_value(&t.srr), see = kp_nsum_value(&t.see), denom = kp_nsum_value(&t.sxx) + srr;
-        kp_json_add_int(x, "over_tolerance", t.over);
-        kp_json_add_int(x, "nonfinite_mismatch", t.nonfinite_bad);
-        kp_json_add_double(x, "max_abs", t.max_abs);
-        kp_json_add_int(x, "max_abs_at", t.max_abs_at);
+        const double srr = kp_nsum_value(&t->srr), see = kp_nsum_value(&t->see), denom = kp_nsum_value(&t->sxx) + srr;
+        kp_json_add_int(x, "over_tolerance", t->over);
+        kp_json_add_int(x, "nonfinite_mismatch", t->nonfinite_bad);
+        kp_json_add_double(x, "max_abs", t->max_abs);
+        kp_json_add_int(x, "max_abs_at", t->max_abs_at);
         kp_json_add_double(x, "nmse", srr > 0 ? see / srr : (see > 0 ? INFINITY : 0.0));
-        kp_json_add_double(x, "cosine_diff", denom > 0 ? 1.0 - 2.0 * kp_nsum_value(&t.sxr) / denom : 0.0);
-        kp_json_add_int(x, "max_bf16_ulp", t.max_ulp);
+        kp_json_add_double(x, "cosine_diff", denom > 0 ? 1.0 - 2.0 * kp_nsum_value(&t->sxr) / denom : 0.0);
+        kp_json_add_int(x, "max_bf16_ulp", t->max_ulp);
     }
-    return 0;
 }
 
 kp_result kp_tolerance_check(const kp_prepared *p, const kp_check_spec *spec, const kp_output *o, cJSON *chk,
@@ -210,12 +224,19 @@ kp_result kp_tolerance_check(const kp_prepared *p, const kp_check_spec *spec, co
             continue;
         }
         compared++;
-        tensor_result t;
-        if (compare_tensor(p, o, k, o->t[k].name, tol, &t, &err)) {
-            free(t.nonfinite_idx), free(t.over_idx), free(t.per_row);
-            cJSON_AddStringToObject(chk, "summary", err.msg);
-            return KP_FAILED;
-        }
+        comparisons c = {.p = p, .o = o, .k = k, .tol = tol, .n = 1, .name = {o->t[k].name}};
+        const size_t len = strlen(o->t[k].name);
+        for (int a = 0; a < p->ref.narrays && c.n < 1 + KP_MAX_TENSORS; a++)
+            if (!strncmp(p->ref.arrays[a].name, o->t[k].name, len) && p->ref.arrays[a].name[len] == '@')
+                c.name[c.n++] = p->ref.arrays[a].name;
+        kp_parallel_for(c.n, compare_one, &c);
+        for (int i = 0; i < c.n; i++)
+            if (c.rc[i]) {
+                cJSON_AddStringToObject(chk, "summary", c.err[i].msg);
+                comparisons_free(&c);
+                return KP_FAILED;
+            }
+        const tensor_result t = c.t[0];
         const double srr = kp_nsum_value(&t.srr), see = kp_nsum_value(&t.see);
         const double nmse = srr > 0 ? see / srr : (see > 0 ? INFINITY : 0.0);
         const double denom = kp_nsum_value(&t.sxx) + srr;
@@ -249,7 +270,7 @@ kp_result kp_tolerance_check(const kp_prepared *p, const kp_check_spec *spec, co
         kp_json_add_int(m, "max_bf16_ulp", t.max_ulp);
         cJSON *h = cJSON_AddObjectToObject(m, "bf16_ulp_histogram");
         for (int b = 0; b < ULP_BUCKETS; b++) kp_json_add_int(h, ulp_bucket_names[b], t.ulp_hist[b]);
-        if (report_against(p, o, k, tol, e, &err)) bad = true;
+        report_against(&c, e);
         cJSON *rows = cJSON_AddArrayToObject(e, "worst_per_row");
         for (int64_t r = 0; r < o->nrows; r++) {
             const worst *w = &t.per_row[r];
@@ -272,7 +293,7 @@ kp_result kp_tolerance_check(const kp_prepared *p, const kp_check_spec *spec, co
                          nmse_bad ? "; NMSE over its bound" : "", cos_bad ? "; cosine diff over its bound" : "",
                          ulp_bad ? "; ulp over its bound" : "");
         if (n > 0) used += (size_t)n < sizeof summary - used ? (size_t)n : sizeof summary - used - 1;
-        free(t.nonfinite_idx), free(t.over_idx), free(t.per_row);
+        comparisons_free(&c);
     }
     if (err.msg[0]) {
         cJSON_AddStringToObject(chk, "summary", err.msg);
