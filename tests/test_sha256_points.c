@@ -93,6 +93,7 @@ Test(sha256_points, a_jobs_points_check_its_stream_and_catch_any_flipped_byte) {
         kp_sha256_points back;
         cr_assert(kp_sha256_points_parse(ph, pts.len, &back));
         cr_assert(check_one(&s, &back, hex));
+        kp_sha256_points_free(&back);
         cr_assert(!kp_sha256_points_parse(ph, pts.len + P, &back), "hex for fewer points than the length has");
         if (pts.n) {
             ph[7] = 'g';
