@@ -256,13 +256,13 @@ int kp_buf_fill_guard(kp_buf *b, size_t offset, size_t bytes, const char *name, 
 int kp_bufs_check(const kp_guard_check *c, int n, kp_error *err) {
     /* where each check's bytes are: the buffer itself (host) or a page-locked copy read back with one wait (device) */
     static unsigned char *staging;
+    static size_t staging_bytes;
     size_t need = 0;
     for (int i = 0; i < n; i++) {
         KP_ASSERT(c[i].range ? c[i].offset + c[i].bytes <= c[i].b->bytes + KP_GUARD_BYTES && c[i].bytes <= KP_GUARD_BYTES : 1);
         if (c[i].b->memory != KP_MEMORY_HOST) need += c[i].range ? c[i].bytes : 2 * KP_GUARD_BYTES;
     }
 #ifdef KP_HAVE_CUDA
-    static size_t staging_bytes;
     if (need > staging_bytes) {
         cudaFreeHost(staging);
         staging = NULL, staging_bytes = 0;
