@@ -48,6 +48,9 @@ typedef struct sums {
     kp_sha256_points points;
 } sums;
 
+/* Whether input k's digest and checkpoints are known (the receipt's hashing yields both; a hit's check, the digest). */
+static bool input_sums_known(const kp_prepared *p, int k) { return p->input_sha[k][0] && p->input_points[k].len; }
+
 /* Every input's and state array's sums, hashed at once, one thread each: head[k] of tensor k's shape[0] slices (an
  * input's: the receipt's), more[k] of a batched input's rows past them (sha "" when none). An input's sums known
  * already (from the receipt's hashing: p->input_points) are taken, not hashed again. */
@@ -58,7 +61,7 @@ static void view_sums(kp_prepared *p, sums *head, sums *more) {
     for (int k = 0; k < n; k++) {
         const int64_t slices = view_slices(&p->v, ts[k]);
         head[k] = more[k] = (sums){.sha = {0}};
-        if (k < p->v.ninputs && p->input_sha[k][0] && p->input_points[k].len) {
+        if (k < p->v.ninputs && input_sums_known(p, k)) {
             memcpy(head[k].sha, p->input_sha[k], KP_SHA256_HEX_LEN);
             head[k].points = p->input_points[k];
             p->input_points[k] = (kp_sha256_points){0};
@@ -237,7 +240,7 @@ void kp_cache_digests_write(kp_prepared *p) {
     cJSON *list = cJSON_AddArrayToObject(meta, "digests");
     for (int k = 0; k < p->v.ninputs; k++) {
         sums one = {.sha = {0}};
-        if (!p->input_sha[k][0] || !p->input_points[k].len) /* none from the receipt's hashing: hashed now, kept */
+        if (!input_sums_known(p, k)) /* none from the receipt's hashing: hashed now, kept */
             kp_sha256_job_join_points(slices_job(&p->v.inputs[k], 0, p->v.inputs[k].shape[0]), p->input_sha[k],
                                       &p->input_points[k]);
         memcpy(one.sha, p->input_sha[k], KP_SHA256_HEX_LEN);
