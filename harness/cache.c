@@ -403,6 +403,13 @@ static const char *check_entry(kp_cache_entry *e, const char *key_text) {
     return pos == moff ? NULL : "longer than its tensors";
 }
 
+void kp_cache_touch(const char *kind, const char *key_text) {
+    char key[KP_SHA256_HEX_LEN], path[sizeof g_dir + 256];
+    if (!g_have) return;
+    kp_cache_key(key_text, key);
+    if (!entry_path(kind, key, path, sizeof path, false)) utimensat(AT_FDCWD, path, NULL, 0); /* absent: nothing to keep */
+}
+
 int kp_cache_open(const char *kind, const char *key_text, kp_cache_entry *e, char *why, size_t why_len) {
     char key[KP_SHA256_HEX_LEN], path[sizeof g_dir + 256];
     memset(e, 0, sizeof *e);

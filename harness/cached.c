@@ -191,6 +191,7 @@ bool kp_cache_inputs_read(kp_prepared *p, const kp_shapes *s, int64_t extra_rows
                 memcpy(p->input_sha[k], d->valuestring, KP_SHA256_HEX_LEN);
             }
             p->map = e.map, p->map_len = e.len, e.map = NULL; /* the view's tensors live there now */
+            kp_cache_touch("digests", text); /* the case's record when this entry goes: kept beside it */
         } else {
             memset(v, 0, sizeof *v);
         }

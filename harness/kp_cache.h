@@ -65,6 +65,10 @@ void kp_cache_key(const char *key_text, char key[KP_SHA256_HEX_LEN]);
  * A failure to write (a full disk, a folder gone) leaves no entry and returns KP_EXIT_ENV with why; the run goes on. */
 int kp_cache_put(const char *kind, const char *key_text, cJSON *meta, const kp_cache_tensor *tensors, int n, kp_error *err);
 
+/* Marks entry (kind, key_text) used now, when it exists: one this run relies on without reading it stays past the cap
+ * like those it read. */
+void kp_cache_touch(const char *kind, const char *key_text);
+
 /* An entry read back: its file mapped (private, so writes to it never reach the file), its metadata and tensors. */
 typedef struct kp_cache_entry {
     void *map;

@@ -322,6 +322,16 @@ static double folder_bytes(const char *cache, int *n) {
     return total;
 }
 
+/* Every entry in the folder last used `seconds` ago. */
+static void age_entries(const char *cache, int seconds) {
+    char *names[64];
+    const int n = files_under(cache, names, 0, 64);
+    for (int i = 0; i < n; i++) {
+        const struct timespec old[2] = {{time(NULL) - seconds, 0}, {time(NULL) - seconds, 0}};
+        cr_assert_eq(utimensat(AT_FDCWD, names[i], old, 0), 0);
+    }
+}
+
 Test(cache, past_its_cap_a_run_keeps_its_first_entries_and_evicts_only_older_ones) {
     const char *cfg = config();
     char *all = path_in("all_cache"), *cache = path_in("cache"), cap[64];
@@ -343,16 +353,12 @@ Test(cache, past_its_cap_a_run_keeps_its_first_entries_and_evicts_only_older_one
         int n;
         const double held = folder_bytes(cache, &n);
         cr_assert_eq(n, 3, "run %d: %d entries, not the first case's three", run, n);
-        cr_assert_eq(held, first);
+        cr_assert_eq(held, first, "run %d: %.0f bytes held, the first case's entries are %.0f", run, held, first);
+        if (!run) age_entries(cache, 60); /* the next run's, only as it uses them (its digests entry too: it relies on it) */
     }
     cr_assert_str_eq(digests("capped_warm"), digests("all"));
     /* entries older than the run go to make room: the first case's, aged, give way to the second case's */
-    char *names[64];
-    const int n = files_under(cache, names, 0, 64);
-    for (int i = 0; i < n; i++) {
-        const struct timespec old[2] = {{time(NULL) - 7200, 0}, {time(NULL) - 7200, 0}};
-        cr_assert_eq(utimensat(AT_FDCWD, names[i], old, 0), 0);
-    }
+    age_entries(cache, 7200);
     snprintf(cap, sizeof cap, "%.17g", (first > second ? first : second) / 1e9);
     cr_assert_eq(setenv("KPARITY_CACHE_MAX_GB", cap, 1), 0);
     char *one = path_in("second.json");
