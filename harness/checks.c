@@ -426,6 +426,35 @@ static void add_rate(cJSON *obj, const char *key, double count, double of) {
 
 /* Runs 2..R are compared with run 1 row by row, bits as written (a set's order too); digests are computed
  * only where they differ, so a deterministic impl costs no hashing beyond run 1's output digest. */
+/* One row's digest to take: rows_digest of row r of o into hex. */
+typedef struct {
+    const kp_output *o;
+    int64_t r;
+    char *hex;
+} digest_job;
+
+struct row_digests {
+    kp_case_ctx *ctx;
+    const bool *absent;
+    digest_job *jobs;
+    int64_t n;
+};
+
+static void row_digest_job(void *arg, int64_t i) {
+    const struct row_digests *rd = arg;
+    rows_digest(rd->ctx, rd->jobs[i].o, rd->jobs[i].r, rd->jobs[i].r + 1, rd->absent, rd->jobs[i].hex);
+}
+
+/* Whether runs p and q gave the same output: the same digest in every row that varied ("" is run 1's row). */
+static bool same_rows(char (*row_digest)[KP_SHA256_HEX_LEN], const uint8_t *varies, int64_t B, int runs, int p, int q) {
+    for (int64_t r = 0; r < B; r++) {
+        if (!varies[r]) continue;
+        const char *a = row_digest[r * runs + p], *b = row_digest[r * runs + q];
+        if (strcmp(a[0] ? a : row_digest[r * runs], b[0] ? b : row_digest[r * runs])) return false;
+    }
+    return true;
+}
+
 static kp_result check_repeat(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON *chk) {
     kp_case_out *a = full_output(ctx, spec->impl[0], spec->role[0]);
     if (a->status != KP_PASSED) return not_ok(a, chk);
@@ -435,11 +464,12 @@ static kp_result check_repeat(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON
     char note[400];
     if (!absent_tensors(ctx, first, spec->impl[0], NULL, absent, NULL, note, sizeof note)) return nothing_to_compare(chk, note);
     char(*row_digest)[KP_SHA256_HEX_LEN] = calloc((size_t)(B * spec->runs), KP_SHA256_HEX_LEN); /* "" = same as run 1 */
-    char(*whole)[KP_SHA256_HEX_LEN] = calloc((size_t)spec->runs, KP_SHA256_HEX_LEN);             /* "" = same as run 1 */
+    uint8_t *run_differs = calloc((size_t)spec->runs, 1); /* some row differs from run 1's */
+    digest_job *jobs = malloc(sizeof *jobs * (size_t)(2 * B));
     int64_t *rows = malloc(sizeof *rows * (size_t)B);
     uint8_t *varies = calloc((size_t)B, 1), *tensor_varies = calloc((size_t)(B * first->ntensors), 1);
-    if (!row_digest || !whole || !rows || !varies || !tensor_varies) {
-        free(row_digest), free(whole), free(rows), free(varies), free(tensor_varies);
+    if (!row_digest || !run_differs || !jobs || !rows || !varies || !tensor_varies) {
+        free(row_digest), free(run_differs), free(jobs), free(rows), free(varies), free(tensor_varies);
         cJSON_AddStringToObject(chk, "summary", "out of host memory");
         return KP_FAILED;
     }
@@ -457,31 +487,30 @@ static kp_result check_repeat(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON
             break;
         }
         const double t0 = kp_now();
-        int any = 0;
+        struct row_digests rd = {ctx, absent, jobs, 0};
         for (int64_t r = 0; r < B; r++) {
             for (int k = 0; k < first->ntensors; k++)
                 if (order_tensor(ctx, first, k) && !absent[k])
                     tensor_varies[r * first->ntensors + k] |= !tensor_rows_equal(ctx, out, r, first, r, k, false);
             if (rows_equal(ctx, out, r, first, r, false, absent)) continue;
-            any = 1;
+            run_differs[run] = 1;
             for (int k = 0; k < first->ntensors; k++)
                 if (!absent[k]) tensor_varies[r * first->ntensors + k] |= !tensor_rows_equal(ctx, out, r, first, r, k, false);
-            if (!varies[r]) rows_digest(ctx, first, r, r + 1, absent, row_digest[r * spec->runs]);
+            if (!varies[r]) jobs[rd.n++] = (digest_job){first, r, row_digest[r * spec->runs]};
             varies[r] = 1;
-            rows_digest(ctx, out, r, r + 1, absent, row_digest[r * spec->runs + run]);
+            jobs[rd.n++] = (digest_job){out, r, row_digest[r * spec->runs + run]};
         }
-        if (any) rows_digest(ctx, out, 0, B, absent, whole[run]);
+        kp_parallel_for(rd.n, row_digest_job, &rd); /* the rows' digests: each its own stream, so on every thread */
         kp_stage_add(KP_STAGE_JUDGING, kp_now() - t0);
         kp_output_free(out);
     }
     if (result == KP_PASSED) {
         cJSON *f = cJSON_AddObjectToObject(chk, "findings");
         absent_tensors(ctx, first, spec->impl[0], NULL, absent, f, note, sizeof note); /* named in the findings too */
-        int distinct = 1;
+        int distinct = 1; /* run 1's output, and each run's that differs from it and from every earlier run's */
         for (int run = 1; run < spec->runs; run++) {
-            if (!whole[run][0]) continue;
-            int seen = 0;
-            for (int q = 1; q < run; q++) seen |= !strcmp(whole[q], whole[run]);
+            int seen = !run_differs[run];
+            for (int q = 1; q < run && !seen; q++) seen = run_differs[q] && same_rows(row_digest, varies, B, spec->runs, q, run);
             distinct += !seen;
         }
         kp_json_add_int(f, "runs", spec->runs);
@@ -527,7 +556,7 @@ static kp_result check_repeat(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON
         cJSON_AddStringToObject(chk, "summary", summary);
         result = distinct == 1 ? KP_PASSED : KP_INCORRECT;
     }
-    free(row_digest), free(whole), free(rows), free(varies), free(tensor_varies);
+    free(row_digest), free(run_differs), free(jobs), free(rows), free(varies), free(tensor_varies);
     return result;
 }
 
