@@ -151,6 +151,21 @@ static int entry_path(const char *kind, const char *key, char *path, size_t len,
 static uint64_t stored_bytes(const kp_tensor *t, int64_t slices) { return (uint64_t)kp_tensor_slice_bytes(t) * (uint64_t)slices; }
 static uint64_t align64(uint64_t n) { return (n + 63) & ~(uint64_t)63; }
 
+/* The SHA-256 of every row's padding past its last logical element, rows in order, into hex; false for a tensor without
+ * padding. The receipts' digests leave padding out, yet it is part of a case's inputs (a generator may put a sentinel
+ * there that no impl may read), so an entry records it and a hit must give it back unchanged. */
+static bool padding_digest(const kp_tensor *t, int64_t slices, char hex[KP_SHA256_HEX_LEN]) {
+    if (t->ndim < 2 || t->row_stride == 0 || t->row_stride == t->shape[t->ndim - 1]) return false;
+    const size_t es = kp_dtype_size(t->dtype), stride = (size_t)t->row_stride * es, used = (size_t)t->shape[t->ndim - 1] * es;
+    const int64_t rows = (int64_t)(stored_bytes(t, slices) / stride);
+    kp_sha256 h;
+    kp_error err = {0};
+    if (kp_sha256_init(&h, &err)) kp_abort(__FILE__, __LINE__, "%s", err.msg);
+    for (int64_t r = 0; r < rows; r++) kp_sha256_update(&h, (const unsigned char *)t->data + (size_t)r * stride + used, stride - used);
+    kp_sha256_final_hex(&h, hex);
+    return true;
+}
+
 static void put_u64(unsigned char *p, uint64_t v) {
     for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
 }
@@ -271,6 +286,8 @@ int kp_cache_put(const char *kind, const char *key_text, cJSON *meta, const kp_c
         kp_json_add_int(o, "row_stride", t->row_stride);
         kp_json_add_int(o, "slices", tensors[i].slices);
         kp_json_add_int(o, "offset", (int64_t)offsets[i]);
+        char pad[KP_SHA256_HEX_LEN];
+        if (padding_digest(t, tensors[i].slices, pad)) cJSON_AddStringToObject(o, "padding_sha256", pad);
         cJSON_AddItemToArray(list, o);
     }
     char *text = cJSON_PrintUnformatted(meta);
@@ -352,16 +369,6 @@ static bool all_zero(const unsigned char *p, size_t n) {
     return true;
 }
 
-/* Whether every row's padding past its last logical element is zero (the digests do not cover it). */
-static bool padding_zero(const kp_tensor *t, int64_t slices) {
-    if (t->ndim < 2 || t->row_stride == 0 || t->row_stride == t->shape[t->ndim - 1]) return true;
-    const size_t es = kp_dtype_size(t->dtype), stride = (size_t)t->row_stride * es, used = (size_t)t->shape[t->ndim - 1] * es;
-    const int64_t rows = (int64_t)(stored_bytes(t, slices) / stride);
-    for (int64_t r = 0; r < rows; r++)
-        if (!all_zero((const unsigned char *)t->data + (size_t)r * stride + used, stride - used)) return false;
-    return true;
-}
-
 void kp_cache_close(kp_cache_entry *e) {
     if (e->map) munmap(e->map, e->len);
     cJSON_Delete(e->meta);
@@ -397,7 +404,12 @@ static const char *check_entry(kp_cache_entry *e, const char *key_text) {
         if (off + bytes > moff) return "truncated";
         if (!all_zero(m + pos, off - pos)) return "a changed byte between its tensors";
         t->data = (unsigned char *)e->map + off;
-        if (!padding_zero(t, e->slices[i])) return "a changed byte in a row's padding";
+        char pad[KP_SHA256_HEX_LEN];
+        if (padding_digest(t, e->slices[i], pad)) {
+            const cJSON *want = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(list, i), "padding_sha256");
+            if (!cJSON_IsString(want)) return "malformed metadata (no digest of a tensor's row padding)";
+            if (strcmp(want->valuestring, pad)) return "a changed byte in a row's padding";
+        }
         pos = off + bytes;
     }
     return pos == moff ? NULL : "longer than its tensors";

@@ -443,3 +443,44 @@ Test(cache, inputs_made_again_are_checked_against_their_digests_entry_and_a_wron
     gate(cfg, "again", cache);
     cr_assert_str_eq(cached("again", 0, "inputs", "digests"), "checked against the cache's", "not rewritten");
 }
+
+/* A strided top-p case: its rows' padding holds the generator's NaN sentinel, which the receipts' digests leave out. */
+static const char *const strided_text =
+    "{\"schema\":\"kparity.gate/v1\",\"name\":\"strided\",\"impls\":{\"candidate\":\"topp.split_prob@host\"},"
+    "\"defaults\":{\"tie_policy\":\"minimal_index\",\"band\":1e-06},\"cases\":["
+    "{\"case\":\"topp(batch=4,profile=ordinary,seed=58231,stride=131075,top_p=0.95,vocab=131072)\","
+    "\"checks\":[{\"check\":\"rule\",\"impl\":\"candidate\"}]}]}";
+
+Test(cache, row_padding_comes_back_as_generated_and_a_changed_byte_in_it_is_refused) {
+    char *cfg = path_in("strided.json"), *cache = path_in("cache");
+    cr_assert_eq(kpt_write(cfg, strided_text, strlen(strided_text)), 0);
+    gate(cfg, "cold", cache);
+    cJSON *r = kpt_receipt(path_in("cold"), 1);
+    cr_assert(cJSON_IsTrue(kpt_at(r, "cache.inputs.stored")), "%s", kpt_str(r, "cache.inputs.not_stored"));
+    cJSON_Delete(r);
+    gate(cfg, "warm", cache); /* the sentinel in the padding is the generator's, not a changed byte */
+    cr_assert_str_eq(cached("warm", 0, "inputs", "from"), "cache", "%s", cached("warm", 0, "inputs", "why"));
+    cr_assert_str_eq(digests("warm"), digests("cold"));
+
+    char *file = only_entry(cache, "inputs");
+    cJSON *meta = entry_meta(file);
+    const cJSON *logits = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(meta, "tensors"), 0);
+    cr_assert_str_eq(kpt_str(logits, "name"), "logits");
+    cr_assert_eq(kpt_num(logits, "row_stride"), 131075);
+    const size_t at = (size_t)kpt_num(logits, "offset") + 2 * 131075 * 4 + 131072 * 4 + 5; /* row 2's padding */
+    cJSON_Delete(meta);
+    size_t len;
+    char *b = kpt_read(file, &len);
+    cr_assert(b && at < len);
+    uint32_t was;
+    memcpy(&was, b + at - 1, 4);
+    cr_assert_eq(was, 0x7fc0deadu, "not the sentinel: %08x", was);
+    b[at] ^= 0x10;
+    cr_assert_eq(kpt_write(file, b, len), 0);
+    free(b);
+    gate(cfg, "changed", cache);
+    cr_assert_str_eq(cached("changed", 0, "inputs", "from"), "generated");
+    const char *why = cached("changed", 0, "inputs", "why");
+    cr_assert(strstr(why, "row's padding"), "the receipt says '%s'", why);
+    cr_assert_str_eq(digests("changed"), digests("cold"));
+}
