@@ -10,6 +10,9 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,13 +23,27 @@
 #include "kp_npy.h"
 
 
+/* An artifact encoded but not yet written. */
+typedef struct pending {
+    char *path;
+    unsigned char *bytes;
+    size_t len;
+    char digest[KP_SHA256_HEX_LEN];
+} pending;
+
 struct kp_bundle {
     char *dir;
     int64_t count;                 /* receipts written */
     char prev[KP_SHA256_HEX_LEN];  /* digest of the last receipt file, the next receipt's chain.prev */
     cJSON *rows;                   /* per receipt: file, sha256, case, result, reasons, checks (for the reports) */
     int finished;
+    pthread_mutex_t pend_lock;     /* a watchdog may write a receipt while a check adds artifacts */
+    pending *pend;                 /* artifacts to write before the next receipt (kp_bundle_add_artifact) */
+    size_t npend, pend_cap, pend_bytes;
 };
+
+#define PENDING_MAX_BYTES ((size_t)64 << 20) /* written at once past this, not held for the receipt */
+#define WRITERS 16                           /* syncs in flight: they wait on the disk, not on a core */
 
 static int in_vocabulary(const char *s) { return kp_result_parse(s) >= 0; }
 
@@ -81,6 +98,7 @@ static int creation_failed(const char *dir, int e, kp_error *err) {
 /* An empty handle on folder `dir` (trailing slashes dropped), its chain at the zero digest; NULL with err filled. */
 static kp_bundle *bundle_new(const char *dir, const char *doing, kp_error *err) {
     kp_bundle *b = calloc(1, sizeof *b);
+    if (b) pthread_mutex_init(&b->pend_lock, NULL);
     if (!b || !(b->dir = strdup(dir)) || !(b->rows = cJSON_CreateArray())) {
         kp_bundle_free(b);
         kp_fail(err, KP_EXIT_ENV, "out of memory %s bundle %s", doing, dir);
@@ -135,6 +153,56 @@ int kp_bundle_open(kp_bundle **out, const char *dir, kp_error *err) {
 }
 
 
+/* The pending artifacts written, each atomically and synced (kp_write_file_atomic), then forgotten; the first
+ * failure in their order is err. With a fault armed, one after the other, so its operations keep their count. */
+struct writers {
+    pending *p;
+    size_t n;
+    atomic_size_t next;
+    kp_error *errs;
+    int *rcs;
+};
+
+static void *write_pending(void *arg) {
+    struct writers *w = arg;
+    for (size_t i; (i = atomic_fetch_add(&w->next, 1)) < w->n;)
+        w->rcs[i] = kp_write_file_atomic_in(w->p[i].path, w->p[i].bytes, w->p[i].len, false, &w->errs[i]);
+    return NULL;
+}
+
+static int flush_pending(kp_bundle *b, kp_error *err) {
+    pthread_mutex_lock(&b->pend_lock); /* taken whole: those added from now on wait for the next flush */
+    pending *p = b->pend;
+    const size_t n = b->npend;
+    b->pend = NULL, b->npend = b->pend_cap = b->pend_bytes = 0;
+    pthread_mutex_unlock(&b->pend_lock);
+    if (!n) return free(p), 0;
+    int rc = 0;
+    kp_error *errs = calloc(n, sizeof *errs);
+    int *rcs = calloc(n, sizeof *rcs);
+    if (!errs || !rcs) {
+        rc = kp_fail(err, KP_EXIT_ENV, "out of memory writing %zu artifacts", n);
+    } else {
+        struct writers w = {p, n, 0, errs, rcs};
+        pthread_t th[WRITERS];
+        int started = 0;
+        if (!kp_fault_armed())
+            while (started < WRITERS && (size_t)started < n / 2 && !pthread_create(&th[started], NULL, write_pending, &w))
+                started++;
+        write_pending(&w); /* this thread too; alone when no other started */
+        for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+        for (size_t i = 0; i < n && !rc; i++)
+            if (rcs[i]) *err = errs[i], rc = bundle_write_failed(b, err);
+        char *folder = join(b->dir, "artifacts"); /* their names, in one sync of the folder */
+        if (!rc && (!folder || kp_sync_folder(folder, p[0].path, err))) rc = folder ? bundle_write_failed(b, err) : kp_fail(err, KP_EXIT_ENV, "out of memory");
+        free(folder);
+    }
+    free(errs), free(rcs);
+    for (size_t i = 0; i < n; i++) free(p[i].path), free(p[i].bytes);
+    free(p);
+    return rc;
+}
+
 int kp_bundle_add_artifact(kp_bundle *b, const char *descr, int ndim, const int64_t *shape, const void *data,
                            size_t data_bytes, char digest[KP_SHA256_HEX_LEN], char relpath[128], kp_error *err) {
     if (b->finished) return kp_fail(err, KP_EXIT_USAGE, "%s: bundle already finished; no artifact can be added", b->dir);
@@ -144,14 +212,28 @@ int kp_bundle_add_artifact(kp_bundle *b, const char *descr, int ndim, const int6
     kp_sha256_hex(buf, len, digest);
     snprintf(relpath, 128, "artifacts/%s.npy", digest);
     char *path = join(b->dir, relpath);
-    int rc = 0;
     struct stat st;
-    if (!path) rc = kp_fail(err, KP_EXIT_ENV, "out of memory");
-    else if (stat(path, &st) != 0) rc = bundle_write(b, path, buf, len, err);
-    /* else: the name is the digest of these exact bytes, so the file already holds them */
-    free(path);
-    free(buf);
-    return rc;
+    if (!path) return free(buf), kp_fail(err, KP_EXIT_ENV, "out of memory");
+    if (stat(path, &st) == 0) return free(path), free(buf), 0; /* named by the digest of these bytes: held already */
+    pthread_mutex_lock(&b->pend_lock);
+    int rc = 0, held = 0;
+    for (size_t i = 0; i < b->npend && !held; i++) held = !memcmp(b->pend[i].digest, digest, KP_SHA256_HEX_LEN);
+    if (!held && b->npend == b->pend_cap) {
+        const size_t cap = b->pend_cap ? 2 * b->pend_cap : 64;
+        pending *grown = realloc(b->pend, sizeof *grown * cap);
+        if (grown) b->pend = grown, b->pend_cap = cap;
+        else rc = kp_fail(err, KP_EXIT_ENV, "out of memory");
+    }
+    if (!held && !rc) {
+        pending *p = &b->pend[b->npend++];
+        p->path = path, p->bytes = buf, p->len = len, path = NULL, buf = NULL;
+        memcpy(p->digest, digest, KP_SHA256_HEX_LEN);
+        b->pend_bytes += len;
+    }
+    const bool full = b->pend_bytes > PENDING_MAX_BYTES;
+    pthread_mutex_unlock(&b->pend_lock);
+    free(path), free(buf); /* held already, or not queued */
+    return rc ? rc : full ? flush_pending(b, err) : 0;
 }
 
 static int replace_member(cJSON *obj, const char *key, cJSON *value) {
@@ -241,6 +323,7 @@ int kp_bundle_add_receipt(kp_bundle *b, cJSON *receipt, kp_error *err) {
         rc = kp_fail(err, KP_EXIT_USAGE, "%s: bundle already finished; no receipt can be added", b->dir);
         goto out;
     }
+    if ((rc = flush_pending(b, err))) goto out; /* its artifacts are on disk before it is */
     if ((rc = check_receipt(b, receipt, index, err))) goto out;
     cJSON *chain = cJSON_CreateObject();
     if (!replace_member(receipt, "index", kp_json_int(index)) || !chain ||
@@ -325,6 +408,7 @@ int kp_bundle_finish(kp_bundle *b, const char *verdict, int exit_code, cJSON *me
         rc = kp_fail(err, KP_EXIT_USAGE, "%s: bundle meta is not a JSON object", b->dir);
         goto out;
     }
+    if ((rc = flush_pending(b, err))) goto out;
     if (!verdict) verdict = "";
     char why[300];
     if (!kp_bundle_verdict_fits(b->rows, verdict, exit_code, why, sizeof why)) { /* verify would refuse the bundle */
@@ -365,6 +449,9 @@ out:
 
 void kp_bundle_free(kp_bundle *b) {
     if (!b) return;
+    for (size_t i = 0; i < b->npend; i++) free(b->pend[i].path), free(b->pend[i].bytes); /* never referenced */
+    free(b->pend);
+    pthread_mutex_destroy(&b->pend_lock);
     free(b->dir);
     cJSON_Delete(b->rows);
     free(b);

@@ -48,7 +48,10 @@ const cJSON *kp_bundle_rows(const kp_bundle *b);
 int kp_bundle_add_row(cJSON *rows, const char *file, const char *digest, const cJSON *receipt);
 
 /* Store an array as artifacts/<sha256>.npy (content addressed; the same bytes are stored once).
- * `digest` receives the file's SHA-256, `relpath` its path inside the bundle. */
+ * `digest` receives the file's SHA-256, `relpath` its path inside the bundle. The file is written (and synced) by the
+ * time the next receipt or the bundle's end is, with the others pending then, on several threads at once: one sync
+ * each is what an artifact costs, and concurrent syncs share the file system's commits. A write that fails fails
+ * that receipt, naming the artifact. */
 int kp_bundle_add_artifact(kp_bundle *b, const char *descr, int ndim, const int64_t *shape, const void *data,
                            size_t data_bytes, char digest[KP_SHA256_HEX_LEN], char relpath[128], kp_error *err);
 

@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdbool.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -51,6 +52,11 @@ static void fault_read(void) {
     kp_abort(__FILE__, __LINE__, "KPARITY_FAULT='%s': expected kill@N, enospc@N or eacces@N with N >= 1", v);
 }
 
+int kp_fault_armed(void) {
+    if (fault_kind < 0) fault_read();
+    return fault_kind != 0;
+}
+
 /* The fault for the next operation: 0, FAULT_KILL or an errno. */
 static int fault_next(int in_folder) {
     if (__builtin_expect(fault_kind == 0, 1)) return 0;
@@ -87,7 +93,19 @@ static int create_failure_code(int e) {
                                                                                                       : KP_EXIT_ENV;
 }
 
+int kp_sync_folder(const char *folder, const char *what, kp_error *err) {
+    int dfd = fault_step(0) ? -1 : open(folder, O_RDONLY | O_DIRECTORY);
+    int rc = 0;
+    if (dfd < 0 || fsync(dfd) != 0) rc = kp_fail(err, KP_EXIT_ENV, "%s: cannot sync folder %s: %s", what, folder, strerror(errno));
+    if (dfd >= 0) close(dfd);
+    return rc;
+}
+
 int kp_write_file_atomic(const char *path, const void *data, size_t len, kp_error *err) {
+    return kp_write_file_atomic_in(path, data, len, true, err);
+}
+
+int kp_write_file_atomic_in(const char *path, const void *data, size_t len, bool sync_folder, kp_error *err) {
     const char *slash = strrchr(path, '/');
     const char *base = slash ? slash + 1 : path;
     char *folder = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
@@ -145,9 +163,7 @@ int kp_write_file_atomic(const char *path, const void *data, size_t len, kp_erro
         goto out;
     }
     /* The rename lives in the folder: sync it too, or a crash may forget the new entry. */
-    int dfd = fault_step(0) ? -1 : open(folder, O_RDONLY | O_DIRECTORY);
-    if (dfd < 0 || fsync(dfd) != 0) rc = kp_fail(err, KP_EXIT_ENV, "%s: cannot sync folder %s: %s", path, folder, strerror(errno));
-    if (dfd >= 0) close(dfd);
+    if (sync_folder) rc = kp_sync_folder(folder, path, err);
 out:
     free(tmp);
     free(folder);

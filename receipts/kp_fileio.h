@@ -3,6 +3,7 @@
 #ifndef KP_FILEIO_H
 #define KP_FILEIO_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <sys/types.h>
 
@@ -11,6 +12,11 @@
 /* Write a whole file atomically: temporary file in the same folder, fsync, rename, fsync folder.
  * KP_EXIT_USAGE naming the path when it cannot be created there, KP_EXIT_ENV when a write or sync fails. */
 int kp_write_file_atomic(const char *path, const void *data, size_t len, kp_error *err);
+/* The same with the folder's sync left to the caller (sync_folder false): many files into one folder, then one
+ * kp_sync_folder for all their names, before anything that relies on them is written. */
+int kp_write_file_atomic_in(const char *path, const void *data, size_t len, bool sync_folder, kp_error *err);
+/* fsync a folder (one file operation of the fault hook); what: the path the error message names. */
+int kp_sync_folder(const char *folder, const char *what, kp_error *err);
 /* Read a whole file into a malloc'd buffer with a NUL after the data; KP_EXIT_USAGE naming the path. */
 int kp_read_file(const char *path, char **buf, size_t *len, kp_error *err);
 
@@ -33,6 +39,8 @@ int kp_bundle_is_temp_name(const char *name);
  * ahead) or the errno to fail it with (kill does not return); in_folder: the operation adds or renames an
  * entry (mkdir, create, rename). */
 int kp_fault_point(int in_folder);
+/* Whether KPARITY_FAULT arms a fault in this process (its operations must then come in one order). */
+int kp_fault_armed(void);
 void kp_fault_also_kill(pid_t pid);
 
 #endif

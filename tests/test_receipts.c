@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #endif
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <ftw.h>
 #include <math.h>
 #include <stdio.h>
@@ -343,6 +344,70 @@ Test(bundle, intact_bundle_verifies_and_sha256sum_agrees) {
     flip(dir, "summary.md", 3);
     cr_assert_neq(run_sh(SHA256SUM_CHECK, dir), 0);
     drop_scratch(root, dir);
+}
+
+/* Artifacts are written together before the receipt that names them (on several threads): every one is there, whole
+ * and named by its digest, when the receipt is; the same bytes twice are one file; and a write that fails fails that
+ * receipt, naming the artifact, with the bundle left unfinished. */
+Test(bundle, artifacts_are_written_before_the_receipt_that_names_them) {
+    char *root = kpt_tempdir(), *dir = path_in(root, "bundle");
+    kp_bundle *b;
+    kp_error err = {0};
+    cr_assert(kp_bundle_open(&b, dir, &err) == 0, "%s", err.msg);
+    enum { N = 300 };
+    char digest[N + 1][KP_SHA256_HEX_LEN + 1], rel[N + 1][128];
+    cJSON *r = receipt("topp(batch=2,seed=1,vocab=7)", "PASSED"), *arts = cJSON_AddArrayToObject(r, "artifacts");
+    for (int i = 0; i <= N; i++) {
+        int64_t idx[40];
+        for (int k = 0; k < 40; k++) idx[k] = (i % N) * 100 + k; /* the last is the first again */
+        const int64_t shape[1] = {40};
+        cr_assert(kp_bundle_add_artifact(b, "<i8", 1, shape, idx, sizeof idx, digest[i], rel[i], &err) == 0, "%s", err.msg);
+        digest[i][KP_SHA256_HEX_LEN] = 0;
+        cJSON *a = cJSON_CreateObject();
+        cJSON_AddStringToObject(a, "name", "list");
+        cJSON_AddStringToObject(a, "file", rel[i]);
+        cJSON_AddStringToObject(a, "sha256", digest[i]);
+        cJSON_AddItemToArray(arts, a);
+    }
+    cr_assert_str_eq(digest[N], digest[0]);
+    cr_assert(kp_bundle_add_receipt(b, r, &err) == 0, "%s", err.msg);
+    char *folder = path_in(dir, "artifacts");
+    DIR *d = opendir(folder);
+    int files = 0;
+    for (struct dirent *e; (e = readdir(d));) files += e->d_name[0] != '.';
+    closedir(d);
+    cr_assert_eq(files, N, "%d files for %d distinct artifacts", files, N);
+    cr_assert(kp_bundle_finish(b, "NOT_RUN", 77, NULL, &err) == 0, "%s", err.msg); /* a receipt without checks */
+    kp_bundle_free(b);
+    cr_assert(verify(dir, &err) == 0, "%s", err.msg);
+
+    /* one artifact's name taken by a folder (its rename fails, the folder's sync does not): the receipt after it is
+       refused, naming that artifact; and with the whole artifacts folder gone, naming one */
+    for (int broken = 0; broken < 2; broken++) {
+        char *dir2 = path_in(root, broken ? "no_folder" : "name_taken");
+        cr_assert(kp_bundle_open(&b, dir2, &err) == 0, "%s", err.msg);
+        for (int i = 0; i < 8; i++) {
+            int64_t idx[3] = {i, i + 1, i + 2};
+            const int64_t shape[1] = {3};
+            cr_assert(kp_bundle_add_artifact(b, "<i8", 1, shape, idx, sizeof idx, digest[i], rel[i], &err) == 0, "%s", err.msg);
+        }
+        char *art2 = path_in(dir2, "artifacts"), *taken = path_in(dir2, rel[5]), *inside = path_in(taken, "x");
+        if (broken) {
+            cr_assert_eq(rmdir(art2), 0);
+            cr_assert_eq(kpt_write(art2, "x", 1), 0);
+        } else {
+            cr_assert_eq(mkdir(taken, 0755), 0);
+            cr_assert_eq(kpt_write(inside, "x", 1), 0);
+        }
+        memset(&err, 0, sizeof err);
+        cr_assert_eq(kp_bundle_add_receipt(b, receipt("topp(batch=2,seed=1,vocab=7)", "PASSED"), &err), KP_EXIT_ENV);
+        cr_assert(strstr(err.msg, broken ? "artifacts/" : rel[5]) && strstr(err.msg, "unfinished"), "%s", err.msg);
+        kp_bundle_free(b);
+        free(art2), free(taken), free(inside), free(dir2);
+    }
+    free(folder), free(dir);
+    kpt_rmtree(root);
+    free(root);
 }
 
 Test(bundle, one_flipped_byte_in_any_file_is_caught_and_named) {
