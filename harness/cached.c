@@ -389,21 +389,14 @@ bool kp_cache_ref_read(kp_prepared *p, const void *params, kp_error *err) {
         snprintf(why, sizeof why, "%s", p->ref_note);
         snprintf(p->ref_note, sizeof p->ref_note, "refused: %.180s", why);
     }
-    if (ok) { /* the family's own copies, which it frees */
-        for (int k = 0; k < ref.narrays + ref.nstate; k++) {
-            kp_tensor *t = k < ref.narrays ? &ref.arrays[k] : &ref.state[k - ref.narrays];
-            const size_t bytes = kp_tensor_slice_bytes(t) * (size_t)t->shape[0];
-            void *copy = malloc(bytes ? bytes : 1);
-            if (!copy) KP_OUT_OF_MEMORY("a cached reference");
-            memcpy(copy, t->data, bytes);
-            t->data = copy;
-        }
+    if (ok) { /* read where they lie: p keeps the entry's map until the case is released (not copied: a copy cost more
+                 than the check on two cores) */
         kp_error why = {0};
-        if (p->fam->reference_adopt(p->v.data, params, &ref, &why)) { /* refused: the copies are still ours */
+        if (p->fam->reference_adopt(p->v.data, params, &ref, &why)) {
             snprintf(p->ref_note, sizeof p->ref_note, "refused by the family: %.160s", why.msg);
-            for (int k = 0; k < ref.narrays + ref.nstate; k++)
-                free(k < ref.narrays ? ref.arrays[k].data : ref.state[k - ref.narrays].data);
             ok = false;
+        } else {
+            p->ref_map = e.map, p->ref_map_len = e.len, e.map = NULL;
         }
     }
     if (ok) {

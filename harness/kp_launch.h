@@ -57,6 +57,8 @@ typedef struct kp_prepared {
     bool ref_has_params; /* the rule parameters the reference was computed with (its entry's key) */
     void *map;           /* the inputs' cache entry, mapped: the view's tensors point into it */
     size_t map_len;
+    void *ref_map;       /* the reference's cache entry, mapped: the family's adopted reference points into it */
+    size_t ref_map_len;
     alignas(max_align_t) unsigned char ref_params[KP_PARAMS_MAX];
 } kp_prepared;
 

@@ -51,7 +51,7 @@ static int mla_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp
 
 static void mla_release(void *data) {
     mla_data *d = data;
-    for (int i = 0; i < 6; i++) free(d->ref[i]);
+    for (int i = 0; i < 6 && !d->ref_borrowed; i++) free(d->ref[i]);
     free(d);
 }
 
@@ -168,6 +168,7 @@ static int mla_reference_adopt(void *data, const void *params, kp_reference *ref
     describe_reference(d, &want);
     if (kp_reference_matches(ref, &want, err)) return err->code;
     for (int i = 0; i < ref->narrays; i++) d->ref[i] = ref->arrays[i].data;
+    d->ref_borrowed = true;
     return 0;
 }
 

@@ -19,6 +19,7 @@ typedef struct mla_data {
     const int32_t *topk_length;
     const float *sink;
     double *ref[6];        /* out, lse, max_logits on the cache; the same on kv (fp8_ds_mla only) */
+    bool ref_borrowed;     /* ref points into the cache's entry (reference_adopt): not ours to free */
 } mla_data;
 
 enum { IN_Q = 0, IN_INDICES, IN_CACHE };

@@ -38,7 +38,7 @@ static int moe_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, kp
 
 static void moe_release(void *data) {
     moe_data *d = data;
-    free(d->ref), free(d->ref_bf16);
+    if (!d->ref_borrowed) free(d->ref), free(d->ref_bf16);
     free(d);
 }
 
@@ -141,6 +141,7 @@ static int moe_reference_adopt(void *data, const void *params, kp_reference *ref
     describe_reference(d, &want);
     if (kp_reference_matches(ref, &want, err)) return err->code;
     d->ref = ref->arrays[0].data, d->ref_bf16 = ref->arrays[1].data;
+    d->ref_borrowed = true;
     return 0;
 }
 

@@ -14,6 +14,7 @@ typedef struct moe_data {
     uint8_t *w13, *s13, *w2, *s2;
     double *ref;      /* [m, hidden]: on x as given */
     double *ref_bf16; /* [m, hidden]: on x rounded to bf16, as every W4A16 kernel reads its activations */
+    bool ref_borrowed; /* ref and ref_bf16 point into the cache's entry (reference_adopt): not ours to free */
     const char *ref_computed_on; /* where ref and ref_bf16 were computed (kp_moe_ref_in's computed_on); NULL if read back */
 } moe_data;
 

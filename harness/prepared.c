@@ -86,7 +86,8 @@ static void prepared_free(kp_prepared *p) {
     }
     view_free(p->fam, &p->judged, &p->v);
     if (p->map) munmap(p->map, p->map_len);
-    p->map = NULL;
+    if (p->ref_map) munmap(p->ref_map, p->ref_map_len); /* after release: the family's reference was in it */
+    p->map = p->ref_map = NULL;
     for (int k = 0; k < KP_MAX_TENSORS; k++) kp_sha256_points_free(&p->input_points[k]);
     kp_sha256_points_free(&p->ref_points);
 }

@@ -27,7 +27,7 @@ static int topk_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, k
 static void topk_release(void *data) {
     topk_data *d = data;
     for (int n = 0; n < 2; n++)
-        if (d->have_ref[n]) kp_topk_ref_free(&d->ref[n]);
+        if (d->have_ref[n] && !d->ref_borrowed[n]) kp_topk_ref_free(&d->ref[n]);
     free(d);
 }
 
@@ -105,6 +105,7 @@ static int topk_reference_adopt(void *data, const void *params, kp_reference *re
                                               .fill = d->tc.fill, .nan = KP_TOPK_NAN_BELOW, .row = ref->state[0].data,
                                               .indices = ref->arrays[0].data, .values = ref->arrays[1].data};
     d->have_ref[KP_TOPK_NAN_BELOW] = 1;
+    d->ref_borrowed[KP_TOPK_NAN_BELOW] = true;
     return 0;
 }
 

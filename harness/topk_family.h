@@ -21,6 +21,7 @@ typedef struct topk_data {
     float *scores; /* the inputs (the harness holds them): [rows_total, stride] */
     int32_t *starts, *ends;
     int have_ref[2];
+    bool ref_borrowed[2]; /* ref[n] points into the cache's entry (reference_adopt): not ours to free */
     kp_topk_ref ref[2]; /* the answer per NaN rank (kp_topk_nan), each computed when first asked for */
 } topk_data;
 

@@ -29,7 +29,7 @@ static int topp_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, k
 
 static void topp_release(void *data) {
     topp_data *d = data;
-    if (d->have_ref) kp_topp_ref_free(&d->ref);
+    if (d->have_ref && !d->ref_borrowed) kp_topp_ref_free(&d->ref);
     free(d);
 }
 
@@ -108,6 +108,7 @@ static int topp_reference_adopt(void *data, const void *params, kp_reference *re
                            .rows = ref->state[0].data, .keep = ref->arrays[0].data, .in_group = ref->state[1].data,
                            .prob = ref->arrays[1].data, .mass_before = ref->arrays[2].data};
     d->have_ref = 1;
+    d->ref_borrowed = true;
     return 0;
 }
 

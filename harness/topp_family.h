@@ -18,6 +18,7 @@ typedef struct topp_data {
     float *logits; /* the inputs (the harness holds them): [rows_total, stride] */
     float *top_p;  /* [rows_total] */
     int have_ref;
+    bool ref_borrowed; /* ref points into the cache's entry (reference_adopt): not ours to free */
     kp_topp_ref ref;
 } topp_data;
 
