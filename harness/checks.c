@@ -424,8 +424,6 @@ static void add_rate(cJSON *obj, const char *key, double count, double of) {
     cJSON_AddItemToArray(w, cJSON_CreateNumber(hi));
 }
 
-/* Runs 2..R are compared with run 1 row by row, bits as written (a set's order too); digests are computed
- * only where they differ, so a deterministic impl costs no hashing beyond run 1's output digest. */
 /* One row's digest to take: rows_digest of row r of o into hex. */
 typedef struct {
     const kp_output *o;
@@ -455,6 +453,8 @@ static bool same_rows(char (*row_digest)[KP_SHA256_HEX_LEN], const uint8_t *vari
     return true;
 }
 
+/* Runs 2..R are compared with run 1 row by row, bits as written (a set's order too); digests are computed
+ * only where they differ, so a deterministic impl costs no hashing beyond run 1's output digest. */
 static kp_result check_repeat(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON *chk) {
     kp_case_out *a = full_output(ctx, spec->impl[0], spec->role[0]);
     if (a->status != KP_PASSED) return not_ok(a, chk);

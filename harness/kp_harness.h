@@ -386,10 +386,10 @@ typedef struct kp_family {
     /* --- optional --- */
     /* Take back a reference that reference described before, from the cache (harness/cache.c): ref holds its arrays
      * and state, names, dtypes and shapes as reference gave them, bytes checked against the digests recorded then, in
-     * the cache entry's private mapping, which the harness keeps until the case is released (after release): the family
-     * reads them there and never frees them; it checks they are what it expects (else KP_EXIT_ENV: the entry is not
-     * used) and keeps them, so that reference describes them without computing. reference_version names what the reference computes: bump it whenever its bytes change.
-     * NULL: the family's references are not cached. */
+     * the cache entry's private mapping, which the harness unmaps after release: the family reads them there and never
+     * frees them; it checks they are what it expects (else KP_EXIT_ENV: the entry is not used) and keeps them, so that
+     * reference describes them without computing. reference_version names what the reference computes: bump it
+     * whenever its bytes change. NULL: the family's references are not cached. */
     const char *reference_version;
     int (*reference_adopt)(void *data, const void *params, kp_reference *ref, kp_error *err);
     /* Rule parameters (param_keys) into params (params_bytes); their receipt form; the defaults an

@@ -193,8 +193,9 @@ static int flush_pending(kp_bundle *b, kp_error *err) {
         for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
         for (size_t i = 0; i < n && !rc; i++)
             if (rcs[i]) *err = errs[i], rc = bundle_write_failed(b, err);
-        char *folder = join(b->dir, "artifacts"); /* their names, in one sync of the folder */
-        if (!rc && (!folder || kp_sync_folder(folder, p[0].path, err))) rc = folder ? bundle_write_failed(b, err) : kp_fail(err, KP_EXIT_ENV, "out of memory");
+        char *folder = rc ? NULL : join(b->dir, "artifacts"); /* their names, in one sync of the folder */
+        if (!rc && !folder) rc = kp_fail(err, KP_EXIT_ENV, "out of memory");
+        else if (!rc && kp_sync_folder(folder, p[0].path, err)) rc = bundle_write_failed(b, err);
         free(folder);
     }
     free(errs), free(rcs);
