@@ -245,6 +245,8 @@ Test(merge, the_matrix_configs_load_and_the_workflow_shards_and_merges_each) {
     char *wf = kpt_read(wf_path, NULL);
     cr_assert_not_null(wf, "%s", wf_path);
     cr_assert(strstr(wf, "--shard ${{ matrix.shard }}/${{ env.SHARDS }}") && strstr(wf, "kparity merge bundle-"), "%s", wf);
+    cr_assert(strstr(wf, "uses: actions/cache@") && strstr(wf, "path: .kparity-cache") && strstr(wf, "--cache .kparity-cache"),
+              "each shard keeps its cache folder between runs: %s", wf);
     const char *families[] = {"topp", "topk", "moe", "mla"};
     for (size_t i = 0; i < sizeof families / sizeof *families; i++) {
         char *cfg;
