@@ -166,8 +166,7 @@ static int buf_fill(kp_buf *b, unsigned char *at, size_t bytes, const char *name
         return 0;
     }
 #ifdef KP_HAVE_CUDA
-    CUDA_TRY(cudaMemsetAsync(at, KP_GUARD_BYTE, bytes, g_stream), name);
-    CUDA_TRY(cudaStreamSynchronize(g_stream), name);
+    CUDA_TRY(cudaMemsetAsync(at, KP_GUARD_BYTE, bytes, g_stream), name); /* ordered before the impl on its stream */
     return 0;
 #else
     return kp_fail(err, KP_EXIT_ENV, "%s: device fill in a build without CUDA", name);
@@ -245,16 +244,72 @@ int kp_buf_gather_rows(kp_buf *dst, const kp_buf *src, const int64_t *rows, int6
         }
         i += run;
     }
-#ifdef KP_HAVE_CUDA
-    if (dst->memory == KP_MEMORY_CUDA) CUDA_TRY(cudaStreamSynchronize(g_stream), name);
-#endif
-    (void)err;
+    (void)err; /* device copies are ordered before the impl on its stream */
     return 0;
 }
 
 int kp_buf_fill_guard(kp_buf *b, size_t offset, size_t bytes, const char *name, kp_error *err) {
     KP_ASSERT(offset + bytes <= b->bytes + KP_GUARD_BYTES);
     return buf_fill(b, (unsigned char *)kp_buf_ptr(b) + offset, bytes, name, err);
+}
+
+int kp_bufs_check(const kp_guard_check *c, int n, kp_error *err) {
+    /* where each check's bytes are: the buffer itself (host) or a page-locked copy read back with one wait (device) */
+    static unsigned char *staging;
+    static size_t staging_bytes;
+    size_t need = 0;
+    for (int i = 0; i < n; i++) {
+        KP_ASSERT(c[i].range ? c[i].offset + c[i].bytes <= c[i].b->bytes + KP_GUARD_BYTES && c[i].bytes <= KP_GUARD_BYTES : 1);
+        if (c[i].b->memory != KP_MEMORY_HOST) need += c[i].range ? c[i].bytes : 2 * KP_GUARD_BYTES;
+    }
+#ifdef KP_HAVE_CUDA
+    if (need > staging_bytes) {
+        cudaFreeHost(staging);
+        staging = NULL, staging_bytes = 0;
+        CUDA_TRY(cudaMallocHost((void **)&staging, need), "guard checks");
+        staging_bytes = need;
+    }
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        if (c[i].b->memory == KP_MEMORY_HOST) continue;
+        const unsigned char *user = c[i].b->base + KP_GUARD_BYTES;
+        if (c[i].range) {
+            CUDA_TRY(cudaMemcpyAsync(staging + at, user + c[i].offset, c[i].bytes, cudaMemcpyDeviceToHost, g_stream), c[i].name);
+            at += c[i].bytes;
+        } else {
+            CUDA_TRY(cudaMemcpyAsync(staging + at, c[i].b->base, KP_GUARD_BYTES, cudaMemcpyDeviceToHost, g_stream), c[i].name);
+            CUDA_TRY(cudaMemcpyAsync(staging + at + KP_GUARD_BYTES, user + c[i].b->bytes, KP_GUARD_BYTES,
+                                     cudaMemcpyDeviceToHost, g_stream), c[i].name);
+            at += 2 * KP_GUARD_BYTES;
+        }
+    }
+    if (need) CUDA_TRY(cudaStreamSynchronize(g_stream), "guard checks");
+#else
+    if (need) return kp_fail(err, KP_EXIT_ENV, "device guard checks in a build without CUDA");
+#endif
+    size_t from = 0;
+    for (int i = 0; i < n; i++) {
+        const bool host = c[i].b->memory == KP_MEMORY_HOST;
+        const unsigned char *user = c[i].b->base + KP_GUARD_BYTES;
+        if (c[i].range) {
+            const unsigned char *seen = host ? user + c[i].offset : staging + from;
+            if (!host) from += c[i].bytes;
+            if (!guard_clean(seen, c[i].bytes))
+                return kp_fail(err, KP_EXIT_ENV, "out-of-bounds write: the guard region after buffer '%s' was overwritten",
+                               c[i].name);
+            continue;
+        }
+        const unsigned char *before = host ? c[i].b->base : staging + from;
+        const unsigned char *after = host ? user + c[i].b->bytes : staging + from + KP_GUARD_BYTES;
+        if (!host) from += 2 * KP_GUARD_BYTES;
+        if (!guard_clean(before, KP_GUARD_BYTES))
+            return kp_fail(err, KP_EXIT_ENV, "out-of-bounds write: the guard region before buffer '%s' was overwritten",
+                           c[i].name);
+        if (!guard_clean(after, KP_GUARD_BYTES))
+            return kp_fail(err, KP_EXIT_ENV, "out-of-bounds write: the guard region after buffer '%s' was overwritten",
+                           c[i].name);
+    }
+    return 0;
 }
 
 int kp_buf_check_range(const kp_buf *b, size_t offset, size_t bytes, const char *name, kp_error *err) {
@@ -280,6 +335,16 @@ void kp_host_unregister(void *p) {
     cudaHostUnregister(p);
 #endif
     (void)p;
+}
+
+int kp_stream_wait(const char *what, kp_error *err) {
+#ifdef KP_HAVE_CUDA
+    CUDA_TRY(cudaStreamSynchronize(g_stream), what);
+    return 0;
+#else
+    (void)what, (void)err;
+    return 0;
+#endif
 }
 
 int kp_sync(kp_memory memory, kp_error *err) {

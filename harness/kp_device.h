@@ -41,9 +41,20 @@ void kp_buf_free(kp_buf *b);
 int kp_buf_gather_rows(kp_buf *dst, const kp_buf *src, const int64_t *rows, int64_t nrows, size_t row_bytes,
                        const char *name, kp_error *err);
 /* Fill [offset, offset + bytes) of the user area with KP_GUARD_BYTE / check it still holds it:
- * a guard placed right after the rows in use when a buffer is larger than one run needs. */
+ * a guard placed right after the rows in use when a buffer is larger than one run needs. Device fills and gathers are
+ * queued on the impls' stream, not waited for: kp_stream_wait before an impl may run on another. */
 int kp_buf_fill_guard(kp_buf *b, size_t offset, size_t bytes, const char *name, kp_error *err);
 int kp_buf_check_range(const kp_buf *b, size_t offset, size_t bytes, const char *name, kp_error *err);
+/* Many of those checks at once, in order, the first failure reported as kp_buf_check_guards (KP_GUARD_WHOLE: both of
+ * a buffer's guards) or kp_buf_check_range (KP_GUARD_RANGE: [offset, offset + bytes) of its user area) would: device
+ * regions are read back together, with one wait (a launch checks about fifteen). */
+typedef struct kp_guard_check {
+    const kp_buf *b;
+    const char *name;
+    int range; /* 0: the guards; 1: [offset, offset + bytes) */
+    size_t offset, bytes;
+} kp_guard_check;
+int kp_bufs_check(const kp_guard_check *c, int n, kp_error *err);
 /* Page-lock existing host memory for fast device copies (1 on success; 0 without a GPU). */
 int kp_host_register(void *p, size_t bytes);
 void kp_host_unregister(void *p);
@@ -57,6 +68,8 @@ int kp_device_lost(void);
  * its run as an impl whose kernel faulted would. */
 void kp_device_simulate_loss(void);
 
+/* Wait for what the harness queued on the impls' stream (fills, gathers), naming `what` on an error. */
+int kp_stream_wait(const char *what, kp_error *err);
 /* Wait for the impl's work; a CUDA error names the call and is sticky-checked. */
 int kp_sync(kp_memory memory, kp_error *err);
 

@@ -235,6 +235,8 @@ static kp_result launch_setup(kp_prepared *p, const kp_impl *impl, const int64_t
         L->bufs.workspace = kp_buf_ptr(&sl->ws), L->bufs.workspace_bytes = ws;
         fam->fill_args(v->data, &L->bufs, L->args);
     }
+    /* the fills and gathers done before the impl starts, whatever stream it launches on */
+    if (mem == KP_MEMORY_CUDA && kp_stream_wait("filling the run's buffers", err)) return KP_FAILED;
     return KP_PASSED;
 }
 
@@ -273,16 +275,17 @@ static kp_result launch_collect(kp_prepared *p, launch *L, kp_output *o, kp_erro
     slot *sl = L->slot;
     const kp_memory mem = L->impl->memory;
     if (kp_sync(mem, err)) return KP_FAILED;
+    kp_guard_check checks[3 * KP_MAX_TENSORS + 1];
+    int n = 0;
     for (int k = 0; k < L->nout; k++) {
         const size_t used = slices_bytes(&L->outs[k], L->nrows);
-        if (kp_buf_check_guards(&sl->out[k], L->outs[k].name, err) ||
-            kp_buf_check_range(&sl->out[k], used, guard_after(&sl->out[k], used), L->outs[k].name, err))
-            return KP_FAILED;
+        checks[n++] = (kp_guard_check){&sl->out[k], L->outs[k].name, 0, 0, 0};
+        checks[n++] = (kp_guard_check){&sl->out[k], L->outs[k].name, 1, used, guard_after(&sl->out[k], used)};
     }
     for (int k = 0; k < v->ninputs; k++)
-        if (kp_buf_check_guards(v->inputs[k].batched ? &sl->in[k] : &g_cache.all[mem][k], v->inputs[k].name, err))
-            return KP_FAILED;
-    if (L->bufs.workspace_bytes && kp_buf_check_guards(&sl->ws, "workspace", err)) return KP_FAILED;
+        checks[n++] = (kp_guard_check){v->inputs[k].batched ? &sl->in[k] : &g_cache.all[mem][k], v->inputs[k].name, 0, 0, 0};
+    if (L->bufs.workspace_bytes) checks[n++] = (kp_guard_check){&sl->ws, "workspace", 0, 0, 0};
+    if (kp_bufs_check(checks, n, err)) return KP_FAILED;
     for (int k = 0; k < L->nout; k++) {
         const kp_tensor *t = &o->t[k];
         if (kp_buf_download(&sl->out[k], t->data, slices_bytes(t, L->nrows), t->name, err)) return KP_FAILED;
