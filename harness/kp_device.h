@@ -33,21 +33,19 @@ void *kp_buf_ptr(const kp_buf *b);
 /* Copy host data in (or fill the user area with KP_GUARD_BYTE when src is NULL). */
 int kp_buf_upload(kp_buf *b, const void *src, size_t bytes, const char *name, kp_error *err);
 int kp_buf_download(const kp_buf *b, void *dst, size_t bytes, const char *name, kp_error *err);
-/* FAILED-class error naming the buffer when a guard byte changed (an out-of-bounds write). */
-int kp_buf_check_guards(const kp_buf *b, const char *name, kp_error *err);
 void kp_buf_free(kp_buf *b);
 /* Copy rows between two buffers of the same memory: dst row i <- src row rows[i]; runs of
  * consecutive rows go as one copy. */
 int kp_buf_gather_rows(kp_buf *dst, const kp_buf *src, const int64_t *rows, int64_t nrows, size_t row_bytes,
                        const char *name, kp_error *err);
-/* Fill [offset, offset + bytes) of the user area with KP_GUARD_BYTE / check it still holds it:
- * a guard placed right after the rows in use when a buffer is larger than one run needs. Device fills and gathers are
- * queued on the impls' stream, not waited for: kp_stream_wait before an impl may run on another. */
+/* Fill [offset, offset + bytes) of the user area with KP_GUARD_BYTE: a guard placed right after the rows in use when a
+ * buffer is larger than one run needs. Device fills and gathers are queued on the impls' stream, not waited for:
+ * kp_stream_wait before an impl may run on another. */
 int kp_buf_fill_guard(kp_buf *b, size_t offset, size_t bytes, const char *name, kp_error *err);
-int kp_buf_check_range(const kp_buf *b, size_t offset, size_t bytes, const char *name, kp_error *err);
-/* Many of those checks at once, in order, the first failure reported as kp_buf_check_guards (KP_GUARD_WHOLE: both of
- * a buffer's guards) or kp_buf_check_range (KP_GUARD_RANGE: [offset, offset + bytes) of its user area) would: device
- * regions are read back together, with one wait (a launch checks about fifteen). */
+/* Whether guard bytes still hold KP_GUARD_BYTE, check by check in order: range 0, both of a buffer's guard regions;
+ * range 1, [offset, offset + bytes) of its user area (a guard after the rows in use). The first changed one is a
+ * FAILED-class error naming the buffer and the region (an out-of-bounds write); device regions are read back together,
+ * with one wait (a launch checks about fifteen). */
 typedef struct kp_guard_check {
     const kp_buf *b;
     const char *name;
