@@ -27,6 +27,7 @@ extern const kp_impl kp_moe_marlin_gemv32_cuda;
 extern const kp_impl kp_moe_invariant_cuda;
 extern const kp_impl kp_mla_split_count_cuda;
 extern const kp_impl kp_mla_split_size_cuda;
+extern const kp_impl kp_mla_split_size_wg_cuda; /* kernels/cuda/sm90a/: refuses all but compute capability 9.0 */
 #endif
 
 /* The number of registered impls, and the i-th. */

@@ -30,6 +30,7 @@ static const kp_impl *const builtin_impls[] = {
     &kp_moe_invariant_cuda,
     &kp_mla_split_count_cuda,
     &kp_mla_split_size_cuda,
+    &kp_mla_split_size_wg_cuda,
 #endif
 };
 #define BUILTIN_COUNT ((int)(sizeof builtin_impls / sizeof builtin_impls[0]))

@@ -1,4 +1,5 @@
-/* test_gpu_mla_kernels.c: mla.split_count@cuda and mla.split_size@cuda against the float64 reference (reference/mla_ref.h,
+/* test_gpu_mla_kernels.c: mla.split_count@cuda, mla.split_size@cuda and mla.split_size_wg@cuda (split_size's plan on a
+ * wgmma core, sm_90a) against the float64 reference (reference/mla_ref.h,
  * the oracle) at FlashMLA's decode tolerances, their distance from the host ports (kernels/host/mla.c, reported: the
  * order of summation differs), the plans they report, the candidate's bit-identical requests whatever the batch, the
  * incumbent's batch-dependent splits and bits, run-to-run bits, out-of-range indices, refusals, and a printed (not
@@ -25,9 +26,10 @@
 
 #define SMS 132 /* the incumbent plans for an H200 in every test, so its splits match the host port's model */
 
-static const char *const impl_names[] = {"mla.split_count@cuda", "mla.split_size@cuda"};
-static const char *const host_names[] = {"mla.split_count@host", "mla.split_size@host"};
-#define IMPLS 2
+static const char *const impl_names[] = {"mla.split_count@cuda", "mla.split_size@cuda", "mla.split_size_wg@cuda"};
+static const char *const host_names[] = {"mla.split_count@host", "mla.split_size@host", "mla.split_size@host"};
+#define IMPLS 3
+#define CANDIDATES 2 /* impl_names[1 ..]: split_size's plan, whose bits must not depend on the batch */
 
 static uint32_t f32_bits(float x) {
     uint32_t b;
@@ -444,50 +446,52 @@ Test(gpu_mla, both_within_flashmla_tolerances_of_the_reference, .timeout = 1200)
 
 Test(gpu_mla, split_size_bits_do_not_depend_on_the_batch, .timeout = 900) {
     gpu gp = gpu_open();
-    const kp_impl *impl = impl_named("mla.split_size@cuda");
-    {
-        gen g = make(BIG, false);
-        upload_gen(&g);
-        run_out full = gpu_run(&gp, impl, &g, 0, 64, NULL), b33 = gpu_run(&gp, impl, &g, 0, 33, NULL),
-                b2 = gpu_run(&gp, impl, &g, 0, 2, NULL);
-        int64_t nonzero = 0;
-        for (int64_t i = 0; i < full.heads * KP_MLA_D_V; i++) nonzero += full.out[i] != 0;
-        cr_assert_gt(nonzero, full.heads * KP_MLA_D_V / 2, "mostly zero outputs: the probe would be vacuous");
-        for (int64_t b = 0; b < 64; b++)
-            cr_assert_eq(full.splits[b], kp_mla_split_size_splits(32), "splits[%lld] = %d", (long long)b, full.splits[b]);
-        for (int64_t r = 0; r < 33; r++)
-            cr_assert(same_request(&g, &full, r, &b33, r), "batches 33 and 64 disagree on request %lld", (long long)r);
-        for (int64_t r = 0; r < 2; r++)
-            cr_assert(same_request(&g, &full, r, &b2, r), "batches 2 and 64 disagree on request %lld", (long long)r);
-        static const int64_t probes[] = {0, 1, 32, 63};
-        for (size_t p = 0; p < sizeof probes / sizeof *probes; p++) {
-            run_out one = gpu_run(&gp, impl, &g, probes[p], 1, NULL);
-            cr_assert(same_request(&g, &full, probes[p], &one, 0), "request %lld alone differs from the batch of 64's",
-                      (long long)probes[p]);
-            free_out(&one);
+    for (int ci = 0; ci < CANDIDATES; ci++) {
+        const kp_impl *impl = impl_named(impl_names[1 + ci]);
+        {
+            gen g = make(BIG, false);
+            upload_gen(&g);
+            run_out full = gpu_run(&gp, impl, &g, 0, 64, NULL), b33 = gpu_run(&gp, impl, &g, 0, 33, NULL),
+                    b2 = gpu_run(&gp, impl, &g, 0, 2, NULL);
+            int64_t nonzero = 0;
+            for (int64_t i = 0; i < full.heads * KP_MLA_D_V; i++) nonzero += full.out[i] != 0;
+            cr_assert_gt(nonzero, full.heads * KP_MLA_D_V / 2, "mostly zero outputs: the probe would be vacuous");
+            for (int64_t b = 0; b < 64; b++)
+                cr_assert_eq(full.splits[b], kp_mla_split_size_splits(32), "splits[%lld] = %d", (long long)b, full.splits[b]);
+            for (int64_t r = 0; r < 33; r++)
+                cr_assert(same_request(&g, &full, r, &b33, r), "batches 33 and 64 disagree on request %lld", (long long)r);
+            for (int64_t r = 0; r < 2; r++)
+                cr_assert(same_request(&g, &full, r, &b2, r), "batches 2 and 64 disagree on request %lld", (long long)r);
+            static const int64_t probes[] = {0, 1, 32, 63};
+            for (size_t p = 0; p < sizeof probes / sizeof *probes; p++) {
+                run_out one = gpu_run(&gp, impl, &g, probes[p], 1, NULL);
+                cr_assert(same_request(&g, &full, probes[p], &one, 0), "request %lld alone differs from the batch of 64's",
+                          (long long)probes[p]);
+                free_out(&one);
+            }
+            /* the comparison itself catches one flipped low bit */
+            run_out one = gpu_run(&gp, impl, &g, 9, 1, NULL);
+            cr_assert(same_request(&g, &full, 9, &one, 0));
+            one.out[KP_MLA_D_V * 100 + 7] ^= 1;
+            cr_assert(!same_request(&g, &full, 9, &one, 0), "a flipped low bit went unseen");
+            free_out(&one), free_out(&full), free_out(&b33), free_out(&b2);
+            drop(&g);
         }
-        /* the comparison itself catches one flipped low bit */
-        run_out one = gpu_run(&gp, impl, &g, 9, 1, NULL);
-        cr_assert(same_request(&g, &full, 9, &one, 0));
-        one.out[KP_MLA_D_V * 100 + 7] ^= 1;
-        cr_assert(!same_request(&g, &full, 9, &one, 0), "a flipped low bit went unseen");
-        free_out(&one), free_out(&full), free_out(&b33), free_out(&b2);
-        drop(&g);
-    }
-    { /* rows of different lengths, s_q 2, h_q 64, the sink: alone against 33 */
-        gen g = make("mla(batch=33,h_q=64,profile=mixed,s_kv=1100,s_q=2,scale=pow2,seed=22,sink=on,topk=1024,topk_length=on)", false);
-        upload_gen(&g);
-        run_out full = gpu_run(&gp, impl, &g, 0, 33, NULL);
-        static const int64_t probes[] = {0, 5, 17, 32};
-        for (size_t p = 0; p < sizeof probes / sizeof *probes; p++) {
-            run_out one = gpu_run(&gp, impl, &g, probes[p], 1, NULL);
-            cr_assert(same_request(&g, &full, probes[p], &one, 0), "mixed: request %lld alone differs from the batch of 33's",
-                      (long long)probes[p]);
-            cr_assert_eq(one.splits[0], full.splits[probes[p]]);
-            free_out(&one);
+        { /* rows of different lengths, s_q 2, h_q 64, the sink: alone against 33 */
+            gen g = make("mla(batch=33,h_q=64,profile=mixed,s_kv=1100,s_q=2,scale=pow2,seed=22,sink=on,topk=1024,topk_length=on)", false);
+            upload_gen(&g);
+            run_out full = gpu_run(&gp, impl, &g, 0, 33, NULL);
+            static const int64_t probes[] = {0, 5, 17, 32};
+            for (size_t p = 0; p < sizeof probes / sizeof *probes; p++) {
+                run_out one = gpu_run(&gp, impl, &g, probes[p], 1, NULL);
+                cr_assert(same_request(&g, &full, probes[p], &one, 0), "mixed: request %lld alone differs from the batch of 33's",
+                          (long long)probes[p]);
+                cr_assert_eq(one.splits[0], full.splits[probes[p]]);
+                free_out(&one);
+            }
+            free_out(&full);
+            drop(&g);
         }
-        free_out(&full);
-        drop(&g);
     }
 }
 
@@ -690,9 +694,10 @@ Test(gpu_mla, timing_at_deepseek_v32_decode, .timeout = 900) {
             for (int f = 0; f < 5; f++) CUDA_OK(cudaFree(p[f]));
         }
     }
-    cr_assert(!memcmp(last[1][1].out, last[1][2].out, sizeof(uint16_t) * (size_t)(64 * 128 * KP_MLA_D_V)) &&
-                  same_request(&g, &last[1][2], 0, &last[1][0], 0),
-              "split_size: requests differ between batches 1, 64 and 128");
+    for (int i = 1; i < IMPLS; i++)
+        cr_assert(!memcmp(last[i][1].out, last[i][2].out, sizeof(uint16_t) * (size_t)(64 * 128 * KP_MLA_D_V)) &&
+                      same_request(&g, &last[i][2], 0, &last[i][0], 0),
+                  "%s: requests differ between batches 1, 64 and 128", impl_names[i]);
     for (int i = 0; i < IMPLS; i++)
         for (int k = 0; k < 3; k++) free_out(&last[i][k]);
     drop(&g);

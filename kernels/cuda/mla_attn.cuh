@@ -382,60 +382,8 @@ __global__ void __launch_bounds__(MLA_THREADS, 1) mla_attend_kernel(mla_run r) {
     if (ns == 1) return;
 
     /* the last split of (request, row, head group) to arrive combines them all, in split order */
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) st_i[MLA_ST_FLAG] = atomicAdd(&r.counters[row * r.groups + g], 1) == ns - 1;
-    __syncthreads();
-    if (!st_i[MLA_ST_FLAG]) return;
-    __threadfence();
-    const int64_t item0 = r.item_base[b];
-    float *const wts = reinterpret_cast<float *>(sm + MLA_K_AT); /* [64 heads][ns] */
-    if (tid < MLA_HEADS) {
-        const int hr = tid;
-        auto split_at = [&](int sp) { return ((item0 + sp) * r.s_q + qi) * r.h_q + h0 + hr; };
-        auto lse_at = [&](int sp) { return __ldcg(r.split_lse + split_at(sp)); };
-        const mla_head hd = mla_head_plan(ns, lse_at, r.sink, h0 + hr);
-        float mx = -INFINITY;
-        for (int sp = 0; sp < ns; sp++) {
-            wts[hr * ns + sp] = hd.empty ? 0.0f : mla_weight(hd, lse_at(sp));
-            mx = mla_max(mx, __ldcg(r.split_max + split_at(sp)));
-        }
-        st[MLA_ST_OSC + hr] = hd.o_scale;
-        st_i[MLA_ST_EMPTY + hr] = hd.empty;
-        r.lse[head_at + hr] = mla_lse_out(hd);
-        r.max_logits[head_at + hr] = mx;
-    }
-    __syncthreads();
-    /* thread t: dims 4 (t % 128) .. + 3 of heads t / 128 + 2 u, u < 32, in two halves of 16 loads in flight a split */
-    const int64_t split_stride = r.s_q * r.h_q * (MLA_D_V / 4); /* float4s from one split to the next */
-    const float4 *base4 = reinterpret_cast<const float4 *>(r.split_out) + ((item0 * r.s_q + qi) * r.h_q + h0) * (MLA_D_V / 4) + tid;
-    uint16_t *out0 = r.out + (head_at + (tid >> 7)) * MLA_D_V + 4 * (tid & 127);
-#pragma unroll 1
-    for (int half = 0; half < 2; half++) {
-        float4 acc[16];
-#pragma unroll
-        for (int u = 0; u < 16; u++) acc[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (int sp = 0; sp < ns; sp++) {
-            float4 x[16];
-#pragma unroll
-            for (int u = 0; u < 16; u++) x[u] = __ldcg(base4 + sp * split_stride + (16 * half + u) * 256);
-#pragma unroll
-            for (int u = 0; u < 16; u++) {
-                const float w = wts[((tid >> 7) + 2 * (16 * half + u)) * ns + sp];
-                acc[u].x = __fadd_rn(acc[u].x, __fmul_rn(w, x[u].x)), acc[u].y = __fadd_rn(acc[u].y, __fmul_rn(w, x[u].y));
-                acc[u].z = __fadd_rn(acc[u].z, __fmul_rn(w, x[u].z)), acc[u].w = __fadd_rn(acc[u].w, __fmul_rn(w, x[u].w));
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < 16; u++) {
-            const int hr = (tid >> 7) + 2 * (16 * half + u);
-            const bool empty = st_i[MLA_ST_EMPTY + hr] != 0;
-            const float osc = st[MLA_ST_OSC + hr];
-            *reinterpret_cast<uint2 *>(out0 + (int64_t)2 * (16 * half + u) * MLA_D_V) =
-                make_uint2(mla_bf16x2(mla_finish(acc[u].x, has_sink, empty, osc), mla_finish(acc[u].y, has_sink, empty, osc)),
-                           mla_bf16x2(mla_finish(acc[u].z, has_sink, empty, osc), mla_finish(acc[u].w, has_sink, empty, osc)));
-        }
-    }
+    mla_combine_last(r, b, qi, g, ns, tid, reinterpret_cast<float *>(sm + MLA_K_AT), st + MLA_ST_OSC, st_i + MLA_ST_EMPTY,
+                     st_i + MLA_ST_FLAG, [] { __syncthreads(); });
 }
 
 #endif

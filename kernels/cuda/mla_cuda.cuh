@@ -302,25 +302,36 @@ static inline size_t mla_cuda_workspace_bytes(const void *args, int algo) {
     return mla_workspace_layout(&r, NULL, algo);
 }
 
-/* Per device, once: the attention kernels' shared memory limit, and whether the code is sm_90 (PDL). */
+/* The attention core a launcher runs: mla_attend_kernel (mma.sync, any sm_90 build) or mla_wg.cuh's (wgmma, sm_90a). */
+struct mla_core_mma {
+    static constexpr unsigned threads = MLA_THREADS;
+    static constexpr size_t smem = MLA_SMEM_BYTES;
+    template <bool FP8>
+    static void (*kernel())(mla_run) {
+        return mla_attend_kernel<FP8>;
+    }
+};
+
+/* Per device and core, once: the attention kernels' shared memory limit, and whether the code is sm_90 (PDL). */
 struct mla_device {
     bool ready, sm90;
 };
 #define MLA_MAX_DEVICES 64
 
+template <typename Core>
 static int mla_device_ready(mla_device *d, char *message, size_t message_len) {
     if (d->ready) return KP_RUN_OK;
     cudaFuncAttributes fa;
-    KP_CUDA_CHECK(cudaFuncGetAttributes(&fa, mla_attend_kernel<true>));
+    KP_CUDA_CHECK(cudaFuncGetAttributes(&fa, Core::template kernel<true>()));
     d->sm90 = fa.binaryVersion >= 90;
     const cudaFuncAttribute smem = cudaFuncAttributeMaxDynamicSharedMemorySize;
-    KP_CUDA_CHECK(cudaFuncSetAttribute(mla_attend_kernel<true>, smem, MLA_SMEM_BYTES));
-    KP_CUDA_CHECK(cudaFuncSetAttribute(mla_attend_kernel<false>, smem, MLA_SMEM_BYTES));
+    KP_CUDA_CHECK(cudaFuncSetAttribute(Core::template kernel<true>(), smem, (int)Core::smem));
+    KP_CUDA_CHECK(cudaFuncSetAttribute(Core::template kernel<false>(), smem, (int)Core::smem));
     d->ready = true;
     return KP_RUN_OK;
 }
 
-template <int ALGO>
+template <int ALGO, typename Core = mla_core_mma>
 static int mla_cuda_run(const char *name, const void *args, char *message, size_t message_len) {
     const int rc = mla_cuda_check(name, args, message, message_len);
     if (rc != KP_RUN_OK) return rc;
@@ -342,7 +353,7 @@ static int mla_cuda_run(const char *name, const void *args, char *message, size_
         std::lock_guard<std::mutex> hold(lock);
         mla_device scratch = {};
         mla_device *d = device < MLA_MAX_DEVICES ? &devices[device] : &scratch;
-        const int ready = mla_device_ready(d, message, message_len);
+        const int ready = mla_device_ready<Core>(d, message, message_len);
         if (ready != KP_RUN_OK) return ready;
         sm90 = d->sm90;
     }
@@ -352,9 +363,9 @@ static int mla_cuda_run(const char *name, const void *args, char *message, size_
     KP_LAUNCH_CHECK("mla_plan_kernel");
     const unsigned grid = (unsigned)(r.max_items * r.s_q * r.groups);
     if (a->cache_format == KP_MLA_CACHE_FP8_DS_MLA)
-        KP_CUDA_CHECK(launch_after(sm90, mla_attend_kernel<true>, grid, MLA_THREADS, MLA_SMEM_BYTES, stream, r));
+        KP_CUDA_CHECK(launch_after(sm90, Core::template kernel<true>(), grid, Core::threads, Core::smem, stream, r));
     else
-        KP_CUDA_CHECK(launch_after(sm90, mla_attend_kernel<false>, grid, MLA_THREADS, MLA_SMEM_BYTES, stream, r));
+        KP_CUDA_CHECK(launch_after(sm90, Core::template kernel<false>(), grid, Core::threads, Core::smem, stream, r));
     return KP_RUN_OK;
 }
 

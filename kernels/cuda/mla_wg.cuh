@@ -1,0 +1,443 @@
+/* mla_wg.cuh: mla.split_size_wg@cuda's attention kernel, mla_wg_kernel: split_size's plan and combine (mla_cuda.cuh)
+ * around a core on sm_90a's warpgroup matrix multiply (wgmma), with the dequantization of the next 64-token block
+ * overlapped with the matrix work on this one. Built only for sm_90a (CMakeLists.txt); the impl refuses other devices.
+ *
+ * A CTA (384 threads, three warpgroups) per (request, split, query row, 64-head group), as mla_attend_kernel's:
+ *   - warpgroup 2, the producer, fills K tile s (of two) with block n's tokens: each thread reads half a token's
+ *     656 bytes with 16-byte loads, dequantizes its e4m3 codes exactly as mla_dequant2 does (bf16(e4m3 * bf16(scale)),
+ *     the f32 path where the multiplier overflows), copies its RoPE half, stores them in the layout wgmma reads
+ *     (128-byte swizzle) and arrives on full[s]; a token that does not count is zeros, never read. It waits on empty[s]
+ *     before reusing a tile.
+ *   - warpgroups 0 and 1, the math: S = Q K^T, warpgroup w computing all 64 heads x tokens [32 w, +32) over the 576
+ *     dims (wgmma m64n32k16, Q and K from shared memory); the block max of each head through shared memory; the
+ *     softmax in the log2 domain as split_size's (running max from -1e30, rescale exp2f(m - mnew), p = exp2f(s - m),
+ *     P rounded to bf16, l summed in f32); P [64 heads][64 tokens] through shared memory; O += P V, warpgroup w owning
+ *     dims [256 w, +256) (wgmma m64n256k16, V read as N-major from the same K tile: 128 f32 accumulators a thread).
+ *   A block with no counted slot is skipped whole by both (the mask the producer publishes).
+ * Split lse, max logit and out = acc / l go out as mla_attend_kernel's do, and the last split to arrive combines
+ * (mla_combine_last, the 256 math threads).
+ *
+ * Numerics against split_size@cuda: the same dequantized values, P and plan; dot products and l add in another
+ * order (the tensor cores' and per-thread partial sums), so bits differ from it by rounding. Every order here is
+ * fixed by the code and the request alone, so bits do not depend on the batch or the run.
+ *
+ * Shared memory (231,616 bytes with the slack that puts the map on a 1024-byte boundary): Q [9 panels][64 heads][128 bytes] (a panel: 64 of the 576 dims, rows 128 bytes
+ * with 16-byte chunk c of row r at c ^ (r % 8): the 128-byte swizzle), K [2 tiles][9 panels][64 tokens][128 bytes],
+ * P [64 heads][128 bytes] (the same swizzle), then the statistics, the masks and the mbarriers. */
+#ifndef KP_MLA_WG_CUH
+#define KP_MLA_WG_CUH
+
+#include "mla_common.cuh"
+
+#define MLA_WG_THREADS 384
+#define MLA_WG_MATH 256     /* warpgroups 0 and 1 */
+#define MLA_WG_PANEL 8192   /* 64 rows x 128 bytes */
+#define MLA_WG_Q_AT 0
+#define MLA_WG_K_AT (9 * MLA_WG_PANEL)
+#define MLA_WG_KTILE (9 * MLA_WG_PANEL)
+#define MLA_WG_P_AT (MLA_WG_K_AT + 2 * MLA_WG_KTILE)
+#define MLA_WG_ST_AT (MLA_WG_P_AT + MLA_WG_PANEL)
+/* statistics, in floats from MLA_WG_ST_AT */
+#define MLA_WG_XMAX 0     /* [2 warpgroups][64] a block's max of s over the warpgroup's tokens */
+#define MLA_WG_XL 0       /* [2][64] l, after the last block (both warpgroups are past their last read of XMAX) */
+#define MLA_WG_XMD 128    /* [2][64] max dot, at the end */
+#define MLA_WG_OSC 256    /* [64] the combine's o_scale */
+#define MLA_WG_EMPTY 320  /* [64] int: the combined row is empty */
+#define MLA_WG_FLAG 384   /* int: this CTA combines */
+#define MLA_WG_MASK 386   /* u64 [2]: a tile's counted tokens */
+#define MLA_WG_FULL 390   /* u64 [2] mbarriers: tile s filled (128 producer arrivals) */
+#define MLA_WG_EMPTYB 394 /* u64 [2] mbarriers: tile s read (8 math warps) */
+#define MLA_WG_ST_BYTES (398 * 4)
+/* the swizzle's pattern repeats every 1024 bytes from a 1024-byte boundary: the map starts at the first one */
+#define MLA_WG_SMEM_BYTES (MLA_WG_ST_AT + MLA_WG_ST_BYTES + 1024)
+
+/* Panel byte offset of 16-byte chunk c (0..7) of row r under the 128-byte swizzle. */
+__device__ __forceinline__ uint32_t mla_sw128(int r, int c) { return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4)); }
+
+/* A wgmma shared-memory descriptor, 128-byte swizzle: start address, leading and stride byte offsets (16-byte units).
+ * K-major operands (Q, K as B of Q K^T, P): the leading offset is unused, the stride 1024 bytes (8 rows of 128 bytes).
+ * N-major V: the leading offset is the next 64 dims (a panel, 8192 bytes), the stride the next 8 tokens (1024). */
+__device__ __forceinline__ uint64_t mla_desc(uint32_t addr, uint32_t lead, uint32_t stride) {
+    return (uint64_t)((addr & 0x3ffffu) >> 4) | (uint64_t)((lead & 0x3ffffu) >> 4) << 16 |
+           (uint64_t)((stride & 0x3ffffu) >> 4) << 32 | (uint64_t)1 << 62;
+}
+#ifndef MLA_WG_V_SWAP
+#define MLA_WG_V_LEAD MLA_WG_PANEL
+#define MLA_WG_V_STRIDE 1024
+#else /* the other reading of the two offsets for N-major operands, kept to try on the device */
+#define MLA_WG_V_LEAD 1024
+#define MLA_WG_V_STRIDE MLA_WG_PANEL
+#endif
+
+__device__ __forceinline__ void mla_wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void mla_wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void mla_wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+/* Keeps the compiler from moving uses of an accumulator across a wgmma fence or wait. */
+__device__ __forceinline__ void mla_wg_pin(float &x) { asm volatile("" : "+f"(x)::"memory"); }
+
+/* d (+)= A B: m64n32k16, bf16 in, f32 accumulate, A and B K-major in shared memory; accumulate 0 overwrites d. */
+__device__ __forceinline__ void mla_wgmma_qk(float (&d)[16], uint64_t a, uint64_t b, int accumulate) {
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+                 "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 : "l"(a), "l"(b), "r"(accumulate));
+}
+
+/* d += A B: m64n256k16, A K-major and B N-major (transposed) in shared memory. */
+__device__ __forceinline__ void mla_wgmma_pv(float (&d)[128], uint64_t a, uint64_t b) {
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+                 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+                 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+                 "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "l"(a), "l"(b), "n"(1));
+}
+
+__device__ __forceinline__ void mla_named_sync(int id) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(MLA_WG_MATH) : "memory"); }
+template <int N>
+__device__ __forceinline__ void mla_setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
+template <int N>
+__device__ __forceinline__ void mla_setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
+
+/* The 16 bits at even positions of x, in order: lane 2 t's bit of a ballot is token t's. */
+__device__ __forceinline__ uint32_t mla_even_bits(uint32_t x) {
+    x &= 0x55555555u;
+    x = (x | (x >> 1)) & 0x33333333u;
+    x = (x | (x >> 2)) & 0x0f0f0f0fu;
+    x = (x | (x >> 4)) & 0x00ff00ffu;
+    return (x | (x >> 8)) & 0x0000ffffu;
+}
+
+/* Eight e4m3 codes (a uint2) as eight bf16 (a uint4): tile scale sb, its multiplier mult (mla_dequant2), slow: the
+ * multiplier overflowed and the exact f32 path is taken. */
+__device__ __forceinline__ uint4 mla_dequant8(uint2 codes, uint32_t mult, float sb, bool slow) {
+    if (slow)
+        return make_uint4(mla_dequant2_f32(codes.x, sb), mla_dequant2_f32(codes.x >> 16, sb), mla_dequant2_f32(codes.y, sb),
+                          mla_dequant2_f32(codes.y >> 16, sb));
+    return make_uint4(mla_dequant2(codes.x, mult), mla_dequant2(codes.x >> 16, mult), mla_dequant2(codes.y, mult),
+                      mla_dequant2(codes.y >> 16, mult));
+}
+
+/* The producer's part of block n: thread pt (0..127) fills token pt / 2's half pt % 2 of tile kt, and its warp's
+ * 16 bits of the tile's mask. */
+template <bool FP8>
+__device__ __forceinline__ void mla_wg_fill(const mla_run &r, unsigned char *kt, uint64_t *mask, int64_t row, int64_t len,
+                                            int32_t n, int pt) {
+    const int t = pt >> 1, h = pt & 1, lane = pt & 31;
+    const int64_t pos = (int64_t)n * KP_MLA_BLOCK + t;
+    const int32_t idx = pos < len ? __ldg(r.indices + row * r.topk + pos) : -1;
+    const bool counted = idx >= 0 && idx < r.slots;
+    const uint32_t bits = mla_even_bits(__ballot_sync(0xffffffffu, counted));
+    if (lane == 0) reinterpret_cast<uint16_t *>(mask)[pt >> 5] = (uint16_t)bits;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    if (FP8) {
+        const uint8_t *src = r.cache + (int64_t)(counted ? idx : 0) * MLA_FP8_TOKEN;
+        /* codes: dims [256 h, +256) in 16 chunks of 16 (panels 4 h .. 4 h + 3); RoPE: dims 512 + [32 h, +32) */
+        float2 sc = make_float2(0.0f, 0.0f);
+        uint4 rope[4];
+        if (counted) {
+            sc = __ldg(reinterpret_cast<const float2 *>(src + 512 + 8 * h));
+#pragma unroll
+            for (int i = 0; i < 4; i++) rope[i] = __ldg(reinterpret_cast<const uint4 *>(src + 528 + 64 * h) + i);
+        }
+        float sb[2];
+        uint32_t mult[2];
+        bool slow[2];
+#pragma unroll
+        for (int k = 0; k < 2; k++) { /* tile 2 h + k: bf16(scale) and its multiplier bf16(scale) * 2^112 */
+            sb[k] = kp_bf16_round(k ? sc.y : sc.x);
+            const float m = __fmul_rn(sb[k], 0x1p112f);
+            const uint32_t w = __float_as_uint(m) >> 16;
+            mult[k] = w | (w << 16);
+            slow[k] = isinf(m) && !isinf(sb[k]);
+        }
+#pragma unroll
+        for (int half = 0; half < 2; half++) { /* 8 loads in flight, then their 16 stores */
+            uint4 c[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                c[j] = counted ? __ldg(reinterpret_cast<const uint4 *>(src + 256 * h) + 8 * half + j) : zero;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int jj = 8 * half + j, panel = 4 * h + (jj >> 2), ch = 2 * (jj & 3);
+                unsigned char *at = kt + panel * MLA_WG_PANEL;
+                uint4 lo = zero, hi = zero;
+                if (counted) {
+                    lo = mla_dequant8(make_uint2(c[j].x, c[j].y), mult[half], sb[half], slow[half]);
+                    hi = mla_dequant8(make_uint2(c[j].z, c[j].w), mult[half], sb[half], slow[half]);
+                }
+                *reinterpret_cast<uint4 *>(at + mla_sw128(t, ch)) = lo;
+                *reinterpret_cast<uint4 *>(at + mla_sw128(t, ch + 1)) = hi;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            *reinterpret_cast<uint4 *>(kt + 8 * MLA_WG_PANEL + mla_sw128(t, 4 * h + i)) = counted ? rope[i] : zero;
+    } else { /* bf16: chunks [36 h, +36) of the token's 72, copied */
+        const uint4 *src = reinterpret_cast<const uint4 *>(r.cache + (int64_t)(counted ? idx : 0) * MLA_BF16_TOKEN);
+#pragma unroll 1
+        for (int part = 0; part < 3; part++) { /* 12 loads in flight, not all 36: the producer has 96 registers */
+            uint4 c[12];
+#pragma unroll
+            for (int j = 0; j < 12; j++) c[j] = counted ? __ldg(src + 36 * h + 12 * part + j) : zero;
+#pragma unroll
+            for (int j = 0; j < 12; j++) {
+                const int ch = 36 * h + 12 * part + j;
+                *reinterpret_cast<uint4 *>(kt + (ch >> 3) * MLA_WG_PANEL + mla_sw128(t, ch & 7)) = c[j];
+            }
+        }
+    }
+}
+
+template <bool FP8>
+__global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
+    extern __shared__ __align__(1024) unsigned char mla_wg_smem[];
+    unsigned char *const sm = mla_wg_smem + ((1024 - (mla_smem(mla_wg_smem) & 1023)) & 1023);
+    float *const st = reinterpret_cast<float *>(sm + MLA_WG_ST_AT);
+    int *const st_i = reinterpret_cast<int *>(st);
+    uint64_t *const masks = reinterpret_cast<uint64_t *>(st + MLA_WG_MASK);
+    const uint32_t full0 = mla_smem(st + MLA_WG_FULL), empty0 = mla_smem(st + MLA_WG_EMPTYB);
+
+    pdl_wait();
+    const int tid = threadIdx.x;
+    const int64_t per_item = r.s_q * r.groups;
+    const int64_t item = blockIdx.x / per_item;
+    const int qi = (int)((blockIdx.x % per_item) / r.groups), g = (int)(blockIdx.x % r.groups);
+    const int32_t n_items = r.item_base[r.batch];
+    const int4 it = r.items[item]; /* item < max_items: in the array, though past n_items never written */
+    if (item >= n_items) return;
+    const int64_t b = it.x, row = b * r.s_q + qi, h0 = (int64_t)g * MLA_HEADS;
+    const int ns = it.y;
+    const int32_t blk0 = it.z, blk1 = it.w;
+    const int64_t len = mla_row_len(r, row);
+
+    /* Q: 64 heads x 72 chunks into its panels, by every thread */
+    const uint16_t *qsrc = r.q + (row * r.h_q + h0) * MLA_D_QK;
+    const uint32_t q_s = mla_smem(sm + MLA_WG_Q_AT);
+    for (int c = tid; c < MLA_HEADS * 72; c += MLA_WG_THREADS) {
+        const int hr = c / 72, ch = c % 72;
+        mla_cp16(q_s + (ch >> 3) * MLA_WG_PANEL + mla_sw128(hr, ch & 7), qsrc + hr * MLA_D_QK + ch * 8, 16);
+    }
+    mla_cp_commit();
+    if (tid == 0) {
+        for (int s = 0; s < 2; s++) {
+            mla_mbar_init(full0 + 8 * s, MLA_WG_THREADS - MLA_WG_MATH);
+            mla_mbar_init(empty0 + 8 * s, MLA_WG_MATH / 32);
+        }
+    }
+    mla_cp_wait_all();
+    mla_fence_proxy(); /* Q, written by cp.async, is read by wgmma */
+    __syncthreads();
+
+    if (tid >= MLA_WG_MATH) { /* the producer */
+        mla_setmaxnreg_dec<96>();
+        for (int32_t n = blk0; n < blk1; n++) {
+            const int k = n - blk0, s = k & 1;
+            if (k >= 2) mla_mbar_wait(empty0 + 8 * s, (uint32_t)((k >> 1) - 1) & 1u);
+            mla_wg_fill<FP8>(r, sm + MLA_WG_K_AT + s * MLA_WG_KTILE, masks + s, row, len, n, tid - MLA_WG_MATH);
+            mla_fence_proxy(); /* the tile, written by ordinary stores, is read by wgmma */
+            mla_mbar_arrive(full0 + 8 * s);
+        }
+        return;
+    }
+    mla_setmaxnreg_inc<208>();
+
+    const int w = tid >> 7, lane = tid & 31, wq = (tid >> 5) & 3;
+    const int r0 = 16 * wq + (lane >> 2); /* this thread's heads: r0 and r0 + 8 */
+    float o[128];                         /* O: heads r0 (+8), dims 256 w + 8 i + 2 (lane % 4) (+1) */
+#pragma unroll
+    for (int i = 0; i < 128; i++) o[i] = 0.0f;
+    float m_run[2] = {-1e30f, -1e30f}, l_run[2] = {0.0f, 0.0f}, maxdot[2] = {-INFINITY, -INFINITY};
+    int any = 0; /* bit j: some block counted a slot of head r0 + 8 j */
+    float *const xmax = st + MLA_WG_XMAX;
+    const uint32_t p_s = mla_smem(sm + MLA_WG_P_AT);
+
+    for (int32_t n = blk0; n < blk1; n++) {
+        const int k = n - blk0, s = k & 1;
+        mla_mbar_wait(full0 + 8 * s, (uint32_t)(k >> 1) & 1u);
+        const uint64_t mask = masks[s];
+        const uint32_t k_s = mla_smem(sm + MLA_WG_K_AT + s * MLA_WG_KTILE);
+        if (mask) {
+            /* S = Q K^T over tokens [32 w, +32): 36 steps of 16 dims */
+            float sacc[16];
+#pragma unroll
+            for (int i = 0; i < 16; i++) sacc[i] = 0.0f;
+            mla_wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 36; kk++) {
+                const uint32_t off = (uint32_t)((kk >> 2) * MLA_WG_PANEL + (kk & 3) * 32);
+                mla_wgmma_qk(sacc, mla_desc(q_s + off, 16, 1024), mla_desc(k_s + off + 32 * w * 128, 16, 1024), kk > 0);
+            }
+            mla_wg_commit();
+            mla_wg_wait0();
+#pragma unroll
+            for (int i = 0; i < 16; i++) mla_wg_pin(sacc[i]);
+
+            /* scores in the log2 domain, -inf where the slot does not count; this warpgroup's max per head */
+            float bm[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int tok = 32 * w + 8 * i + 2 * (lane & 3) + e;
+                        const bool counted = (mask >> tok) & 1;
+                        const float d = sacc[4 * i + 2 * j + e];
+                        maxdot[j] = mla_max(maxdot[j], counted ? d : -INFINITY);
+                        sacc[4 * i + 2 * j + e] = counted ? __fmul_rn(d, r.scale_log2) : -INFINITY;
+                        bm[j] = mla_max(bm[j], sacc[4 * i + 2 * j + e]);
+                    }
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                bm[j] = mla_max(bm[j], __shfl_xor_sync(0xffffffffu, bm[j], 1));
+                bm[j] = mla_max(bm[j], __shfl_xor_sync(0xffffffffu, bm[j], 2));
+                if ((lane & 3) == 0) xmax[64 * w + r0 + 8 * j] = bm[j];
+            }
+            mla_named_sync(1); /* both warpgroups' maxima */
+            float rescale[2];
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const float bmax = mla_max(xmax[r0 + 8 * j], xmax[64 + r0 + 8 * j]);
+                const float mnew = bmax > m_run[j] || isnan(bmax) ? bmax : m_run[j];
+                rescale[j] = exp2f(__fsub_rn(m_run[j], mnew));
+                any |= (bmax != -INFINITY) << j;
+                l_run[j] = __fmul_rn(l_run[j], rescale[j]);
+                m_run[j] = mnew;
+            }
+            /* P = exp2f(s - m) (0 where s is -inf), in bf16 into shared memory; l += its f32 values */
+            float psum[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const float p0 = exp2f(__fsub_rn(sacc[4 * i + 2 * j], m_run[j]));
+                    const float p1 = exp2f(__fsub_rn(sacc[4 * i + 2 * j + 1], m_run[j]));
+                    psum[j] = __fadd_rn(psum[j], __fadd_rn(p0, p1));
+                    const int tok = 32 * w + 8 * i + 2 * (lane & 3), hr = r0 + 8 * j;
+                    *reinterpret_cast<__nv_bfloat162 *>(sm + MLA_WG_P_AT + mla_sw128(hr, tok >> 3) + (tok & 7) * 2) =
+                        __floats2bfloat162_rn(p0, p1);
+                }
+#pragma unroll
+            for (int j = 0; j < 2; j++) l_run[j] = __fadd_rn(l_run[j], psum[j]);
+#pragma unroll
+            for (int i = 0; i < 32; i++) {
+                o[4 * i] = __fmul_rn(o[4 * i], rescale[0]), o[4 * i + 1] = __fmul_rn(o[4 * i + 1], rescale[0]);
+                o[4 * i + 2] = __fmul_rn(o[4 * i + 2], rescale[1]), o[4 * i + 3] = __fmul_rn(o[4 * i + 3], rescale[1]);
+            }
+            mla_fence_proxy(); /* P, written by ordinary stores, is read by wgmma */
+            mla_named_sync(2); /* P whole */
+
+            /* O += P V: 4 steps of 16 tokens, dims [256 w, +256) */
+#pragma unroll
+            for (int i = 0; i < 128; i++) mla_wg_pin(o[i]);
+            mla_wg_fence();
+#pragma unroll
+            for (int t = 0; t < 4; t++)
+                mla_wgmma_pv(o, mla_desc(p_s + 32 * t, 16, 1024),
+                             mla_desc(k_s + 4 * w * MLA_WG_PANEL + 2048 * t, MLA_WG_V_LEAD, MLA_WG_V_STRIDE));
+            mla_wg_commit();
+            mla_wg_wait0();
+#pragma unroll
+            for (int i = 0; i < 128; i++) mla_wg_pin(o[i]);
+        }
+        __syncwarp();
+        if (lane == 0) mla_mbar_arrive(empty0 + 8 * s); /* this warp is done with tile s */
+    }
+
+    /* the split's per-head results: l and the max dot over the lanes, then over the two warpgroups in order */
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        l_run[j] = __fadd_rn(l_run[j], __shfl_xor_sync(0xffffffffu, l_run[j], 1));
+        l_run[j] = __fadd_rn(l_run[j], __shfl_xor_sync(0xffffffffu, l_run[j], 2));
+        maxdot[j] = mla_max(maxdot[j], __shfl_xor_sync(0xffffffffu, maxdot[j], 1));
+        maxdot[j] = mla_max(maxdot[j], __shfl_xor_sync(0xffffffffu, maxdot[j], 2));
+        if ((lane & 3) == 0) st[MLA_WG_XL + 64 * w + r0 + 8 * j] = l_run[j], st[MLA_WG_XMD + 64 * w + r0 + 8 * j] = maxdot[j];
+    }
+    mla_named_sync(1);
+    const int64_t head_at = row * r.h_q + h0;
+    const bool has_sink = r.sink != NULL;
+    float *const split_out = r.split_out + ((item * r.s_q + qi) * r.h_q + h0) * MLA_D_V;
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const int hr = r0 + 8 * j;
+        const float l = __fadd_rn(st[MLA_WG_XL + hr], st[MLA_WG_XL + 64 + hr]);
+        const float md = mla_max(st[MLA_WG_XMD + hr], st[MLA_WG_XMD + 64 + hr]);
+        const bool counted = (any >> j) & 1;
+        const float lse_s = counted ? __fadd_rn(log2f(l), m_run[j]) : -INFINITY;
+        const float y = l >= 1.0f && l <= 0x1p24f ? __frcp_rn(l) : NAN; /* l >= 1 when a slot counted */
+        float w0 = 0.0f, osc = 1.0f;
+        bool none = false;
+        if (ns == 1) { /* the combine of one split, here */
+            const mla_head hd = mla_head_plan(1, [&](int) { return lse_s; }, r.sink, h0 + hr);
+            w0 = hd.empty ? 0.0f : mla_weight(hd, lse_s);
+            osc = hd.o_scale, none = hd.empty;
+            if (w == 0 && (lane & 3) == 0) {
+                r.lse[head_at + hr] = mla_lse_out(hd);
+                r.max_logits[head_at + hr] = mla_max(-INFINITY, __fmul_rn(md, r.sm_scale));
+            }
+        } else if (w == 0 && (lane & 3) == 0) {
+            const int64_t at = (item * r.s_q + qi) * r.h_q + h0 + hr;
+            r.split_lse[at] = lse_s;
+            r.split_max[at] = __fmul_rn(md, r.sm_scale);
+        }
+        /* out = acc / l (0 when nothing counted), this thread's 64 dims of head hr */
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            const float a0 = o[4 * i + 2 * j], a1 = o[4 * i + 2 * j + 1];
+            float x0 = 0.0f, x1 = 0.0f;
+            if (counted) {
+                if (mla_div_ok(a0) && mla_div_ok(a1) && !isnan(y))
+                    x0 = mla_div(a0, l, y), x1 = mla_div(a1, l, y);
+                else
+                    x0 = __fdiv_rn(a0, l), x1 = __fdiv_rn(a1, l);
+            }
+            const int dim = 256 * w + 8 * i + 2 * (lane & 3);
+            if (ns == 1)
+                *reinterpret_cast<uint32_t *>(r.out + (head_at + hr) * MLA_D_V + dim) =
+                    mla_bf16x2(mla_finish(__fadd_rn(0.0f, __fmul_rn(w0, x0)), has_sink, none, osc),
+                               mla_finish(__fadd_rn(0.0f, __fmul_rn(w0, x1)), has_sink, none, osc));
+            else
+                *reinterpret_cast<float2 *>(split_out + hr * MLA_D_V + dim) = make_float2(x0, x1);
+        }
+    }
+    if (ns == 1) return;
+    mla_combine_last(r, b, qi, g, ns, tid, reinterpret_cast<float *>(sm + MLA_WG_K_AT), st + MLA_WG_OSC, st_i + MLA_WG_EMPTY,
+                     st_i + MLA_WG_FLAG, [] { mla_named_sync(1); });
+}
+
+/* mla_cuda_run's core for this kernel. */
+struct mla_core_wg {
+    static constexpr unsigned threads = MLA_WG_THREADS;
+    static constexpr size_t smem = MLA_WG_SMEM_BYTES;
+    template <bool FP8>
+    static void (*kernel())(mla_run) {
+        return mla_wg_kernel<FP8>;
+    }
+};
+
+#endif
