@@ -253,6 +253,8 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
     mla_fence_proxy(); /* Q, written by cp.async, is read by wgmma */
     __syncthreads();
 
+    /* setmaxnreg moves registers within the CTA's launch allocation (168 a thread at 384 threads): 96 + 2 x 200 fits
+     * its 504; more for the math would wait forever for registers nobody frees */
     if (tid >= MLA_WG_MATH) { /* the producer */
         mla_setmaxnreg_dec<96>();
         for (int32_t n = blk0; n < blk1; n++) {
@@ -264,7 +266,7 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
         }
         return;
     }
-    mla_setmaxnreg_inc<208>();
+    mla_setmaxnreg_inc<200>();
 
     const int w = tid >> 7, lane = tid & 31, wq = (tid >> 5) & 3;
     const int r0 = 16 * wq + (lane >> 2); /* this thread's heads: r0 and r0 + 8 */
