@@ -24,6 +24,7 @@ static char g_dir[3072];
 static bool g_have;
 static double g_run_start; /* the wall clock when the folder was configured: entries used since are this run's */
 static void read_write_rate(void);
+static double g_write_rate; /* the folder's, 0 while not yet known */
 
 /* mkdir -p: every missing folder of path; 0, or errno. */
 static int make_dirs(const char *path) {
@@ -76,6 +77,7 @@ int kp_cache_configure(const char *dir, bool off, kp_error *err) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         g_run_start = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec - 1; /* a second's slack for coarse file times */
+        g_write_rate = 0; /* this folder's, once known */
         read_write_rate();
         return 0;
     }
@@ -86,7 +88,6 @@ int kp_cache_configure(const char *dir, bool off, kp_error *err) {
 
 const char *kp_cache_dir(void) { return g_have ? g_dir : NULL; }
 
-static double g_write_rate = 0.4e9;
 
 /* The folder's write rate, as the last process that wrote a large entry measured it (<dir>/write_rate, a number):
  * so a run's first entries are judged by this disk's rate, not the default. */
@@ -135,7 +136,8 @@ double kp_cache_hash_rate(void) {
 }
 
 bool kp_cache_worth(double bytes, double seconds) {
-    return seconds * kp_cache_hash_rate() * kp_thread_count() >= bytes && seconds * KP_CACHE_PAYBACK_HITS * g_write_rate >= bytes;
+    return seconds * kp_cache_hash_rate() * kp_thread_count() >= bytes &&
+           (!g_write_rate || seconds * KP_CACHE_PAYBACK_HITS * g_write_rate >= bytes);
 }
 
 void kp_cache_key(const char *key_text, char key[KP_SHA256_HEX_LEN]) { kp_sha256_hex(key_text, strlen(key_text), key); }
@@ -262,6 +264,32 @@ static void prune(void) {
     listing_free(files, n);
 }
 
+/* One piece of an entry file at its offset; the pieces of one entry, written by kp_parallel_for. */
+typedef struct {
+    const void *data;
+    uint64_t offset, bytes;
+} write_part;
+typedef struct {
+    int fd;
+    write_part *parts;
+    size_t n;
+    atomic_int error; /* the first errno, 0 while every piece went whole */
+} write_job;
+
+static void write_one(void *ctx, int64_t i) {
+    write_job *job = ctx;
+    const write_part *w = &job->parts[i];
+    for (uint64_t done = 0; done < w->bytes && !atomic_load(&job->error);) {
+        const ssize_t k = pwrite(job->fd, (const unsigned char *)w->data + done, w->bytes - done, (off_t)(w->offset + done));
+        if (k > 0) {
+            done += (uint64_t)k;
+            continue;
+        }
+        int expected = 0;
+        atomic_compare_exchange_strong(&job->error, &expected, k < 0 && errno ? errno : EIO);
+    }
+}
+
 int kp_cache_put(const char *kind, const char *key_text, cJSON *meta, const kp_cache_tensor *tensors, int n, kp_error *err) {
     static atomic_uint counter;
     char key[KP_SHA256_HEX_LEN], path[sizeof g_dir + 256], tmp[sizeof path + 64];
@@ -303,19 +331,34 @@ int kp_cache_put(const char *kind, const char *key_text, cJSON *meta, const kp_c
     char hex[KP_SHA256_HEX_LEN];
     kp_sha256_hex(text, mlen, hex);
     memcpy(tail + 16, hex, 64);
-    static const unsigned char zeros[64];
-    const double t0 = kp_now();
-    FILE *f = fopen(tmp, "wbx");
-    bool ok = f && fwrite(MAGIC, 1, MAGIC_LEN, f) == MAGIC_LEN;
-    uint64_t pos = MAGIC_LEN;
-    for (int i = 0; ok && i < n; i++) {
-        const uint64_t gap = offsets[i] - pos, bytes = stored_bytes(tensors[i].t, tensors[i].slices);
-        ok = fwrite(zeros, 1, gap, f) == gap && fwrite(tensors[i].t->data, 1, bytes, f) == bytes;
-        pos = offsets[i] + bytes;
+    /* the pieces at their offsets (the gaps stay the zeros the file was extended with), tensors in 64 MB parts
+     * written on every thread: a large entry is mostly copying into the page cache, which one thread does at a few GB/s */
+    enum { PART = 64 << 20 };
+    size_t nparts = 3;
+    for (int i = 0; i < n; i++) nparts += (stored_bytes(tensors[i].t, tensors[i].slices) + PART - 1) / PART;
+    write_job job = {.parts = malloc(nparts * sizeof *job.parts)};
+    if (!job.parts) KP_OUT_OF_MEMORY("a cache entry's write plan");
+    job.parts[job.n++] = (write_part){MAGIC, 0, MAGIC_LEN};
+    for (int i = 0; i < n; i++) {
+        const unsigned char *data = tensors[i].t->data;
+        const uint64_t bytes = stored_bytes(tensors[i].t, tensors[i].slices);
+        for (uint64_t o = 0; o < bytes; o += PART)
+            job.parts[job.n++] = (write_part){data + o, offsets[i] + o, bytes - o < PART ? bytes - o : PART};
     }
-    ok = ok && fwrite(text, 1, mlen, f) == mlen && fwrite(tail, 1, TAIL_LEN, f) == TAIL_LEN;
+    job.parts[job.n++] = (write_part){text, at, mlen};
+    job.parts[job.n++] = (write_part){tail, at + mlen, TAIL_LEN};
+    const double t0 = kp_now();
+    job.fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    bool ok = job.fd >= 0 && !ftruncate(job.fd, (off_t)(at + mlen + TAIL_LEN));
+    if (ok) {
+        atomic_init(&job.error, 0);
+        kp_parallel_for((int64_t)job.n, write_one, &job);
+        ok = !atomic_load(&job.error);
+        if (!ok) errno = atomic_load(&job.error);
+    }
     const int saved = errno;
-    if (f && fclose(f)) ok = false;
+    if (job.fd >= 0 && close(job.fd)) ok = false;
+    free(job.parts);
     free(text);
     if (ok && !rename(tmp, path)) {
         const double seconds = kp_now() - t0;
@@ -324,7 +367,7 @@ int kp_cache_put(const char *kind, const char *key_text, cJSON *meta, const kp_c
         return 0;
     }
     const int e = ok ? errno : saved;
-    if (f) unlink(tmp);
+    if (job.fd >= 0) unlink(tmp);
     return kp_fail(err, KP_EXIT_ENV, "cache: could not write %s: %s", path, strerror(e ? e : EIO));
 }
 

@@ -265,9 +265,15 @@ static bool worth_storing(kp_tensor *const *ts, const int64_t *slices, int n, do
                  bytes / 1e6, kp_cache_cap_bytes() / 1e9);
         return false;
     }
-    snprintf(why, len, "made at %.2f GB/s (%.3f s for %.1f MB): a hit hashes at %.2f GB/s, the cache writes at %.2f GB/s "
-             "(worth it below the first, and below %d times the second)", bytes / seconds / 1e9, seconds, bytes / 1e6,
-             kp_cache_hash_rate() * kp_thread_count() / 1e9, kp_cache_write_rate() / 1e9, KP_CACHE_PAYBACK_HITS);
+    if (!kp_cache_write_rate())
+        snprintf(why, len, "made at %.2f GB/s (%.3f s for %.1f MB): a hit hashes at %.2f GB/s (worth it below that; the "
+                 "folder's write rate is not yet known)", bytes / seconds / 1e9, seconds, bytes / 1e6,
+                 kp_cache_hash_rate() * kp_thread_count() / 1e9);
+    else
+        snprintf(why, len, "made at %.2f GB/s (%.3f s for %.1f MB): a hit hashes at %.2f GB/s, the cache writes at %.2f "
+                 "GB/s (worth it below the first, and below %d times the second)", bytes / seconds / 1e9, seconds,
+                 bytes / 1e6, kp_cache_hash_rate() * kp_thread_count() / 1e9, kp_cache_write_rate() / 1e9,
+                 KP_CACHE_PAYBACK_HITS);
     return false;
 }
 

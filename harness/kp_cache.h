@@ -31,17 +31,17 @@ const char *kp_cache_dir(void);
  * use them, on every thread (from the checkpoints its entry records, kp_sha256_check): so a hit is faster only when
  * making took longer than the run's threads hash the bytes (kp_cache_hash_rate each), and the entry pays for its
  * writing within KP_CACHE_PAYBACK_HITS hits only when making took longer than that many parts of writing it
- * (kp_cache_write_rate). Both must hold (measured on the H200: writing the 27 GB of expert weights its GPU makes at 3-6
- * GB/s made a CUDA gate slower cold and warm). Inputs not worth an entry leave a digests entry (their digests and
- * checkpoints, no bytes): a run that makes them again checks them against it on every thread instead of hashing each
- * input on one (kp_cache_digests_read). */
+ * (kp_cache_write_rate; while the folder's rate is unknown, the first large entry written measures it, so a fresh
+ * folder's first run stores what its second would otherwise make again). Both must hold (measured on the H200: writing
+ * the 27 GB of expert weights its GPU makes at 3-6 GB/s made a CUDA gate slower cold and warm, at one thread's writes).
+ * Inputs not worth an entry leave a digests entry (their digests and checkpoints, no bytes): a run that makes them again
+ * checks them against it on every thread instead of hashing each input on one (kp_cache_digests_read). */
 #define KP_CACHE_PAYBACK_HITS 4
 bool kp_cache_worth(double bytes, double seconds);
 /* Bytes a second one core hashes with SHA-256 here, measured once a process (16 MiB, twice: the faster). */
 double kp_cache_hash_rate(void);
-/* Bytes a second the folder took the last large entry written at (file written, closed and renamed), recorded in the
- * folder for the next process (<dir>/write_rate); 0.4e9 before any (the development machine's disk: dd, 1 GB, 0.42
- * GB/s). */
+/* Bytes a second the folder took the last large entry (over 64 MB) written at (file written on every thread, closed
+ * and renamed), recorded in the folder for the next process (<dir>/write_rate); 0 while unknown (no such entry yet). */
 double kp_cache_write_rate(void);
 
 /* A tensor of an entry: t's `slices` slices of dim 0 as they lie in memory (a batched input's rows past its batch). */

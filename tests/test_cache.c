@@ -271,15 +271,16 @@ Test(cache, a_cache_folder_that_cannot_be_used_is_a_usage_error_naming_it) {
 }
 
 Test(cache, an_entry_is_worth_writing_only_when_it_was_slower_to_make_than_to_write) {
-    const double rate = kp_cache_write_rate();
-    cr_assert_eq(rate, 0.4e9, "before any entry is written: the development machine's disk");
-    const double hash = kp_cache_hash_rate() * kp_thread_count(), write = rate * KP_CACHE_PAYBACK_HITS; /* a hit checks on every thread */
+    /* a folder with no recorded rate: the hash rule alone (its first large entry will measure the rate) */
+    char *fresh = path_in("fresh");
+    cr_assert_eq(mkdir(fresh, 0755), 0);
+    kp_error err = {0};
+    cr_assert_eq(kp_cache_configure(fresh, false, &err), 0, "%s", err.msg);
+    cr_assert_eq(kp_cache_write_rate(), 0, "before any entry is written the rate is unknown");
+    const double hash = kp_cache_hash_rate() * kp_thread_count(); /* a hit checks on every thread */
     cr_assert(hash > 1e7 && hash < 1e13, "a hash rate of %g bytes a second", hash);
-    const double either = hash < write ? hash : write; /* the rule: below both rates */
-    cr_assert(kp_cache_worth(either, 1.01));
-    cr_assert(kp_cache_worth(either / 100, 0.0101));
-    cr_assert_not(kp_cache_worth(either, 0.99));
-    cr_assert_not(kp_cache_worth(hash > write ? hash : write, 0.99 * (hash > write ? hash : write) / either));
+    cr_assert(kp_cache_worth(hash, 1.01));
+    cr_assert_not(kp_cache_worth(hash, 0.99));
     cr_assert_not(kp_cache_worth(1e6, 0.0));
     /* a folder remembers the rate its last large entry was written at; a line that is not a rate is ignored */
     char *dir = path_in("rated");
@@ -287,12 +288,21 @@ Test(cache, an_entry_is_worth_writing_only_when_it_was_slower_to_make_than_to_wr
     char *file;
     cr_assert(asprintf(&file, "%s/write_rate", dir) > 0);
     cr_assert_eq(kpt_write(file, "nonsense\n", 9), 0);
-    kp_error err = {0};
     cr_assert_eq(kp_cache_configure(dir, false, &err), 0, "%s", err.msg);
-    cr_assert_eq(kp_cache_write_rate(), 0.4e9);
-    cr_assert_eq(kpt_write(file, "2.5e+09\n", 8), 0);
+    cr_assert_eq(kp_cache_write_rate(), 0);
+    cr_assert_eq(kpt_write(file, "4e+08\n", 6), 0);
     cr_assert_eq(kp_cache_configure(dir, false, &err), 0, "%s", err.msg);
-    cr_assert_eq(kp_cache_write_rate(), 2.5e9);
+    const double rate = kp_cache_write_rate();
+    cr_assert_eq(rate, 0.4e9);
+    const double write = rate * KP_CACHE_PAYBACK_HITS;
+    const double either = hash < write ? hash : write; /* the rule: below both rates */
+    cr_assert(kp_cache_worth(either, 1.01));
+    cr_assert(kp_cache_worth(either / 100, 0.0101));
+    cr_assert_not(kp_cache_worth(either, 0.99));
+    cr_assert_not(kp_cache_worth(hash > write ? hash : write, 0.99 * (hash > write ? hash : write) / either));
+    /* and a fresh folder does not inherit another folder's rate */
+    cr_assert_eq(kp_cache_configure(fresh, false, &err), 0, "%s", err.msg);
+    cr_assert_eq(kp_cache_write_rate(), 0);
     free(file);
 }
 
