@@ -49,11 +49,12 @@ static const struct {
     {"export", "kparity export CASE --out DIR [--impl NAME]... [--force] [--cache DIR | --no-cache]\n"
                "                                             inputs, reference and outputs as .npy, and a case.json\n"
                "                                             that says what each file is"},
-    {"bench", "kparity bench [--impl NAME]... [--exec FAMILY:IMPL=CMD]... [--case CASE]... [--reps N] [--no-reference]\n"
-              "              [--quiet] [--json] [--cache DIR | --no-cache]\n"
-              "                                             time impls (CUDA events on a GPU) and outside programs, and the\n"
-              "                                             float64 reference once a case; no --case: the GPU shapes with a\n"
-              "                                             CUDA device, else host-sized ones (only of --impl's families)"},
+    {"bench", "kparity bench [--impl NAME]... [--exec FAMILY:IMPL=CMD]... [--absent IMPL=OUT[,OUT...]]... [--case CASE]...\n"
+              "              [--reps N] [--no-reference] [--quiet] [--json] [--cache DIR | --no-cache]\n"
+              "                                             time impls (CUDA events on a GPU) and outside programs (--absent:\n"
+              "                                             outputs an --exec program does not produce), and the float64\n"
+              "                                             reference once a case; no --case: the GPU shapes with a CUDA\n"
+              "                                             device, else host-sized ones (only of --impl's families)"},
     {"merge", "kparity merge B1 B2 ... --out B                shards of one config into one bundle (one verdict, re-chained)"},
     {"judge", "kparity judge CASE --impl NAME=FILE.npy[,...] [--impl NAME@N=...] [--exec ROLE=CMD] --config FILE --out B\n"
               "                                             judge outputs made elsewhere by the config's checks for CASE\n"
@@ -274,6 +275,29 @@ static int cmd_export(const char *name, const char *out, const char **impl_names
     return 0;
 }
 
+/* The outputs --absent IMPL=OUT[,OUT...] arguments declare for program_impl, as the array a config's "absent" is
+ * (NULL when none names it); each argument that names it is marked used. */
+static int absent_outputs(const char *const *args, int n, bool *used, const char *program_impl, cJSON **out, kp_error *err) {
+    *out = NULL;
+    for (int i = 0; i < n; i++) {
+        const char *eq = strchr(args[i], '=');
+        if (!eq || eq == args[i] || !eq[1])
+            return kp_fail(err, KP_EXIT_USAGE, "--absent '%s': expected IMPL=OUTPUT[,OUTPUT...]", args[i]);
+        if (strlen(program_impl) != (size_t)(eq - args[i]) || strncmp(args[i], program_impl, (size_t)(eq - args[i]))) continue;
+        used[i] = true;
+        if (!*out && !(*out = cJSON_CreateArray())) KP_OUT_OF_MEMORY("--absent");
+        for (const char *o = eq + 1; *o;) {
+            const size_t len = strcspn(o, ",");
+            if (!len) return kp_fail(err, KP_EXIT_USAGE, "--absent '%s': an empty output name", args[i]);
+            char name[64];
+            snprintf(name, sizeof name, "%.*s", (int)(len < 63 ? len : 63), o);
+            cJSON_AddItemToArray(*out, cJSON_CreateString(name));
+            o += len + (o[len] == ',');
+        }
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) return usage(NULL);
     /* Cases allocate and free hundreds of MB each; kept in the heap, freed pages are reused
@@ -294,8 +318,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "judge") && !(argc == 3 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"))))
         return kp_cmd_judge(argc - 2, argv + 2); /* NAME=FILE arguments */
     const char *config = NULL, *out = NULL, *filter = NULL, *positional = NULL, *key = NULL, *pubkey = NULL;
-    const char *impls[32], *cases[32], *plugins[32], *execs[16];
-    int nimpl = 0, ncase = 0, nplugin = 0, nexec = 0, quiet = 0, json = 0, replay = 0, reps = 0, help = 0, force = 0;
+    const char *impls[32], *cases[32], *plugins[32], *execs[16], *absents[16];
+    int nimpl = 0, ncase = 0, nplugin = 0, nexec = 0, nabsent = 0, quiet = 0, json = 0, replay = 0, reps = 0, help = 0, force = 0;
     int no_reference = 0, no_cache = 0;
     const char *shard = NULL, *cache = NULL;
     double timeout = 0;
@@ -315,6 +339,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--impl") && more && nimpl < 32) impls[nimpl++] = argv[++i];
         else if (!strcmp(a, "--case") && more && ncase < 32) cases[ncase++] = argv[++i];
         else if (!strcmp(a, "--exec") && more && nexec < 16) execs[nexec++] = argv[++i];
+        else if (!strcmp(a, "--absent") && more && nabsent < 16) absents[nabsent++] = argv[++i];
         else if (!strcmp(a, "--reps") && more) {
             char *end;
             const long n = strtol(argv[++i], &end, 10);
@@ -380,19 +405,33 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(cmd, "export")) return cmd_export(positional, out, impls, nimpl, force);
     if (!strcmp(cmd, "bench")) {
+        bool absent_used[16] = {false};
         for (int i = 0; i < nexec; i++) { /* outside programs, benched beside the impls */
             kp_exec_decl decl;
             const kp_impl *impl = NULL;
             int rc = kp_exec_arg(execs[i], NULL, &decl, &err);
-            if (!rc) rc = kp_exec_register(&decl, "--exec", &impl, &err), kp_exec_decl_free(&decl);
+            cJSON *absent = NULL;
+            if (!rc) rc = absent_outputs(absents, nabsent, absent_used, decl.program_impl, &absent, &err);
+            decl.absent = absent;
+            if (!rc) rc = kp_exec_register(&decl, "--exec", &impl, &err);
+            kp_exec_decl_free(&decl);
+            cJSON_Delete(absent);
             if (rc) return fail(&err);
             if (nimpl && nimpl < 32) impls[nimpl++] = impl->name;
         }
+        for (int i = 0; i < nabsent; i++)
+            if (!absent_used[i]) {
+                char msg[400];
+                snprintf(msg, sizeof msg, "--absent %s: no --exec serves that impl (--absent IMPL=OUT[,OUT...] names an "
+                         "--exec FAMILY:IMPL=COMMAND's IMPL)", absents[i]);
+                return usage(msg);
+            }
         const kp_bench_options bo = {impls, nimpl, cases, ncase, reps, json, quiet, no_reference};
         int rc = kp_bench(&bo, &err);
         return rc ? fail(&err) : 0;
     }
     if (nexec) return usage("--exec is for bench (and judge); a gate or run names outside programs in its config's impls");
+    if (nabsent) return usage("--absent is for bench's --exec (and judge); a gate or run declares it in its config's impls");
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "help") || !strcmp(cmd, "-h")) {
         print_usage(stdout, NULL);
         return 0;

@@ -26,6 +26,7 @@ echo "gate examples/peers/flashmla_mla.json: exit $?"
 set --
 for b in 1 2 4 8 16 32 64 128; do set -- "$@" --case "mla(batch=$b,h_q=128,profile=uniform,scale=pow2,seed=1,topk=2048)"; done
 "$D/kparity" bench --reps 50 --no-reference --exec "mla:flashmla.sparse_decode=python3 examples/peers/flashmla_mla.py" \
+    --absent flashmla.sparse_decode=max_logits,splits \
     --impl mla.split_count@cuda --impl mla.split_size@cuda --impl mla.split_size_wg@cuda "$@" >"$O/bench.txt" 2>&1
 rc=$?
 cat "$O/bench.txt"

@@ -233,6 +233,30 @@ Test(exec, judge_and_bench_take_a_program_on_the_command_line) {
     free(o), free(e), free(cmd), free(cfg), free(dir);
 }
 
+/* bench --absent IMPL=OUT[,OUT...] declares what an --exec program does not produce, as a config's "absent" does:
+ * without it the program's row fails naming the output; with it the row is timed; one that names no --exec program
+ * or no output of the family is a usage error naming it. */
+Test(exec, bench_takes_the_outputs_a_program_does_not_produce) {
+    char *cmd, *o, *e;
+    cr_assert(asprintf(&cmd, "topk:numpy.topk=%s %s novalues", kpt_python(), script()) > 0);
+    char *undeclared[] = {kpt_binary(), "bench", "--reps", "2", "--exec", cmd, "--case", CASE3, NULL};
+    cr_assert_eq(kpt_run(undeclared, &o, &e), 3, "%s%s", o, e);
+    cr_assert(strstr(o, "output 'values' was not written"), "%s%s", o, e);
+    free(o), free(e);
+    char *declared[] = {kpt_binary(), "bench", "--reps", "2", "--exec", cmd, "--absent", "numpy.topk=values", "--case", CASE3, NULL};
+    cr_assert_eq(kpt_run(declared, &o, &e), 0, "%s%s", o, e);
+    cr_assert(strstr(o, "topk.numpy_topk@exec") && !strstr(o, "failed"), "%s%s", o, e);
+    free(o), free(e);
+    char *elsewhere[] = {kpt_binary(), "bench", "--reps", "2", "--exec", cmd, "--absent", "other.topk=values", "--case", CASE3, NULL};
+    cr_assert_eq(kpt_run(elsewhere, &o, &e), 2, "%s%s", o, e);
+    cr_assert(strstr(e, "--absent other.topk=values: no --exec serves that impl"), "%s", e);
+    free(o), free(e);
+    char *bogus[] = {kpt_binary(), "bench", "--reps", "2", "--exec", cmd, "--absent", "numpy.topk=scores", "--case", CASE3, NULL};
+    cr_assert_eq(kpt_run(bogus, &o, &e), 2, "%s%s", o, e);
+    cr_assert(strstr(e, "scores"), "names the output: %s", e);
+    free(o), free(e), free(cmd);
+}
+
 /* A bench killed part way has printed every row that finished: kparity's own impl is timed, then the program hangs on
  * its first request, and the finished row is read from the pipe while kparity still runs, before it is killed. A
  * bench that kept its rows until the end (stdout to a pipe is fully buffered unless flushed) printed nothing before
