@@ -3,6 +3,7 @@
  * items that name it, which hold a placeholder until kp_digests_settle. */
 #include "kp_harness.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,6 +14,7 @@ typedef struct pending {
     char *hex_out; /* the caller's buffer, or NULL: own */
     kp_sha256_points *points; /* the caller's, or NULL: not wanted */
     char own[KP_SHA256_HEX_LEN];
+    uintptr_t lo, hi; /* the bytes its spans read lie in [lo, hi) */
     int nplaces;
     cJSON *place[DIGEST_PLACES];
 } pending;
@@ -42,7 +44,14 @@ void kp_digest_start_points(const void *prefix, size_t prefix_len, const kp_span
         pend = grown, cap = grown_cap;
     }
     pending *p = &pend[npend++];
-    *p = (pending){.job = kp_sha256_job_start(prefix, prefix_len, spans, nspans), .hex_out = hex_out, .points = points};
+    *p = (pending){.job = kp_sha256_job_start(prefix, prefix_len, spans, nspans), .hex_out = hex_out, .points = points,
+                   .lo = UINTPTR_MAX};
+    for (size_t i = 0; i < nspans; i++) {
+        const uintptr_t a = (uintptr_t)spans[i].data;
+        if (!spans[i].len) continue;
+        if (a < p->lo) p->lo = a;
+        if (a + spans[i].len > p->hi) p->hi = a + spans[i].len;
+    }
     if (obj) add_place(p, obj, key);
     kp_stage_add(KP_STAGE_DIGESTS, kp_now() - t0);
 }
@@ -56,16 +65,32 @@ void kp_digest_record(cJSON *obj, const char *key, const char *hex_out) {
     cJSON_AddStringToObject(obj, key, hex_out); /* settled already */
 }
 
+/* Wait for pending digest i, fill its places. */
+static void settle_one(int i) {
+    char *hex = pend[i].hex_out ? pend[i].hex_out : pend[i].own;
+    kp_sha256_job_join_points(pend[i].job, hex, pend[i].points);
+    for (int k = 0; k < pend[i].nplaces; k++)
+        if (!cJSON_SetValuestring(pend[i].place[k], hex))
+            KP_OUT_OF_MEMORY("recording a digest");
+}
+
 void kp_digests_settle(void) {
     if (npend == 0) return;
     const double t0 = kp_now();
-    for (int i = 0; i < npend; i++) {
-        char *hex = pend[i].hex_out ? pend[i].hex_out : pend[i].own;
-        kp_sha256_job_join_points(pend[i].job, hex, pend[i].points);
-        for (int k = 0; k < pend[i].nplaces; k++)
-            if (!cJSON_SetValuestring(pend[i].place[k], hex))
-                KP_OUT_OF_MEMORY("recording a digest");
-    }
+    for (int i = 0; i < npend; i++) settle_one(i);
     npend = 0;
+    kp_stage_add(KP_STAGE_DIGESTS, kp_now() - t0);
+}
+
+void kp_digests_settle_reading(const void *data, size_t bytes) {
+    if (npend == 0 || !bytes) return;
+    const double t0 = kp_now();
+    const uintptr_t lo = (uintptr_t)data, hi = lo + bytes;
+    int kept = 0;
+    for (int i = 0; i < npend; i++) {
+        if (pend[i].lo < hi && lo < pend[i].hi) settle_one(i);
+        else pend[kept++] = pend[i]; /* the others go on, in the order they started */
+    }
+    npend = kept;
     kp_stage_add(KP_STAGE_DIGESTS, kp_now() - t0);
 }

@@ -183,7 +183,7 @@ const char *kp_stage_name(kp_stage stage);
  * not NULL), added now with a placeholder so the receipt keeps its key order. kp_digest_record adds
  * obj[key] for the digest bound for hex_out, now if it has settled. kp_digests_settle waits for
  * every digest started and fills every place. Only the run's thread calls these; whoever frees a
- * buffer a digest may read settles first (the prepared case and outputs do, harness/launch.c), and
+ * buffer a digest may read settles first (the prepared case all, an output those reading it: harness/launch.c), and
  * the runner before it writes a case's receipt. */
 void kp_digest_start(const void *prefix, size_t prefix_len, const kp_span *spans, size_t nspans, char *hex_out,
                      cJSON *obj, const char *key);
@@ -192,6 +192,9 @@ void kp_digest_start_points(const void *prefix, size_t prefix_len, const kp_span
                             kp_sha256_points *points, cJSON *obj, const char *key);
 void kp_digest_record(cJSON *obj, const char *key, const char *hex_out);
 void kp_digests_settle(void);
+/* Wait only for the digests that read bytes in [data, data + bytes) (a buffer about to be freed or reused): the
+ * others, the case's large inputs' above all, go on hashing while the case does. */
+void kp_digests_settle_reading(const void *data, size_t bytes);
 
 /* A prepared case: the family's data and the tensors its shapes declared, which the harness allocates (zeroed) before
  * prepare and frees after release. */

@@ -98,8 +98,8 @@ typedef struct output {
 
 void kp_output_free(kp_output *o) {
     if (!o) return;
-    kp_digests_settle(); /* a digest may still be reading it */
     output *x = (output *)o;
+    kp_digests_settle_reading(x->mem.p, x->mem.bytes); /* a digest may still be reading it */
     block_release(x->mem);
     free(x);
 }

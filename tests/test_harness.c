@@ -348,3 +348,35 @@ Test(harness, worker_digests_match_direct_ones_and_land_where_recorded) {
     cJSON_Delete(obj), cJSON_Delete(again), cJSON_Delete(after);
     free(buf);
 }
+
+/* Freeing or reusing a buffer waits only for the digests that read it (kp_digests_settle_reading): a digest of that
+ * buffer is complete, with the bytes it had, before the caller overwrites them; a digest of another buffer is still
+ * pending (a large input goes on hashing while the case's outputs come and go). */
+Test(harness, settling_a_buffer_waits_for_its_digests_alone) {
+    enum { BYTES = 64 << 20 };
+    cr_assert(BYTES > KP_SHA256_JOB_THREAD_BYTES);
+    unsigned char *a = malloc(BYTES), *b = malloc(BYTES);
+    cr_assert(a && b);
+    for (size_t i = 0; i < BYTES; i++) a[i] = (unsigned char)(i * 31u), b[i] = (unsigned char)(i * 7u + 1);
+    char want_a[KP_SHA256_HEX_LEN], want_b[KP_SHA256_HEX_LEN], got_a[KP_SHA256_HEX_LEN], got_b[KP_SHA256_HEX_LEN];
+    kp_sha256_hex(a, BYTES, want_a);
+    kp_sha256_hex(b, BYTES, want_b);
+    cJSON *obj = cJSON_CreateObject();
+    const kp_span sa[2] = {{a, BYTES / 2}, {a + BYTES / 2, BYTES / 2}}, sb[1] = {{b, BYTES}};
+    kp_digest_start(NULL, 0, sb, 1, got_b, obj, "b"); /* many times a's work: still going when a is settled */
+    kp_digest_start(NULL, 0, sb, 1, NULL, obj, "b2");
+    kp_digest_start(NULL, 0, sb, 1, NULL, obj, "b3");
+    kp_digest_start(NULL, 0, sa, 2, got_a, obj, "a");
+    kp_digests_settle_reading(a + BYTES - 1, 1); /* its last byte: the digest reading it is done */
+    cr_assert_str_eq(got_a, want_a);
+    cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(obj, "a")->valuestring, want_a);
+    memset(a, 0, BYTES); /* the caller reuses it */
+    cr_assert(strlen(cJSON_GetObjectItemCaseSensitive(obj, "b3")->valuestring) != 64, "b's digests were waited for too");
+    kp_digests_settle_reading(a, BYTES); /* nothing left reads it: nothing waited for */
+    cr_assert(strlen(cJSON_GetObjectItemCaseSensitive(obj, "b3")->valuestring) != 64);
+    kp_digests_settle();
+    cr_assert_str_eq(got_b, want_b);
+    cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(obj, "b3")->valuestring, want_b);
+    cJSON_Delete(obj);
+    free(a), free(b);
+}
