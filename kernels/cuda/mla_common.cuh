@@ -177,6 +177,25 @@ __device__ __forceinline__ int64_t mla_row_len(const mla_run &r, int64_t row) {
     return n;
 }
 
+/* What one attention CTA works on (blockIdx.x: item, query row, 64-head group, the group fastest): its request b, row,
+ * first head, split count and block range, and the row's counted length. False for a CTA past the plan's items. */
+struct mla_cta {
+    int64_t item, b, row, h0, len;
+    int qi, g, ns;
+    int32_t blk0, blk1;
+};
+__device__ __forceinline__ bool mla_cta_of(const mla_run &r, mla_cta &c) {
+    const int64_t per_item = r.s_q * r.groups;
+    c.item = blockIdx.x / per_item;
+    c.qi = (int)((blockIdx.x % per_item) / r.groups), c.g = (int)(blockIdx.x % r.groups);
+    const int4 it = r.items[c.item]; /* item < max_items: in the array, though past n_items never written */
+    if (c.item >= r.item_base[r.batch]) return false;
+    c.b = it.x, c.row = c.b * r.s_q + c.qi, c.h0 = (int64_t)c.g * MLA_HEADS;
+    c.ns = it.y, c.blk0 = it.z, c.blk1 = it.w;
+    c.len = mla_row_len(r, c.row);
+    return true;
+}
+
 /* ---- the combine of one (row, head), the host port's order ---- */
 
 struct mla_head {
