@@ -224,11 +224,16 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
 
     pdl_wait();
     const int tid = threadIdx.x;
-    mla_cta c;
-    if (!mla_cta_of(r, c)) return;
-    const int64_t item = c.item, b = c.b, row = c.row, h0 = c.h0, len = c.len;
-    const int qi = c.qi, g = c.g, ns = c.ns;
-    const int32_t blk0 = c.blk0, blk1 = c.blk1;
+    const int64_t per_item = r.s_q * r.groups;
+    const int64_t item = blockIdx.x / per_item;
+    const int qi = (int)((blockIdx.x % per_item) / r.groups), g = (int)(blockIdx.x % r.groups);
+    const int32_t n_items = r.item_base[r.batch];
+    const int4 it = r.items[item]; /* item < max_items: in the array, though past n_items never written */
+    if (item >= n_items) return;
+    const int64_t b = it.x, row = b * r.s_q + qi, h0 = (int64_t)g * MLA_HEADS;
+    const int ns = it.y;
+    const int32_t blk0 = it.z, blk1 = it.w;
+    const int64_t len = mla_row_len(r, row);
 
     /* Q: 64 heads x 72 chunks into its panels, by every thread */
     const uint16_t *qsrc = r.q + (row * r.h_q + h0) * MLA_D_QK;
