@@ -21,8 +21,9 @@
  * order (the tensor cores' and per-thread partial sums), so bits differ from it by rounding. Every order here is
  * fixed by the code and the request alone, so bits do not depend on the batch or the run.
  *
- * Shared memory (231,616 bytes with the slack that puts the map on a 1024-byte boundary): Q [9 panels][64 heads][128 bytes] (a panel: 64 of the 576 dims, rows 128 bytes
- * with 16-byte chunk c of row r at c ^ (r % 8): the 128-byte swizzle), K [2 tiles][9 panels][64 tokens][128 bytes],
+ * Shared memory (231,992 bytes with the slack that puts the map on a 1024-byte boundary, as ncu reports it):
+ * Q [9 panels][64 heads][128 bytes] (a panel: 64 of the 576 dims, rows 128 bytes with 16-byte chunk c of row r at
+ * c ^ (r % 8): the 128-byte swizzle), K [2 tiles][9 panels][64 tokens][128 bytes],
  * P [64 heads][128 bytes] (the same swizzle), then the statistics, the masks and the mbarriers. */
 #ifndef KP_MLA_WG_CUH
 #define KP_MLA_WG_CUH
