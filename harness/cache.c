@@ -24,7 +24,7 @@ static char g_dir[3072];
 static bool g_have;
 static double g_run_start; /* the wall clock when the folder was configured: entries used since are this run's */
 static void read_write_rate(void);
-static double g_write_rate; /* the folder's, 0 while not yet known */
+static _Atomic double g_write_rate; /* the folder's, 0 while not yet known (a released case's writer sets it) */
 
 /* mkdir -p: every missing folder of path; 0, or errno. */
 static int make_dirs(const char *path) {

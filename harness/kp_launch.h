@@ -93,7 +93,11 @@ void kp_reference_parts(const kp_reference *ref, kp_span parts[KP_MAX_TENSORS]);
 int kp_prepare(const kp_family *fam, const kp_case *c, int64_t extra_rows, kp_prepared *p, kp_error *err);
 /* The same, never reading or writing the cache (what `verify --replay` regenerates with). */
 int kp_prepare_uncached(const kp_family *fam, const kp_case *c, int64_t extra_rows, kp_prepared *p, kp_error *err);
+/* Release a case: what it made that is worth an entry is written (on a thread of its own while the next case runs,
+ * when it fits: kp_prepared_flush waits for it; the process's end does too). */
 void kp_prepared_release(kp_prepared *p);
+/* Wait for the entries a released case is still writing. */
+void kp_prepared_flush(void);
 /* Each input tensor's dtype, shape and digest (of the case's rows) into `inputs`. */
 void kp_describe_inputs(kp_prepared *p, cJSON *inputs);
 /* Where the inputs (reference false) or the reference came from, into obj: {"from": "cache", "entry"} or

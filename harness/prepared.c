@@ -1,11 +1,14 @@
 /* prepared.c: one case, prepared for every check: the family generates its inputs; here they are
  * described and hashed, and the reference is computed once and hashed (harness/export.c writes it all out). */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
+#include "../receipts/kp_fileio.h"
 #include "../receipts/kp_json.h"
 #include "kp_cache.h"
 #include "kp_launch.h"
@@ -140,16 +143,72 @@ int kp_prepare_uncached(const kp_family *fam, const kp_case *c, int64_t extra_ro
     return prepare(fam, c, extra_rows, false, p, err);
 }
 
+/* A released case's entries, written on a thread of its own while the next case runs: one case at a time (the next
+ * release, and the end of the process, wait for it), so a run holds at most one released case beside its current one;
+ * a case whose inputs pass a quarter of the machine's memory, and any run with a fault armed (crash tests keep their
+ * operation order), write before release returns. The cache's files are the only state the writer shares. */
+static pthread_t g_writer;
+static bool g_writing, g_flush_registered;
+static kp_prepared g_written; /* the case the writer owns */
+
+static void write_entries(kp_prepared *p, bool digests_store) {
+    if (digests_store) kp_cache_digests_write(p);
+    if (p->inputs_store) kp_cache_inputs_write(p);
+    if (p->ref_store) kp_cache_ref_write(p, p->ref_has_params ? p->ref_params : NULL);
+}
+
+static void *writer_main(void *arg) {
+    kp_prepared *p = arg;
+    write_entries(p, p->cache_inputs && !p->inputs_cached && !p->digests_checked);
+    prepared_free(p);
+    return NULL;
+}
+
+void kp_prepared_flush(void) {
+    if (!g_writing) return;
+    const double t0 = kp_now();
+    pthread_join(g_writer, NULL);
+    g_writing = false;
+    memset(&g_written, 0, sizeof g_written);
+    kp_stage_add(KP_STAGE_CACHE, kp_now() - t0); /* the wait, not the writing the case overlapped */
+}
+
+static void flush_at_exit(void) { kp_prepared_flush(); }
+
+static bool write_behind(const kp_prepared *p) {
+    if (kp_fault_armed()) return false;
+    double bytes = 0;
+    for (int k = 0; k < p->v.ninputs; k++) {
+        const kp_tensor *t = &p->v.inputs[k];
+        bytes += (double)kp_tensor_slice_bytes(t) * (double)(t->batched ? p->v.rows_total : t->shape[0]);
+    }
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 && bytes <= (double)pages * (double)page / 4;
+}
+
 void kp_prepared_release(kp_prepared *p) {
     if (!p->fam) return;
     kp_digests_settle(); /* digests may still be reading the inputs or the reference */
     const bool digests_store = p->cache_inputs && !p->inputs_cached && !p->digests_checked; /* tiny: always */
     if (p->inputs_store || p->ref_store || digests_store) { /* what was made here, for the next run */
+        kp_prepared_flush(); /* the previous case's first */
+        kp_launch_case_done();
+        if (write_behind(p)) {
+            if (!g_flush_registered) g_flush_registered = !atexit(flush_at_exit);
+            g_written = *p; /* the writer owns the case's memory now */
+            if (g_flush_registered && !pthread_create(&g_writer, NULL, writer_main, &g_written)) {
+                g_writing = true;
+                memset(p, 0, sizeof *p);
+                return;
+            }
+            memset(&g_written, 0, sizeof g_written);
+        }
         const double t0 = kp_now();
-        if (digests_store) kp_cache_digests_write(p);
-        if (p->inputs_store) kp_cache_inputs_write(p);
-        if (p->ref_store) kp_cache_ref_write(p, p->ref_has_params ? p->ref_params : NULL);
+        write_entries(p, digests_store);
         kp_stage_add(KP_STAGE_CACHE, kp_now() - t0);
+        prepared_free(p);
+        memset(p, 0, sizeof *p);
+        return;
     }
     prepared_free(p);
     kp_launch_case_done();

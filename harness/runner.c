@@ -505,6 +505,7 @@ static int run_cases(const kp_config *cfg, const kp_run_options *opt, run_shared
         kp_run_progress(opt, st.done++, st.selected, cs->name, case_result, kp_now() - t_case, kp_now() - st.t_start);
         if (shared && device_lost && cases_after(opt, cfg, ci)) hand_off(&st, ci);
     }
+    kp_prepared_flush(); /* the last case's cache entries, before the run's stages are recorded */
     kp_exec_stop_all(); /* outside programs end with the run */
     pthread_mutex_lock(&st.lock);
     st.stop_watchdog = 1;
