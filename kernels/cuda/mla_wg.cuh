@@ -5,17 +5,20 @@
  * A CTA (384 threads, three warpgroups) per (request, split, query row, 64-head group), as mla_attend_kernel's:
  *   - warpgroup 2, the producer, fills K tile s (of two) with block n's tokens: each thread reads half a token's
  *     656 bytes with 16-byte loads, dequantizes its e4m3 codes exactly as mla_dequant2 does (bf16(e4m3 * bf16(scale)),
- *     the f32 path where the multiplier overflows), copies its RoPE half, stores them in the layout wgmma reads
- *     (128-byte swizzle) and arrives on full[s]; a token that does not count is zeros, never read. It waits on empty[s]
- *     before reusing a tile.
- *   - warpgroups 0 and 1, the math: S = Q K^T, warpgroup w computing all 64 heads x tokens [32 w, +32) over the 576
- *     dims (wgmma m64n32k16, Q and K from shared memory); the block max of each head through shared memory; the
- *     softmax in the log2 domain as split_size's (running max from -1e30, rescale exp2f(m - mnew), p = exp2f(s - m),
- *     P rounded to bf16, l summed in f32); P [64 heads][64 tokens] through shared memory; O += P V, warpgroup w owning
- *     dims [256 w, +256) (wgmma m64n256k16, V read as N-major from the same K tile: 128 f32 accumulators a thread).
+ *     the f32 path out of line where the multiplier overflows), copies its RoPE half by cp.async, stores them in the
+ *     layout wgmma reads (128-byte swizzle) and arrives on full[s]; a token that does not count is zeros, never read.
+ *     It waits on empty[s] before reusing a tile. A block's slots are read a block ahead and its tokens sent towards
+ *     L2 two blocks ahead, so the loads meet L2's latency.
+ *   - warpgroup 0 scores: S = Q K^T for all 64 heads x 64 tokens over the 576 dims (wgmma m64n64k16, Q and K from
+ *     shared memory), the softmax in the log2 domain as split_size's (running max from -1e30, rescale
+ *     exp2f(m - mnew), p = exp2f(s - m), P rounded to bf16, l summed in f32), P [64 heads][64 tokens] and the rescale
+ *     through shared memory to warpgroup 1 (named barrier 2), then O += P V over dims [0, 256).
+ *   - warpgroup 1 rescales its O and adds P V over dims [256, 512), then frees P (named barrier 3): its P V runs while
+ *     warpgroup 0 scores the next block. Both P V are wgmma m64n256k16, V read as N-major from the same K tile: 128 f32
+ *     accumulators a thread.
  *   A block with no counted slot is skipped whole by both (the mask the producer publishes).
- * Split lse, max logit and out = acc / l go out as mla_attend_kernel's do, and the last split to arrive combines
- * (mla_combine_last, the 256 math threads).
+ * Split lse, max logit and out = acc / l go out as mla_attend_kernel's do, O staged in the free K tiles so one small
+ * loop writes it, and the last split to arrive combines (mla_combine_last, the 256 math threads).
  *
  * Numerics against split_size@cuda: the same dequantized values, P and plan; dot products and l add in another
  * order (the tensor cores' and per-thread partial sums), so bits differ from it by rounding. Every order here is
@@ -32,6 +35,7 @@
 
 #define MLA_WG_THREADS 384
 #define MLA_WG_MATH 256     /* warpgroups 0 and 1 */
+#define MLA_WG_PARTS 2      /* a producer thread fills half a token */
 #define MLA_WG_PANEL 8192   /* 64 rows x 128 bytes */
 #define MLA_WG_Q_AT 0
 #define MLA_WG_K_AT (9 * MLA_WG_PANEL)
@@ -39,9 +43,9 @@
 #define MLA_WG_P_AT (MLA_WG_K_AT + 2 * MLA_WG_KTILE)
 #define MLA_WG_ST_AT (MLA_WG_P_AT + MLA_WG_PANEL)
 /* statistics, in floats from MLA_WG_ST_AT */
-#define MLA_WG_XMAX 0     /* [2 warpgroups][64] a block's max of s over the warpgroup's tokens */
-#define MLA_WG_XL 0       /* [2][64] l, after the last block (both warpgroups are past their last read of XMAX) */
-#define MLA_WG_XMD 128    /* [2][64] max dot, at the end */
+#define MLA_WG_XSC 0      /* [64] the block's rescale, warpgroup 0 to 1 */
+#define MLA_WG_XL 0       /* [64] l, at the end (warpgroup 1 is past its last read of XSC) */
+#define MLA_WG_XMD 128    /* [64] max dot, at the end */
 #define MLA_WG_OSC 256    /* [64] the combine's o_scale */
 #define MLA_WG_EMPTY 320  /* [64] int: the combined row is empty */
 #define MLA_WG_FLAG 384   /* int: this CTA combines */
@@ -62,6 +66,11 @@ __device__ __forceinline__ uint64_t mla_desc(uint32_t addr, uint32_t lead, uint3
     return (uint64_t)((addr & 0x3ffffu) >> 4) | (uint64_t)((lead & 0x3ffffu) >> 4) << 16 |
            (uint64_t)((stride & 0x3ffffu) >> 4) << 32 | (uint64_t)1 << 62;
 }
+/* Descriptor d moved on by bytes: the start address is its low 14 bits (in 16-byte units), and every operand here ends
+ * below 256 KB, so the sum stays in the field. Built once, moved by constants in the loops. */
+__device__ __forceinline__ uint64_t mla_desc_add(uint64_t d, uint32_t bytes) {
+    return (d & 0xffffffff00000000ull) | (uint32_t)((uint32_t)d + (bytes >> 4));
+}
 #ifndef MLA_WG_V_SWAP
 #define MLA_WG_V_LEAD MLA_WG_PANEL
 #define MLA_WG_V_STRIDE 1024
@@ -75,16 +84,6 @@ __device__ __forceinline__ void mla_wg_commit() { asm volatile("wgmma.commit_gro
 __device__ __forceinline__ void mla_wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 /* Keeps the compiler from moving uses of an accumulator across a wgmma fence or wait. */
 __device__ __forceinline__ void mla_wg_pin(float &x) { asm volatile("" : "+f"(x)::"memory"); }
-
-/* d (+)= A B: m64n32k16, bf16 in, f32 accumulate, A and B K-major in shared memory; accumulate 0 overwrites d. */
-__device__ __forceinline__ void mla_wgmma_qk(float (&d)[16], uint64_t a, uint64_t b, int accumulate) {
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %18, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-                 "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-                 : "l"(a), "l"(b), "r"(accumulate));
-}
 
 /* d += A B: m64n256k16, A K-major and B N-major (transposed) in shared memory. */
 __device__ __forceinline__ void mla_wgmma_pv(float (&d)[128], uint64_t a, uint64_t b) {
@@ -118,98 +117,138 @@ __device__ __forceinline__ void mla_wgmma_pv(float (&d)[128], uint64_t a, uint64
                  : "l"(a), "l"(b), "n"(1));
 }
 
+/* d (+)= A B: m64n64k16, bf16 in, f32 accumulate, A and B K-major in shared memory; accumulate 0 overwrites d. */
+__device__ __forceinline__ void mla_wgmma_qk(float (&d)[32], uint64_t a, uint64_t b, int accumulate) {
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+                 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(a), "l"(b), "r"(accumulate));
+}
+
+/* Named barrier id over count threads: wait for all, or arrive without waiting. */
+__device__ __forceinline__ void mla_bar_sync(int id, int count) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
+__device__ __forceinline__ void mla_bar_arrive(int id, int count) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
+
 __device__ __forceinline__ void mla_named_sync(int id) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(MLA_WG_MATH) : "memory"); }
 template <int N>
 __device__ __forceinline__ void mla_setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
 template <int N>
 __device__ __forceinline__ void mla_setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
 
-/* The 16 bits at even positions of x, in order: lane 2 t's bit of a ballot is token t's. */
-__device__ __forceinline__ uint32_t mla_even_bits(uint32_t x) {
-    x &= 0x55555555u;
-    x = (x | (x >> 1)) & 0x33333333u;
-    x = (x | (x >> 2)) & 0x0f0f0f0fu;
-    x = (x | (x >> 4)) & 0x00ff00ffu;
-    return (x | (x >> 8)) & 0x0000ffffu;
-}
-
-/* Eight e4m3 codes (a uint2) as eight bf16 (a uint4): tile scale sb, its multiplier mult (mla_dequant2), slow: the
- * multiplier overflowed and the exact f32 path is taken. */
-__device__ __forceinline__ uint4 mla_dequant8(uint2 codes, uint32_t mult, float sb, bool slow) {
-    if (slow)
-        return make_uint4(mla_dequant2_f32(codes.x, sb), mla_dequant2_f32(codes.x >> 16, sb), mla_dequant2_f32(codes.y, sb),
-                          mla_dequant2_f32(codes.y >> 16, sb));
+/* Eight e4m3 codes (a uint2) as eight bf16 (a uint4) through tile multiplier mult (mla_dequant2). */
+__device__ __forceinline__ uint4 mla_dequant8(uint2 codes, uint32_t mult) {
     return make_uint4(mla_dequant2(codes.x, mult), mla_dequant2(codes.x >> 16, mult), mla_dequant2(codes.y, mult),
                       mla_dequant2(codes.y >> 16, mult));
 }
 
-/* The producer's part of block n: thread pt (0..127) fills token pt / 2's half pt % 2 of tile kt, and its warp's
- * 16 bits of the tile's mask. */
+/* A tile's 8 chunks of 16 codes (from chunk jj0 of the token's codes at src) by the exact f32 path, when the tile's
+ * multiplier overflows (mla_dequant2): out of line and not unrolled, so the producer's loop stays small enough for the
+ * instruction cache (inlined at each of its 16 chunks, it made the loop 122 KB and the producer wait on fetches). */
+__device__ __noinline__ void mla_wg_fill_exact(const uint8_t *src, unsigned char *kt, int t, int jj0, float sb) {
+#pragma unroll 1
+    for (int j = 0; j < 8; j++) {
+        const int jj = jj0 + j, ch = 2 * (jj & 3);
+        const uint4 c = __ldg(reinterpret_cast<const uint4 *>(src) + jj);
+        unsigned char *at = kt + (jj >> 2) * MLA_WG_PANEL;
+        *reinterpret_cast<uint4 *>(at + mla_sw128(t, ch)) = make_uint4(
+            mla_dequant2_f32(c.x, sb), mla_dequant2_f32(c.x >> 16, sb), mla_dequant2_f32(c.y, sb), mla_dequant2_f32(c.y >> 16, sb));
+        *reinterpret_cast<uint4 *>(at + mla_sw128(t, ch + 1)) = make_uint4(
+            mla_dequant2_f32(c.z, sb), mla_dequant2_f32(c.z >> 16, sb), mla_dequant2_f32(c.w, sb), mla_dequant2_f32(c.w >> 16, sb));
+    }
+}
+
+/* bytes at src (16-byte aligned, a multiple of 16) towards L2, without waiting or registers: the producer's loads of a
+ * later block then meet L2's latency, not memory's */
+__device__ __forceinline__ void mla_prefetch_l2(const void *src) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src)); }
+
+/* O's rows r0 and r0 + 8 times their block rescale; skipped when the warp's are all 1 (the running max did not move),
+ * which changes no bit. */
+__device__ __forceinline__ void mla_wg_rescale(float (&o)[128], float sc0, float sc1) {
+    if (!__any_sync(0xffffffffu, sc0 != 1.0f || sc1 != 1.0f)) return;
+#pragma unroll
+    for (int i = 0; i < 32; i++) {
+        o[4 * i] = __fmul_rn(o[4 * i], sc0), o[4 * i + 1] = __fmul_rn(o[4 * i + 1], sc0);
+        o[4 * i + 2] = __fmul_rn(o[4 * i + 2], sc1), o[4 * i + 3] = __fmul_rn(o[4 * i + 3], sc1);
+    }
+}
+
+/* The slot of token tok (0..63) of block n, -1 past the CTA's blocks or the row's length. */
+__device__ __forceinline__ int32_t mla_wg_slot(const mla_run &r, int64_t row, int64_t len, int32_t n, int32_t blk1, int tok) {
+    const int64_t pos = (int64_t)n * KP_MLA_BLOCK + tok;
+    return n < blk1 && pos < len ? __ldg(r.indices + row * r.topk + pos) : -1;
+}
+
+/* A token's bytes towards L2 when its slot counts: part q of the P threads reading it sends 128-byte lines q, q + P, ... */
+template <bool FP8, int P>
+__device__ __forceinline__ void mla_wg_prefetch(const mla_run &r, int32_t idx, int q) {
+    const int bytes = FP8 ? MLA_FP8_TOKEN : MLA_BF16_TOKEN;
+    if (idx < 0 || idx >= r.slots) return;
+    const uint8_t *src = r.cache + (int64_t)idx * bytes;
+    const int64_t first = (int64_t)src & ~(int64_t)127, end = (int64_t)src + bytes;
+#pragma unroll
+    for (int i = 0; i < (bytes + 127) / 128 + 1; i += P)
+        if (first + 128 * (i + q) < end) mla_prefetch_l2(reinterpret_cast<const void *>(first + 128 * (i + q)));
+}
+
+/* The producer's part of a block: thread pt fills part q = pt % P (of P, half a token) of token pt / P of tile kt from
+ * slot idx, and its warp's 16 bits of the tile's mask. The RoPE dims (bf16 already) and a bf16 cache's tokens go by
+ * cp.async, which the caller waits for; the e4m3 codes through registers. */
 template <bool FP8>
-__device__ __forceinline__ void mla_wg_fill(const mla_run &r, unsigned char *kt, uint64_t *mask, int64_t row, int64_t len,
-                                            int32_t n, int pt) {
-    const int t = pt >> 1, h = pt & 1, lane = pt & 31;
-    const int64_t pos = (int64_t)n * KP_MLA_BLOCK + t;
-    const int32_t idx = pos < len ? __ldg(r.indices + row * r.topk + pos) : -1;
+__device__ __forceinline__ void mla_wg_fill(const mla_run &r, unsigned char *kt, uint64_t *mask, int32_t idx, int pt) {
+    constexpr int P = MLA_WG_PARTS;
+    const int t = pt / P, q = pt % P, lane = pt & 31;
     const bool counted = idx >= 0 && idx < r.slots;
-    const uint32_t bits = mla_even_bits(__ballot_sync(0xffffffffu, counted));
-    if (lane == 0) reinterpret_cast<uint16_t *>(mask)[pt >> 5] = (uint16_t)bits;
+    const uint32_t ball = __ballot_sync(0xffffffffu, counted);
+    if (lane == 0) { /* token t's bit is its first part's lane's */
+        uint32_t bits = 0;
+#pragma unroll
+        for (int i = 0; i < 32 / P; i++) bits |= ((ball >> (P * i)) & 1u) << i;
+        reinterpret_cast<uint16_t *>(mask)[pt >> 5] = (uint16_t)bits;
+    }
+    const uint32_t k_s = mla_smem(kt);
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
     if (FP8) {
         const uint8_t *src = r.cache + (int64_t)(counted ? idx : 0) * MLA_FP8_TOKEN;
-        /* codes: dims [256 h, +256) in 16 chunks of 16 (panels 4 h .. 4 h + 3); RoPE: dims 512 + [32 h, +32) */
-        float2 sc = make_float2(0.0f, 0.0f);
-        uint4 rope[4];
-        if (counted) {
-            sc = __ldg(reinterpret_cast<const float2 *>(src + 512 + 8 * h));
+        constexpr int RC = 8 / P, CH = 32 / P, TPP = 4 / P; /* RoPE chunks, code chunks (16 codes) and scale tiles a part */
 #pragma unroll
-            for (int i = 0; i < 4; i++) rope[i] = __ldg(reinterpret_cast<const uint4 *>(src + 528 + 64 * h) + i);
-        }
-        float sb[2];
-        uint32_t mult[2];
-        bool slow[2];
+        for (int i = 0; i < RC; i++) /* RoPE: dims 512 + 8 (RC q + i) .. + 8, panel 8 */
+            mla_cp16(k_s + 8 * MLA_WG_PANEL + mla_sw128(t, RC * q + i), src + 528 + 16 * (RC * q + i), counted ? 16 : 0);
+        const float4 sc4 = counted ? __ldg(reinterpret_cast<const float4 *>(src + 512)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-        for (int k = 0; k < 2; k++) { /* tile 2 h + k: bf16(scale) and its multiplier bf16(scale) * 2^112 */
-            sb[k] = kp_bf16_round(k ? sc.y : sc.x);
-            const float m = __fmul_rn(sb[k], 0x1p112f);
-            const uint32_t w = __float_as_uint(m) >> 16;
-            mult[k] = w | (w << 16);
-            slow[k] = isinf(m) && !isinf(sb[k]);
-        }
+        for (int k = 0; k < TPP; k++) { /* tile TPP q + k: chunks CH q + 8 k .. + 8 */
+            /* bf16(scale) and its multiplier bf16(scale) * 2^112: 0 for a slot that does not count, so its zero codes
+             * give +0 (0 * 0 - 0) */
+            const int tile = TPP * q + k, jj0 = CH * q + 8 * k;
+            const float sb = kp_bf16_round(tile == 0 ? sc4.x : tile == 1 ? sc4.y : tile == 2 ? sc4.z : sc4.w);
+            const float m = __fmul_rn(sb, 0x1p112f);
+            if (isinf(m) && !isinf(sb)) {
+                mla_wg_fill_exact(src, kt, t, jj0, sb);
+                continue;
+            }
+            const uint32_t w = __float_as_uint(m) >> 16, mult = w | (w << 16);
+            uint4 c[8]; /* 8 loads in flight, then their 16 stores (all 16 spill at the producer's 104 registers) */
 #pragma unroll
-        for (int half = 0; half < 2; half++) { /* 8 loads in flight, then their 16 stores */
-            uint4 c[8];
+            for (int j = 0; j < 8; j++) c[j] = counted ? __ldg(reinterpret_cast<const uint4 *>(src) + jj0 + j) : zero;
 #pragma unroll
-            for (int j = 0; j < 8; j++)
-                c[j] = counted ? __ldg(reinterpret_cast<const uint4 *>(src + 256 * h) + 8 * half + j) : zero;
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const int jj = 8 * half + j, panel = 4 * h + (jj >> 2), ch = 2 * (jj & 3);
-                unsigned char *at = kt + panel * MLA_WG_PANEL;
-                uint4 lo = zero, hi = zero;
-                if (counted) {
-                    lo = mla_dequant8(make_uint2(c[j].x, c[j].y), mult[half], sb[half], slow[half]);
-                    hi = mla_dequant8(make_uint2(c[j].z, c[j].w), mult[half], sb[half], slow[half]);
-                }
-                *reinterpret_cast<uint4 *>(at + mla_sw128(t, ch)) = lo;
-                *reinterpret_cast<uint4 *>(at + mla_sw128(t, ch + 1)) = hi;
+            for (int j = 0; j < 8; j++) { /* chunk jj: dims 16 jj .. + 16, panel jj / 4 */
+                const int jj = jj0 + j, ch = 2 * (jj & 3);
+                unsigned char *at = kt + (jj >> 2) * MLA_WG_PANEL;
+                *reinterpret_cast<uint4 *>(at + mla_sw128(t, ch)) = mla_dequant8(make_uint2(c[j].x, c[j].y), mult);
+                *reinterpret_cast<uint4 *>(at + mla_sw128(t, ch + 1)) = mla_dequant8(make_uint2(c[j].z, c[j].w), mult);
             }
         }
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            *reinterpret_cast<uint4 *>(kt + 8 * MLA_WG_PANEL + mla_sw128(t, 4 * h + i)) = counted ? rope[i] : zero;
-    } else { /* bf16: chunks [36 h, +36) of the token's 72, copied */
-        const uint4 *src = reinterpret_cast<const uint4 *>(r.cache + (int64_t)(counted ? idx : 0) * MLA_BF16_TOKEN);
-#pragma unroll 1
-        for (int part = 0; part < 3; part++) { /* 12 loads in flight, not all 36: the producer has 96 registers */
-            uint4 c[12];
-#pragma unroll
-            for (int j = 0; j < 12; j++) c[j] = counted ? __ldg(src + 36 * h + 12 * part + j) : zero;
-#pragma unroll
-            for (int j = 0; j < 12; j++) {
-                const int ch = 36 * h + 12 * part + j;
-                *reinterpret_cast<uint4 *>(kt + (ch >> 3) * MLA_WG_PANEL + mla_sw128(t, ch & 7)) = c[j];
-            }
+    } else { /* bf16: chunks [72 / P q, +72 / P) of the token's 72, copied */
+        const unsigned char *src = r.cache + (int64_t)(counted ? idx : 0) * MLA_BF16_TOKEN;
+#pragma unroll 6
+        for (int j = 0; j < 72 / P; j++) {
+            const int ch = 72 / P * q + j;
+            mla_cp16(k_s + (ch >> 3) * MLA_WG_PANEL + mla_sw128(t, ch & 7), src + 16 * ch, counted ? 16 : 0);
         }
     }
 }
@@ -244,6 +283,17 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
         mla_cp16(q_s + (ch >> 3) * MLA_WG_PANEL + mla_sw128(hr, ch & 7), qsrc + hr * MLA_D_QK + ch * 8, 16);
     }
     mla_cp_commit();
+    /* the producer's first two blocks: their slots, and their tokens on the way to L2 while Q loads. Its thread pt reads
+     * part pq of token ptok */
+    const int pt = tid - MLA_WG_MATH;
+    constexpr int PP = MLA_WG_PARTS;
+    const int ptok = pt / PP, pq = pt % PP;
+    int32_t idx = -1, nxt = -1;
+    if (pt >= 0) {
+        idx = mla_wg_slot(r, row, len, blk0, blk1, ptok), nxt = mla_wg_slot(r, row, len, blk0 + 1, blk1, ptok);
+        mla_wg_prefetch<FP8, PP>(r, idx, pq);
+        mla_wg_prefetch<FP8, PP>(r, nxt, pq);
+    }
     if (tid == 0) {
         for (int s = 0; s < 2; s++) {
             mla_mbar_init(full0 + 8 * s, MLA_WG_THREADS - MLA_WG_MATH);
@@ -254,16 +304,22 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
     mla_fence_proxy(); /* Q, written by cp.async, is read by wgmma */
     __syncthreads();
 
-    /* setmaxnreg moves registers within the CTA's launch allocation (168 a thread at 384 threads): 96 + 2 x 200 fits
-     * its 504; more for the math would wait forever for registers nobody frees */
-    if (tid >= MLA_WG_MATH) { /* the producer */
-        mla_setmaxnreg_dec<96>();
+    /* setmaxnreg moves registers within the CTA's launch allocation (168 a thread at 384 threads): 104 + 2 x 200 fits
+     * its 504 (ptxas holds the producer's code to its 104: at 96 it spilled); more for the math would wait forever for
+     * registers nobody frees */
+    if (pt >= 0) { /* the producer: block n's slots were read a block ahead, its tokens sent to L2 two blocks ahead */
+        mla_setmaxnreg_dec<104>();
         for (int32_t n = blk0; n < blk1; n++) {
             const int k = n - blk0, s = k & 1;
+            const int32_t after = mla_wg_slot(r, row, len, n + 2, blk1, ptok);
+            unsigned char *const kt = sm + MLA_WG_K_AT + s * MLA_WG_KTILE;
             if (k >= 2) mla_mbar_wait(empty0 + 8 * s, (uint32_t)((k >> 1) - 1) & 1u);
-            mla_wg_fill<FP8>(r, sm + MLA_WG_K_AT + s * MLA_WG_KTILE, masks + s, row, len, n, tid - MLA_WG_MATH);
-            mla_fence_proxy(); /* the tile, written by ordinary stores, is read by wgmma */
+            mla_wg_fill<FP8>(r, kt, masks + s, idx, pt);
+            mla_cp_wait_all();
+            mla_fence_proxy(); /* the tile, written by stores and cp.async, is read by wgmma */
             mla_mbar_arrive(full0 + 8 * s);
+            mla_wg_prefetch<FP8, PP>(r, after, pq);
+            idx = nxt, nxt = after;
         }
         return;
     }
@@ -276,100 +332,120 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
     for (int i = 0; i < 128; i++) o[i] = 0.0f;
     float m_run[2] = {-1e30f, -1e30f}, l_run[2] = {0.0f, 0.0f}, maxdot[2] = {-INFINITY, -INFINITY};
     int any = 0; /* bit j: some block counted a slot of head r0 + 8 j */
-    float *const xmax = st + MLA_WG_XMAX;
-    const uint32_t p_s = mla_smem(sm + MLA_WG_P_AT);
+    const uint32_t p_s = mla_smem(sm + MLA_WG_P_AT), k_s0 = mla_smem(sm + MLA_WG_K_AT);
+    const uint64_t dq = mla_desc(q_s, 16, 1024), dp = mla_desc(p_s, 16, 1024);
+    const uint64_t dk0 = mla_desc(k_s0, 16, 1024), dv0 = mla_desc(k_s0, MLA_WG_V_LEAD, MLA_WG_V_STRIDE);
 
-    for (int32_t n = blk0; n < blk1; n++) {
-        const int k = n - blk0, s = k & 1;
-        mla_mbar_wait(full0 + 8 * s, (uint32_t)(k >> 1) & 1u);
-        const uint64_t mask = masks[s];
-        const uint32_t k_s = mla_smem(sm + MLA_WG_K_AT + s * MLA_WG_KTILE);
-        if (mask) {
-            /* S = Q K^T over tokens [32 w, +32): 36 steps of 16 dims */
-            float sacc[16];
+    if (w == 0) { /* all 64 tokens' scores and the softmax, then O += P V over dims [0, 256) */
+        bool owed = false;      /* warpgroup 1 owes an arrival on barrier 3: it has P and the rescale in use */
+        for (int32_t n = blk0; n < blk1; n++) {
+            const int k = n - blk0, s = k & 1;
+            mla_mbar_wait(full0 + 8 * s, (uint32_t)(k >> 1) & 1u);
+            const uint64_t mask = masks[s];
+            if (mask) {
+                float sacc[32];
 #pragma unroll
-            for (int i = 0; i < 16; i++) sacc[i] = 0.0f;
-            mla_wg_fence();
+                for (int i = 0; i < 32; i++) sacc[i] = 0.0f;
+                mla_wg_fence();
 #pragma unroll
-            for (int kk = 0; kk < 36; kk++) {
-                const uint32_t off = (uint32_t)((kk >> 2) * MLA_WG_PANEL + (kk & 3) * 32);
-                mla_wgmma_qk(sacc, mla_desc(q_s + off, 16, 1024), mla_desc(k_s + off + 32 * w * 128, 16, 1024), kk > 0);
-            }
-            mla_wg_commit();
-            mla_wg_wait0();
+                for (int kk = 0; kk < 36; kk++) {
+                    const uint32_t off = (uint32_t)((kk >> 2) * MLA_WG_PANEL + (kk & 3) * 32);
+                    mla_wgmma_qk(sacc, mla_desc_add(dq, off), mla_desc_add(dk0, s * MLA_WG_KTILE + off), kk > 0);
+                }
+                mla_wg_commit();
+                mla_wg_wait0();
 #pragma unroll
-            for (int i = 0; i < 16; i++) mla_wg_pin(sacc[i]);
-
-            /* scores in the log2 domain, -inf where the slot does not count; this warpgroup's max per head */
-            float bm[2] = {-INFINITY, -INFINITY};
+                for (int i = 0; i < 32; i++) mla_wg_pin(sacc[i]);
+                float bm[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-            for (int i = 0; i < 4; i++)
+                for (int i = 0; i < 8; i++)
 #pragma unroll
-                for (int j = 0; j < 2; j++)
+                    for (int j = 0; j < 2; j++)
 #pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const int tok = 32 * w + 8 * i + 2 * (lane & 3) + e;
-                        const bool counted = (mask >> tok) & 1;
-                        const float d = sacc[4 * i + 2 * j + e];
-                        maxdot[j] = mla_max(maxdot[j], counted ? d : -INFINITY);
-                        sacc[4 * i + 2 * j + e] = counted ? __fmul_rn(d, r.scale_log2) : -INFINITY;
-                        bm[j] = mla_max(bm[j], sacc[4 * i + 2 * j + e]);
-                    }
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                bm[j] = mla_max(bm[j], __shfl_xor_sync(0xffffffffu, bm[j], 1));
-                bm[j] = mla_max(bm[j], __shfl_xor_sync(0xffffffffu, bm[j], 2));
-                if ((lane & 3) == 0) xmax[64 * w + r0 + 8 * j] = bm[j];
-            }
-            mla_named_sync(1); /* both warpgroups' maxima */
-            float rescale[2];
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const float bmax = mla_max(xmax[r0 + 8 * j], xmax[64 + r0 + 8 * j]);
-                const float mnew = bmax > m_run[j] || isnan(bmax) ? bmax : m_run[j];
-                rescale[j] = exp2f(__fsub_rn(m_run[j], mnew));
-                any |= (bmax != -INFINITY) << j;
-                l_run[j] = __fmul_rn(l_run[j], rescale[j]);
-                m_run[j] = mnew;
-            }
-            /* P = exp2f(s - m) (0 where s is -inf), in bf16 into shared memory; l += its f32 values */
-            float psum[2] = {0.0f, 0.0f};
-#pragma unroll
-            for (int i = 0; i < 4; i++)
+                        for (int e = 0; e < 2; e++) {
+                            const int tok = 8 * i + 2 * (lane & 3) + e;
+                            const bool counted = (mask >> tok) & 1;
+                            const float d = sacc[4 * i + 2 * j + e];
+                            maxdot[j] = mla_max(maxdot[j], counted ? d : -INFINITY);
+                            sacc[4 * i + 2 * j + e] = counted ? __fmul_rn(d, r.scale_log2) : -INFINITY;
+                            bm[j] = mla_max(bm[j], sacc[4 * i + 2 * j + e]);
+                        }
+                float rescale[2];
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
-                    const float p0 = exp2f(__fsub_rn(sacc[4 * i + 2 * j], m_run[j]));
-                    const float p1 = exp2f(__fsub_rn(sacc[4 * i + 2 * j + 1], m_run[j]));
-                    psum[j] = __fadd_rn(psum[j], __fadd_rn(p0, p1));
-                    const int tok = 32 * w + 8 * i + 2 * (lane & 3), hr = r0 + 8 * j;
-                    *reinterpret_cast<__nv_bfloat162 *>(sm + MLA_WG_P_AT + mla_sw128(hr, tok >> 3) + (tok & 7) * 2) =
-                        __floats2bfloat162_rn(p0, p1);
+                    bm[j] = mla_max(bm[j], __shfl_xor_sync(0xffffffffu, bm[j], 1));
+                    bm[j] = mla_max(bm[j], __shfl_xor_sync(0xffffffffu, bm[j], 2));
+                    const float mnew = bm[j] > m_run[j] || isnan(bm[j]) ? bm[j] : m_run[j];
+                    rescale[j] = exp2f(__fsub_rn(m_run[j], mnew));
+                    any |= (bm[j] != -INFINITY) << j;
+                    l_run[j] = __fmul_rn(l_run[j], rescale[j]);
+                    m_run[j] = mnew;
                 }
+                float psum[2] = {0.0f, 0.0f};
 #pragma unroll
-            for (int j = 0; j < 2; j++) l_run[j] = __fadd_rn(l_run[j], psum[j]);
+                for (int i = 0; i < 8; i++)
 #pragma unroll
-            for (int i = 0; i < 32; i++) {
-                o[4 * i] = __fmul_rn(o[4 * i], rescale[0]), o[4 * i + 1] = __fmul_rn(o[4 * i + 1], rescale[0]);
-                o[4 * i + 2] = __fmul_rn(o[4 * i + 2], rescale[1]), o[4 * i + 3] = __fmul_rn(o[4 * i + 3], rescale[1]);
+                    for (int j = 0; j < 2; j++) {
+                        sacc[4 * i + 2 * j] = exp2f(__fsub_rn(sacc[4 * i + 2 * j], m_run[j]));
+                        sacc[4 * i + 2 * j + 1] = exp2f(__fsub_rn(sacc[4 * i + 2 * j + 1], m_run[j]));
+                        psum[j] = __fadd_rn(psum[j], __fadd_rn(sacc[4 * i + 2 * j], sacc[4 * i + 2 * j + 1]));
+                    }
+                if (owed) mla_bar_sync(3, MLA_WG_MATH); /* warpgroup 1 is done with the last block's P */
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+#pragma unroll
+                    for (int j = 0; j < 2; j++) {
+                        const int tok = 8 * i + 2 * (lane & 3), hr = r0 + 8 * j;
+                        *reinterpret_cast<__nv_bfloat162 *>(sm + MLA_WG_P_AT + mla_sw128(hr, tok >> 3) + (tok & 7) * 2) =
+                            __floats2bfloat162_rn(sacc[4 * i + 2 * j], sacc[4 * i + 2 * j + 1]);
+                    }
+                if ((lane & 3) == 0) st[MLA_WG_XSC + r0] = rescale[0], st[MLA_WG_XSC + r0 + 8] = rescale[1];
+                mla_fence_proxy(); /* P, written by ordinary stores, is read by wgmma */
+                mla_bar_arrive(2, MLA_WG_MATH); /* P and the rescale to warpgroup 1 */
+                owed = true;
+#pragma unroll
+                for (int j = 0; j < 2; j++) l_run[j] = __fadd_rn(l_run[j], psum[j]);
+                mla_wg_rescale(o, rescale[0], rescale[1]);
+                mla_bar_sync(4, 128); /* this warpgroup's P whole */
+#pragma unroll
+                for (int i = 0; i < 128; i++) mla_wg_pin(o[i]);
+                mla_wg_fence();
+#pragma unroll
+                for (int t = 0; t < 4; t++)
+                    mla_wgmma_pv(o, mla_desc_add(dp, 32 * t), mla_desc_add(dv0, s * MLA_WG_KTILE + 2048 * t));
+                mla_wg_commit();
+                mla_wg_wait0();
+#pragma unroll
+                for (int i = 0; i < 128; i++) mla_wg_pin(o[i]);
             }
-            mla_fence_proxy(); /* P, written by ordinary stores, is read by wgmma */
-            mla_named_sync(2); /* P whole */
-
-            /* O += P V: 4 steps of 16 tokens, dims [256 w, +256) */
-#pragma unroll
-            for (int i = 0; i < 128; i++) mla_wg_pin(o[i]);
-            mla_wg_fence();
-#pragma unroll
-            for (int t = 0; t < 4; t++)
-                mla_wgmma_pv(o, mla_desc(p_s + 32 * t, 16, 1024),
-                             mla_desc(k_s + 4 * w * MLA_WG_PANEL + 2048 * t, MLA_WG_V_LEAD, MLA_WG_V_STRIDE));
-            mla_wg_commit();
-            mla_wg_wait0();
-#pragma unroll
-            for (int i = 0; i < 128; i++) mla_wg_pin(o[i]);
+            __syncwarp();
+            if (lane == 0) mla_mbar_arrive(empty0 + 8 * s);
         }
-        __syncwarp();
-        if (lane == 0) mla_mbar_arrive(empty0 + 8 * s); /* this warp is done with tile s */
+        if (owed) mla_bar_sync(3, MLA_WG_MATH); /* warpgroup 1's last arrival, and P and the rescale free */
+    } else { /* warpgroup 1: O += P V over dims [256, 512) with warpgroup 0's P and rescale */
+        for (int32_t n = blk0; n < blk1; n++) {
+            const int k = n - blk0, s = k & 1;
+            mla_mbar_wait(full0 + 8 * s, (uint32_t)(k >> 1) & 1u);
+            const uint64_t mask = masks[s];
+            if (mask) {
+                mla_bar_sync(2, MLA_WG_MATH);
+                const float sc0 = st[MLA_WG_XSC + r0], sc1 = st[MLA_WG_XSC + r0 + 8];
+                mla_wg_rescale(o, sc0, sc1);
+#pragma unroll
+                for (int i = 0; i < 128; i++) mla_wg_pin(o[i]);
+                mla_wg_fence();
+#pragma unroll
+                for (int t = 0; t < 4; t++)
+                    mla_wgmma_pv(o, mla_desc_add(dp, 32 * t), mla_desc_add(dv0, s * MLA_WG_KTILE + 4 * MLA_WG_PANEL + 2048 * t));
+                mla_wg_commit();
+                mla_wg_wait0();
+#pragma unroll
+                for (int i = 0; i < 128; i++) mla_wg_pin(o[i]);
+                mla_bar_arrive(3, MLA_WG_MATH); /* done with P and the rescale */
+            }
+            __syncwarp();
+            if (lane == 0) mla_mbar_arrive(empty0 + 8 * s);
+        }
     }
 
     /* the split's per-head results: l and the max dot over the lanes, then over the two warpgroups in order */
@@ -379,54 +455,74 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
         l_run[j] = __fadd_rn(l_run[j], __shfl_xor_sync(0xffffffffu, l_run[j], 2));
         maxdot[j] = mla_max(maxdot[j], __shfl_xor_sync(0xffffffffu, maxdot[j], 1));
         maxdot[j] = mla_max(maxdot[j], __shfl_xor_sync(0xffffffffu, maxdot[j], 2));
-        if ((lane & 3) == 0) st[MLA_WG_XL + 64 * w + r0 + 8 * j] = l_run[j], st[MLA_WG_XMD + 64 * w + r0 + 8 * j] = maxdot[j];
+        if ((lane & 3) == 0 && w == 0)
+            st[MLA_WG_XL + 64 * w + r0 + 8 * j] = l_run[j], st[MLA_WG_XMD + 64 * w + r0 + 8 * j] = maxdot[j];
     }
-    mla_named_sync(1);
-    const int64_t head_at = row * r.h_q + h0;
-    const bool has_sink = r.sink != NULL;
-    float *const split_out = r.split_out + ((item * r.s_q + qi) * r.h_q + h0) * MLA_D_V;
+    mla_named_sync(1); /* and both warpgroups are past their last matrix work: the K tiles are free */
+    /* O staged in the K tiles as f32 rows of MLA_OROW, so that one small loop below writes it out (unrolled over this
+     * thread's 128 values, the division's and the finish's branches made the epilogue's code so large that every CTA
+     * waited on instruction fetches there) */
+    float *const ost = reinterpret_cast<float *>(sm + MLA_WG_K_AT);
 #pragma unroll
-    for (int j = 0; j < 2; j++) {
-        const int hr = r0 + 8 * j;
-        const float l = __fadd_rn(st[MLA_WG_XL + hr], st[MLA_WG_XL + 64 + hr]);
-        const float md = mla_max(st[MLA_WG_XMD + hr], st[MLA_WG_XMD + 64 + hr]);
-        const bool counted = (any >> j) & 1;
-        const float lse_s = counted ? __fadd_rn(log2f(l), m_run[j]) : -INFINITY;
-        const float y = l >= 1.0f && l <= 0x1p24f ? __frcp_rn(l) : NAN; /* l >= 1 when a slot counted */
-        float w0 = 0.0f, osc = 1.0f;
-        bool none = false;
-        if (ns == 1) { /* the combine of one split, here */
-            const mla_head hd = mla_head_plan(1, [&](int) { return lse_s; }, r.sink, h0 + hr);
-            w0 = hd.empty ? 0.0f : mla_weight(hd, lse_s);
-            osc = hd.o_scale, none = hd.empty;
-            if (w == 0 && (lane & 3) == 0) {
+    for (int i = 0; i < 32; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            *reinterpret_cast<float2 *>(ost + (r0 + 8 * j) * MLA_OROW + 256 * w + 8 * i + 2 * (lane & 3)) =
+                make_float2(o[4 * i + 2 * j], o[4 * i + 2 * j + 1]);
+    const int64_t head_at = row * r.h_q + h0;
+    float *const ep = reinterpret_cast<float *>(sm + MLA_WG_P_AT); /* per head: l, RN(1 / l), w0, o_scale, flags */
+    int *const ep_flags = reinterpret_cast<int *>(ep + 4 * MLA_HEADS);
+    if (w == 0 && (lane & 3) == 0) /* warpgroup 0 holds every head's running max and counted flag */
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const int hr = r0 + 8 * j;
+            const float l = st[MLA_WG_XL + hr];
+            const float md = st[MLA_WG_XMD + hr];
+            const bool counted = (any >> j) & 1;
+            const float lse_s = counted ? __fadd_rn(log2f(l), m_run[j]) : -INFINITY;
+            float w0 = 0.0f, osc = 1.0f;
+            bool none = false;
+            if (ns == 1) { /* the combine of one split, here */
+                const mla_head hd = mla_head_plan(1, [&](int) { return lse_s; }, r.sink, h0 + hr);
+                w0 = hd.empty ? 0.0f : mla_weight(hd, lse_s);
+                osc = hd.o_scale, none = hd.empty;
                 r.lse[head_at + hr] = mla_lse_out(hd);
                 r.max_logits[head_at + hr] = mla_max(-INFINITY, __fmul_rn(md, r.sm_scale));
+            } else {
+                const int64_t at = (item * r.s_q + qi) * r.h_q + h0 + hr;
+                r.split_lse[at] = lse_s;
+                r.split_max[at] = __fmul_rn(md, r.sm_scale);
             }
-        } else if (w == 0 && (lane & 3) == 0) {
-            const int64_t at = (item * r.s_q + qi) * r.h_q + h0 + hr;
-            r.split_lse[at] = lse_s;
-            r.split_max[at] = __fmul_rn(md, r.sm_scale);
+            ep[hr] = l;
+            ep[MLA_HEADS + hr] = l >= 1.0f && l <= 0x1p24f ? __frcp_rn(l) : NAN; /* l >= 1 when a slot counted */
+            ep[2 * MLA_HEADS + hr] = w0;
+            ep[3 * MLA_HEADS + hr] = osc;
+            ep_flags[hr] = (int)counted | (int)none << 1;
         }
-        /* out = acc / l (0 when nothing counted), this thread's 64 dims of head hr */
-#pragma unroll
-        for (int i = 0; i < 32; i++) {
-            const float a0 = o[4 * i + 2 * j], a1 = o[4 * i + 2 * j + 1];
-            float x0 = 0.0f, x1 = 0.0f;
-            if (counted) {
-                if (mla_div_ok(a0) && mla_div_ok(a1) && !isnan(y))
-                    x0 = mla_div(a0, l, y), x1 = mla_div(a1, l, y);
-                else
-                    x0 = __fdiv_rn(a0, l), x1 = __fdiv_rn(a1, l);
-            }
-            const int dim = 256 * w + 8 * i + 2 * (lane & 3);
-            if (ns == 1)
-                *reinterpret_cast<uint32_t *>(r.out + (head_at + hr) * MLA_D_V + dim) =
-                    mla_bf16x2(mla_finish(__fadd_rn(0.0f, __fmul_rn(w0, x0)), has_sink, none, osc),
-                               mla_finish(__fadd_rn(0.0f, __fmul_rn(w0, x1)), has_sink, none, osc));
+    mla_named_sync(1);
+    /* out = acc / l (0 when nothing counted), two dims a thread a step, rows in order */
+    const bool has_sink = r.sink != NULL;
+    float *const split_out = r.split_out + ((item * r.s_q + qi) * r.h_q + h0) * MLA_D_V;
+#pragma unroll 1
+    for (int e = tid; e < MLA_HEADS * MLA_D_V / 2; e += MLA_WG_MATH) {
+        const int hr = e / (MLA_D_V / 2), dim = 2 * (e % (MLA_D_V / 2)), flags = ep_flags[hr];
+        const float2 a = *reinterpret_cast<const float2 *>(ost + hr * MLA_OROW + dim);
+        const float l = ep[hr], y = ep[MLA_HEADS + hr];
+        float x0 = 0.0f, x1 = 0.0f;
+        if (flags & 1) {
+            if (mla_div_ok(a.x) && mla_div_ok(a.y) && !isnan(y))
+                x0 = mla_div(a.x, l, y), x1 = mla_div(a.y, l, y);
             else
-                *reinterpret_cast<float2 *>(split_out + hr * MLA_D_V + dim) = make_float2(x0, x1);
+                x0 = __fdiv_rn(a.x, l), x1 = __fdiv_rn(a.y, l);
         }
+        if (ns == 1) {
+            const float w0 = ep[2 * MLA_HEADS + hr], osc = ep[3 * MLA_HEADS + hr];
+            const bool none = flags & 2;
+            *reinterpret_cast<uint32_t *>(r.out + (head_at + hr) * MLA_D_V + dim) =
+                mla_bf16x2(mla_finish(__fadd_rn(0.0f, __fmul_rn(w0, x0)), has_sink, none, osc),
+                           mla_finish(__fadd_rn(0.0f, __fmul_rn(w0, x1)), has_sink, none, osc));
+        } else
+            *reinterpret_cast<float2 *>(split_out + hr * MLA_D_V + dim) = make_float2(x0, x1);
     }
     if (ns == 1) return;
     mla_combine_last(r, b, qi, g, ns, tid, reinterpret_cast<float *>(sm + MLA_WG_K_AT), st + MLA_WG_OSC, st_i + MLA_WG_EMPTY,
