@@ -448,7 +448,7 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
         }
     }
 
-    /* the split's per-head results: l and the max dot over the lanes, then over the two warpgroups in order */
+    /* the split's per-head results: l and the max dot over warpgroup 0's lanes (warpgroup 1 has neither) */
 #pragma unroll
     for (int j = 0; j < 2; j++) {
         l_run[j] = __fadd_rn(l_run[j], __shfl_xor_sync(0xffffffffu, l_run[j], 1));
@@ -456,7 +456,7 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
         maxdot[j] = mla_max(maxdot[j], __shfl_xor_sync(0xffffffffu, maxdot[j], 1));
         maxdot[j] = mla_max(maxdot[j], __shfl_xor_sync(0xffffffffu, maxdot[j], 2));
         if ((lane & 3) == 0 && w == 0)
-            st[MLA_WG_XL + 64 * w + r0 + 8 * j] = l_run[j], st[MLA_WG_XMD + 64 * w + r0 + 8 * j] = maxdot[j];
+            st[MLA_WG_XL + 64 * w + r0 + 8 * j] = l_run[j], st[MLA_WG_XMD + 64 * w + r0 + 8 * j] = maxdot[j]; /* w is 0 */
     }
     mla_named_sync(1); /* and both warpgroups are past their last matrix work: the K tiles are free */
     /* O staged in the K tiles as f32 rows of MLA_OROW, so that one small loop below writes it out (unrolled over this
