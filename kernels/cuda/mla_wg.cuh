@@ -184,9 +184,11 @@ __device__ __forceinline__ int32_t mla_wg_slot(const mla_run &r, int64_t row, in
     return n < blk1 && pos < len ? __ldg(r.indices + row * r.topk + pos) : -1;
 }
 
-/* A token's bytes towards L2 when its slot counts: part q of the P threads reading it sends 128-byte lines q, q + P, ... */
-template <bool FP8, int P>
+/* A token's bytes towards L2 when its slot counts: part q of the MLA_WG_PARTS threads reading it sends 128-byte lines
+ * q, q + MLA_WG_PARTS, ... */
+template <bool FP8>
 __device__ __forceinline__ void mla_wg_prefetch(const mla_run &r, int32_t idx, int q) {
+    constexpr int P = MLA_WG_PARTS;
     const int bytes = FP8 ? MLA_FP8_TOKEN : MLA_BF16_TOKEN;
     if (idx < 0 || idx >= r.slots) return;
     const uint8_t *src = r.cache + (int64_t)idx * bytes;
@@ -285,14 +287,12 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
     mla_cp_commit();
     /* the producer's first two blocks: their slots, and their tokens on the way to L2 while Q loads. Its thread pt reads
      * part pq of token ptok */
-    const int pt = tid - MLA_WG_MATH;
-    constexpr int PP = MLA_WG_PARTS;
-    const int ptok = pt / PP, pq = pt % PP;
+    const int pt = tid - MLA_WG_MATH, ptok = pt / MLA_WG_PARTS, pq = pt % MLA_WG_PARTS;
     int32_t idx = -1, nxt = -1;
     if (pt >= 0) {
         idx = mla_wg_slot(r, row, len, blk0, blk1, ptok), nxt = mla_wg_slot(r, row, len, blk0 + 1, blk1, ptok);
-        mla_wg_prefetch<FP8, PP>(r, idx, pq);
-        mla_wg_prefetch<FP8, PP>(r, nxt, pq);
+        mla_wg_prefetch<FP8>(r, idx, pq);
+        mla_wg_prefetch<FP8>(r, nxt, pq);
     }
     if (tid == 0) {
         for (int s = 0; s < 2; s++) {
@@ -318,7 +318,7 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
             mla_cp_wait_all();
             mla_fence_proxy(); /* the tile, written by stores and cp.async, is read by wgmma */
             mla_mbar_arrive(full0 + 8 * s);
-            mla_wg_prefetch<FP8, PP>(r, after, pq);
+            mla_wg_prefetch<FP8>(r, after, pq);
             idx = nxt, nxt = after;
         }
         return;
