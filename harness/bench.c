@@ -50,8 +50,8 @@ static int bench_reference(kp_prepared *p, const char *name, int json, kp_error 
         print_json_row(fam->reference_provider, name, t, NULL);
         cJSON_Delete(t);
     } else {
-        printf("%-26s %-70s %12.1f %19s %10s %8s  (%.2f ms per row, %d threads; one run)\n", fam->reference_provider, name,
-               s * 1e6, "-", "-", "-", s * 1e3 / (double)p->v.batch, kp_thread_count());
+        printf("%-26s %-70s %12.1f %19s %10s %8s %9s  (%.2f ms per row, %d threads; one run)\n", fam->reference_provider,
+               name, s * 1e6, "-", "-", "-", "-", s * 1e3 / (double)p->v.batch, kp_thread_count());
     }
     fflush(stdout);
     return 0;
@@ -67,7 +67,7 @@ static int bench_row(kp_prepared *p, const kp_impl *impl, const char *name, int 
         if (json) print_json_row(impl->name, name, NULL, e.msg);
         else printf("%-26s %-70s  %s\n", impl->name, name, e.msg);
     } else {
-        double med = 0, p10 = 0, p90 = 0, gbs = 0, wall = 0;
+        double med = 0, p10 = 0, p90 = 0, wall = 0, bytes = 0, flops = 0;
         kp_json_get_double(t, "median_us", &med);
         kp_json_get_double(t, "p10_us", &p10);
         kp_json_get_double(t, "p90_us", &p90);
@@ -77,24 +77,29 @@ static int bench_row(kp_prepared *p, const kp_impl *impl, const char *name, int 
             med = wall, wall = swap;
             kp_json_get_double(t, "self_p10_us", &p10);
             kp_json_get_double(t, "self_p90_us", &p90);
-            if (!kp_json_get_double(t, "bytes", &gbs)) gbs = gbs / (med * 1e-6) / 1e9, cJSON_AddNumberToObject(t, "self_gb", gbs);
         }
-        char share[16] = "-", gb[16] = "-";
-        if (!kp_json_get_double(t, "gb_per_s", &gbs)) {
+        /* the rates from the median this row shows (the program's own when it timed itself) */
+        const int has_bytes = !kp_json_get_double(t, "bytes", &bytes) && bytes > 0 && med > 0;
+        const int has_flops = !kp_json_get_double(t, "flops", &flops) && flops > 0 && med > 0;
+        const double gbs = has_bytes ? bytes / (med * 1e-6) / 1e9 : 0, tfs = has_flops ? flops / (med * 1e-6) / 1e12 : 0;
+        if (self && has_bytes) cJSON_AddNumberToObject(t, "self_gb", gbs);
+        if (self && has_flops) cJSON_AddNumberToObject(t, "self_tflop_per_s", tfs);
+        char share[16] = "-", gb[16] = "-", tf[16] = "-";
+        if (has_bytes) {
             snprintf(gb, sizeof gb, "%.1f", gbs);
-            if (impl->memory == KP_MEMORY_CUDA && copy_bw > 0)
+            if ((impl->memory == KP_MEMORY_CUDA || self) && copy_bw > 0)
                 snprintf(share, sizeof share, "%.1f", 100.0 * gbs * 1e9 / copy_bw);
         }
+        if (has_flops) snprintf(tf, sizeof tf, "%.4g", tfs);
         char spread[40];
         snprintf(spread, sizeof spread, "%.1f-%.1f", p10, p90);
         if (json) {
             print_json_row(impl->name, name, t, NULL);
         } else if (self) {
-            if (copy_bw > 0 && gbs > 0) snprintf(share, sizeof share, "%.1f", 100.0 * gbs * 1e9 / copy_bw);
-            printf("%-26s %-70s %12.1f %19s %10s %8s  (its own CUDA events; %.1f us a call through the protocol)\n",
-                   impl->name, name, med, spread, gb, share, wall);
+            printf("%-26s %-70s %12.1f %19s %10s %8s %9s  (its own CUDA events; %.1f us a call through the protocol)\n",
+                   impl->name, name, med, spread, gb, share, tf, wall);
         } else {
-            printf("%-26s %-70s %12.1f %19s %10s %8s\n", impl->name, name, med, spread, gb, share);
+            printf("%-26s %-70s %12.1f %19s %10s %8s %9s\n", impl->name, name, med, spread, gb, share, tf);
         }
     }
     fflush(stdout);
@@ -207,7 +212,7 @@ int kp_bench(const kp_bench_options *opt, kp_error *err) {
                none_here[0] ? "; none for " : "", none_here, none_here[0] ? " (--case names some)" : "", used,
                used == 1 ? "" : "s", reps);
         if (copy_bw > 0) printf("device copy bandwidth (1 GiB D2D, median of 5): %.1f GB/s\n", copy_bw / 1e9);
-        printf("%-26s %-70s %12s %19s %10s %8s\n", "IMPL", "CASE", "MEDIAN us", "P10-P90 us", "GB/s", "% copy");
+        printf("%-26s %-70s %12s %19s %10s %8s %9s\n", "IMPL", "CASE", "MEDIAN us", "P10-P90 us", "GB/s", "% copy", "TFLOP/s");
     }
     fflush(stdout);
     int rc = 0, stop = 0;

@@ -4,6 +4,7 @@
  * as they finish. */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -626,6 +627,29 @@ Test(cli, bench_times_the_reference_once_a_case_or_not_at_all) {
     char *gate[] = {kpt_binary(), "gate", "--config", "ci/gates/default.json", "--no-reference", NULL};
     cr_assert_eq(run_cli(gate, &out, &err), 2, "%s%s", out, err);
     cr_assert(strstr(err, "--no-reference is for bench"), "%s", err);
+}
+
+/* bench's table shows TFLOP/s by FlashMLA's formula (2 h_q x attended tokens x (576 + 512) a query row) from the
+ * median the row shows, so an mla row compares with FlashMLA's own figures; a family with no FLOP count (top-k) shows
+ * "-". The figure is checked against the formula on the printed median, to the printed precision: a column computed
+ * from another median or another count fails it. */
+Test(cli, bench_shows_mla_tflops_by_flashmlas_formula) {
+    char *out, *err;
+    char *argv[] = {kpt_binary(), "bench", "--impl", "mla.split_size@host", "--impl", "topk.radix_exact@host", "--case",
+                    "mla(batch=2,h_q=64,profile=uniform,s_kv=1024,s_q=2,seed=1,topk=640)", "--case",
+                    "topk(k=16,profile=randn,rows=4,seed=1,width=100)", "--reps", "1", "--no-reference", "--quiet", NULL};
+    cr_assert_eq(run_cli(argv, &out, &err), 0, "%s%s", out, err);
+    cr_assert(strstr(out, "TFLOP/s"), "no TFLOP/s column:\n%s", out);
+    const char *mla = strstr(out, "\nmla.split_size@host "), *topk = strstr(out, "\ntopk.radix_exact@host ");
+    cr_assert(mla && topk, "a row is missing:\n%s", out);
+    double med = 0, tf = 0;
+    char tail[64] = "";
+    cr_assert_eq(sscanf(mla + 1, "%*s %*s %lf %*s %*s %*s %lf", &med, &tf), 2, "unparsed row:\n%s", out);
+    const double want = 2.0 * (2 * 2 * 64) * 640.0 * (576 + 512) / (med * 1e-6) / 1e12; /* rows x heads, tokens */
+    cr_assert(med > 0 && fabs(tf - want) <= 5e-4 * want + 0.05 * want / med, "TFLOP/s %g, the formula gives %g at %g us:\n%s",
+              tf, want, med, out);
+    cr_assert_eq(sscanf(topk + 1, "%*s %*s %*s %*s %*s %*s %63s", tail), 1, "unparsed row:\n%s", out);
+    cr_assert_str_eq(tail, "-", "top-k has no FLOP count:\n%s", out);
 }
 
 /* Each row is printed as it finishes, and each case's progress line (with the time left) after its rows: stdout and

@@ -78,6 +78,33 @@ static cJSON *tolerance_of(const char *flag, const char *name, int want_rc) {
     return rec;
 }
 
+/* A receipt's impl timing carries the family's FLOP count and TFLOP/s by FlashMLA's formula (2 h_q x attended tokens x
+ * (576 + 512) a query row), over kernel_us on a GPU and wall_us on the host, as its note says: checked against the
+ * formula on the receipt's own time. */
+Test(mla_checks, receipts_carry_tflops_by_flashmlas_formula) {
+    char *body, *path;
+    cr_assert(asprintf(&body,
+                       "{\"schema\":\"kparity.gate/v1\",\"name\":\"t\",\"impls\":{\"mla.candidate\":\"mla.split_size@host\"},"
+                       "\"defaults\":{" TOLERANCES "},\"cases\":[{\"case\":\"" TOL_CASE "\",\"checks\":[{\"check\":"
+                       "\"tolerance\",\"impl\":\"candidate\"}]}]}") > 0);
+    cr_assert(asprintf(&path, "%s/flops.json", kpt_dir) > 0);
+    cr_assert_eq(kpt_write(path, body, strlen(body)), 0);
+    char *bundle = gate(path, "flops", 0);
+    cJSON *rec = kpt_receipt(bundle, 1);
+    const cJSON *timing = NULL;
+    const cJSON *impls = kpt_at(rec, "impls");
+    for (const cJSON *i = impls ? impls->child : NULL; i; i = i->next)
+        if (!strcmp(kpt_str(i, "name"), "mla.split_size@host")) timing = kpt_at(i, "timing");
+    cr_assert(timing, "no timing for the candidate");
+    const double flops = kpt_num(timing, "flops"), tf = kpt_num(timing, "tflop_per_s"), wall = kpt_num(timing, "wall_us");
+    const double want = 2.0 * (2 * 1 * 64) * 256.0 * (576 + 512); /* requests x s_q x h_q heads, topk tokens */
+    cr_assert_float_eq(flops, want, 1e-9 * want, "flops %g, the formula %g", flops, want);
+    cr_assert(wall > 0 && fabs(tf - flops / (wall * 1e-6) / 1e12) <= 1e-9 * tf, "tflop_per_s %g over wall_us %g", tf, wall);
+    cr_assert_str_eq(kpt_str(timing, "tflop_note"), "flops over wall_us");
+    cJSON_Delete(rec);
+    free(body), free(path), free(bundle);
+}
+
 static void tensor_passes(const cJSON *chk, const char *name) {
     const cJSON *t = tensor_of(chk, name);
     cr_assert_str_eq(kpt_str(t, "result"), "PASSED", "%s: %s", name, kpt_str(chk, "summary"));
