@@ -351,7 +351,7 @@ static kp_result run_rows_timed(kp_prepared *p, const kp_impl *impl, const int64
         }
         kp_json_add_int(info, "workspace_bytes", (int64_t)L.bufs.workspace_bytes);
         const double flops = p->fam->flops ? p->fam->flops(p->v.data, nrows) : 0;
-        if (flops > 0) { /* the family's count (mla: FlashMLA's formula), over the kernel's time where there is one */
+        if (flops > 0) { /* the family's own count, over the kernel's time where there is one */
             const double us = kernel_us >= 0 ? kernel_us : seconds * 1e6;
             kp_json_add_double(info, "flops", flops);
             kp_json_add_double(info, "tflop_per_s", flops / (us * 1e-6) / 1e12);
