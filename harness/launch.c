@@ -325,6 +325,15 @@ static kp_output *output_new(const launch *L, kp_error *err) {
     return &x->o;
 }
 
+/* The family's FLOP count for nrows (where it has one) and TFLOP/s over us into t; whether it has one. */
+static int add_flops(cJSON *t, const kp_prepared *p, int64_t nrows, double us) {
+    const double flops = p->fam->flops ? p->fam->flops(p->v.data, nrows) : 0;
+    if (!(flops > 0)) return 0;
+    kp_json_add_double(t, "flops", flops);
+    kp_json_add_double(t, "tflop_per_s", flops / (us * 1e-6) / 1e12);
+    return 1;
+}
+
 static kp_result run_rows_timed(kp_prepared *p, const kp_impl *impl, const int64_t *rows, int64_t nrows,
                                 kp_output **outp, cJSON *info, kp_error *err) {
     *outp = NULL;
@@ -350,13 +359,8 @@ static kp_result run_rows_timed(kp_prepared *p, const kp_impl *impl, const int64
             cJSON_AddStringToObject(info, "kernel_note", "CUDA events around the first launch (cold: no warm-up)");
         }
         kp_json_add_int(info, "workspace_bytes", (int64_t)L.bufs.workspace_bytes);
-        const double flops = p->fam->flops ? p->fam->flops(p->v.data, nrows) : 0;
-        if (flops > 0) { /* the family's own count, over the kernel's time where there is one */
-            const double us = kernel_us >= 0 ? kernel_us : seconds * 1e6;
-            kp_json_add_double(info, "flops", flops);
-            kp_json_add_double(info, "tflop_per_s", flops / (us * 1e-6) / 1e12);
+        if (add_flops(info, p, nrows, kernel_us >= 0 ? kernel_us : seconds * 1e6)) /* over the kernel's time if any */
             cJSON_AddStringToObject(info, "tflop_note", kernel_us >= 0 ? "flops over kernel_us" : "flops over wall_us");
-        }
     }
     if (r != KP_PASSED) {
         kp_output_free(o);
@@ -421,15 +425,11 @@ int kp_bench_impl(kp_prepared *p, const kp_impl *impl, int reps, cJSON *timing, 
         kp_json_add_double(timing, "p90_us", us[reps - 1 - reps / 10]);
         kp_json_add_double(timing, "max_us", us[reps - 1]);
         const double bytes = p->fam->bytes_moved ? p->fam->bytes_moved(p->v.data, B) : 0;
-        const double flops = p->fam->flops ? p->fam->flops(p->v.data, B) : 0;
         if (bytes > 0) {
             kp_json_add_double(timing, "bytes", bytes);
             kp_json_add_double(timing, "gb_per_s", bytes / (median * 1e-6) / 1e9);
         }
-        if (flops > 0) {
-            kp_json_add_double(timing, "flops", flops);
-            kp_json_add_double(timing, "tflop_per_s", flops / (median * 1e-6) / 1e12);
-        }
+        add_flops(timing, p, B, median);
         cJSON_AddStringToObject(timing, "method", impl->memory == KP_MEMORY_CUDA
                                                       ? "CUDA events around one launch, L2 flushed before each rep, 3 warm-ups"
                                                       : "wall clock around one call, 3 warm-ups");
