@@ -138,8 +138,15 @@ int kp_thread_count(void) {
         long n = strtol(env, NULL, 10);
         if (n >= 1 && n <= 1024) return (int)n;
     }
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n >= 1 ? (int)(n > 256 ? 256 : n) : 1;
+    /* asked once: glibc reads /sys for it on every call, and kp_parallel_for asks on every loop */
+    static atomic_int online;
+    int cores = atomic_load_explicit(&online, memory_order_relaxed);
+    if (!cores) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        cores = n >= 1 ? (int)(n > 256 ? 256 : n) : 1;
+        atomic_store_explicit(&online, cores, memory_order_relaxed);
+    }
+    return cores;
 }
 
 struct pf_state {

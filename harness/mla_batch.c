@@ -1,6 +1,7 @@
 /* mla_batch.c: the mla family's batch stage: where split_count's plan stops splitting a full-length request (the
  * threshold its batch probes straddle, and so the filler requests a case holds), and what each probe's split counts
  * were, for its receipt entry. */
+#include <stdbool.h>
 #include <stdlib.h>
 
 #include "../kernels/mla_plan.h"
@@ -15,15 +16,37 @@ static int64_t first_request_splits(const kp_mla_case *mc, int64_t n, int64_t *b
     return splits[0];
 }
 
+/* The search's answer for the last few (topk, s_q, h_q), the only fields it reads: a gate asks for it several times
+ * a case (its config's row count, the launch estimate, each batch check's header and probes), and each search plans
+ * ~8 million requests. Per thread, so no lock; a failed allocation is not remembered. */
+#define THRESHOLD_MEMO 8
+typedef struct threshold_memo {
+    int64_t topk, s_q, h_q, last;
+} threshold_memo;
+
+static int64_t last_split_batch(const kp_mla_case *mc) {
+    static _Thread_local threshold_memo memo[THRESHOLD_MEMO];
+    static _Thread_local int nmemo, next;
+    for (int i = 0; i < nmemo; i++)
+        if (memo[i].topk == mc->topk && memo[i].s_q == mc->s_q && memo[i].h_q == mc->h_q) return memo[i].last;
+    int64_t *blocks = malloc(sizeof *blocks * THRESHOLD_SEARCH), *splits = malloc(sizeof *splits * THRESHOLD_SEARCH);
+    const bool searched = blocks && splits;
+    int64_t last = 0;
+    for (int64_t n = 1; searched && n < THRESHOLD_SEARCH; n++)
+        if (first_request_splits(mc, n, blocks, splits) > 1) last = n;
+    free(blocks), free(splits);
+    if (searched) {
+        memo[next] = (threshold_memo){mc->topk, mc->s_q, mc->h_q, last};
+        next = (next + 1) % THRESHOLD_MEMO;
+        if (nmemo < THRESHOLD_MEMO) nmemo++;
+    }
+    return last;
+}
+
 /* The largest batch of full-length requests in which split_count still cuts the first into more than one split:
  * a probe of T requests and one of T + 1 straddle the last change of its plan. */
 int kp_mla_case_thresholds(const kp_case *c, kp_threshold *t) {
-    const kp_mla_case mc = *kp_mla_case_of(c);
-    int64_t *blocks = malloc(sizeof *blocks * THRESHOLD_SEARCH), *splits = malloc(sizeof *splits * THRESHOLD_SEARCH);
-    int64_t last = 0;
-    for (int64_t n = 1; blocks && splits && n < THRESHOLD_SEARCH; n++)
-        if (first_request_splits(&mc, n, blocks, splits) > 1) last = n;
-    free(blocks), free(splits);
+    const int64_t last = last_split_batch(kp_mla_case_of(c));
     if (last < 1) return 0;
     t[0] = (kp_threshold){last, "split_count's plan (FlashMLA's SM90 scheduler on an H200's 132 SMs) cuts a full-length "
                                 "request into more than one split up to here, and into one from one request more"};

@@ -296,16 +296,23 @@ struct judge_ctx {
     fail_slot fail;
 };
 
-static int diff_class(const struct judge_ctx *ctx, int64_t r, int64_t i) {
-    const int64_t cell = r * ctx->ref->vocab + i, at = r * ctx->row_stride + i;
-    int state = out_state(ctx->input[at], ctx->output[at]);
+/* The difference of an element whose out_state is `state` from the rule's mask (keep, in_group and mass_before: the
+ * reference's cells for it; mass_before read only where the two disagree). */
+static inline int classify(int state, uint8_t keep, uint8_t in_group, const double *mass_before, double top_p,
+                           double band, kp_tie_policy policy) {
     if (state == OUT_ALTERED) return DIFF_STRICT;
-    int impl_keep = state == OUT_KEPT, rule_keep = ctx->ref->keep[cell] != 0;
+    const int impl_keep = state == OUT_KEPT, rule_keep = keep != 0;
     if (impl_keep == rule_keep) return DIFF_NONE;
     /* Inclusive may keep more of the boundary group, never fewer than the rule's copies. */
-    if (ctx->policy == KP_TIE_INCLUSIVE && ctx->ref->in_group[cell] && impl_keep) return DIFF_TIE;
-    if (fabs(ctx->ref->mass_before[cell] - ctx->ref->rows[r].top_p) <= ctx->band) return DIFF_BAND;
+    if (policy == KP_TIE_INCLUSIVE && in_group && impl_keep) return DIFF_TIE;
+    if (fabs(*mass_before - top_p) <= band) return DIFF_BAND;
     return DIFF_STRICT; /* NaN mass_before (non-finite input) lands here too */
+}
+
+static int diff_class(const struct judge_ctx *ctx, int64_t r, int64_t i) {
+    const int64_t cell = r * ctx->ref->vocab + i, at = r * ctx->row_stride + i;
+    return classify(out_state(ctx->input[at], ctx->output[at]), ctx->ref->keep[cell], ctx->ref->in_group[cell],
+                    &ctx->ref->mass_before[cell], ctx->ref->rows[r].top_p, ctx->band, ctx->policy);
 }
 
 /* Pass one: counts and conformance for row r. Masses are summed in rule order so that the
@@ -328,36 +335,45 @@ static void judge_row(void *vctx, int64_t r) {
         fail_once(&ctx->fail, &local);
         return;
     }
-    int64_t kept = 0, neginf_out = 0;
+    /* the counts in locals, not in *j: the stores into items[] could alias them, and would force a reload a token */
+    const uint8_t *keep = ref->keep + r * V;
+    const double *mass_before = ref->mass_before + r * V;
+    const double row_top_p = rr->top_p, row_band = ctx->band;
+    const kp_tie_policy policy = ctx->policy;
+    int64_t kept = 0, neginf_out = 0, nan_out = 0, altered = 0, group_kept = 0, strict = 0, tie = 0, band_n = 0;
     int group_dropped_seen = 0;
+    bool group_lowest_first = true;
     float min_kept = INFINITY, max_dropped = -INFINITY;
-    j->group_lowest_first = true;
     for (int64_t i = 0; i < V; i++) {
-        int state = out_state(in[i], outp[i]);
-        neginf_out += float_bits(outp[i]) == neg_inf_bits;
-        j->nan_out_count += isnan(outp[i]);
-        j->altered_count += state == OUT_ALTERED;
+        const float x = in[i], y = outp[i];
+        const int state = out_state(x, y);
+        neginf_out += float_bits(y) == neg_inf_bits;
+        nan_out += isnan(y);
+        altered += state == OUT_ALTERED;
         if (state == OUT_KEPT) {
-            items[kept++] = rule_item(in[i], i);
-            if (in[i] < min_kept) min_kept = in[i];
-        } else if (state == OUT_DROPPED && !isnan(in[i]) && in[i] != -INFINITY && in[i] > max_dropped) {
-            max_dropped = in[i];
+            items[kept++] = rule_item(x, i);
+            if (x < min_kept) min_kept = x;
+        } else if (state == OUT_DROPPED && !isnan(x) && x != -INFINITY && x > max_dropped) {
+            max_dropped = x;
         }
         if (in_group[i]) {
             if (state == OUT_KEPT) {
-                j->group_kept++;
-                if (group_dropped_seen) j->group_lowest_first = false;
+                group_kept++;
+                if (group_dropped_seen) group_lowest_first = false;
             } else {
                 group_dropped_seen = 1;
             }
         }
-        switch (diff_class(ctx, r, i)) {
-        case DIFF_STRICT: j->strict_count++; break;
-        case DIFF_TIE: j->tie_count++; break;
-        case DIFF_BAND: j->band_count++; break;
+        switch (classify(state, keep[i], in_group[i], &mass_before[i], row_top_p, row_band, policy)) {
+        case DIFF_STRICT: strict++; break;
+        case DIFF_TIE: tie++; break;
+        case DIFF_BAND: band_n++; break;
         default: break;
         }
     }
+    j->nan_out_count = nan_out, j->altered_count = altered, j->group_kept = group_kept;
+    j->group_lowest_first = group_lowest_first;
+    j->strict_count = strict, j->tie_count = tie, j->band_count = band_n;
     sort_rule_order(items, items + V, kept);
 
     /* The tail minimality removes: the last kept token, or under inclusive every kept token equal
@@ -392,7 +408,8 @@ static void judge_row_indices(void *vctx, int64_t r) {
     struct judge_ctx *ctx = vctx;
     kp_topp_judgement *o = ctx->out;
     int64_t s = o->strict_off[r], t = o->tie_off[r], b = o->band_off[r];
-    for (int64_t i = 0; i < ctx->ref->vocab; i++) {
+    const bool none = s == o->strict_off[r + 1] && t == o->tie_off[r + 1] && b == o->band_off[r + 1];
+    for (int64_t i = 0; !none && i < ctx->ref->vocab; i++) { /* a row pass one found clean has nothing to list */
         switch (diff_class(ctx, r, i)) {
         case DIFF_STRICT: o->strict_idx[s++] = i; break;
         case DIFF_TIE: o->tie_idx[t++] = i; break;
