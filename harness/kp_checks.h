@@ -52,6 +52,9 @@ kp_result kp_batch_probe(kp_case_ctx *ctx, const kp_impl *impl, const kp_output 
 
 /* tolerance.c: the tolerance check of one impl's full output (an output the impl declared absent is NOT_RUN in its
  * entry and the verdict is over the others; NOT_RUN when none is left), and its thresholds for the receipt. */
+/* The finite pairs a tolerance check holds at once between its threads' blocks and its sums (16 bytes each; more
+ * only where one output row alone has more elements): the memory estimate counts them (harness/launch.c). */
+#define KP_TOLERANCE_WAVE_ELEMENTS (32 * 16384)
 kp_result kp_tolerance_check(const kp_prepared *p, const kp_check_spec *spec, const kp_output *o, cJSON *chk,
                              kp_evidence *ev);
 void kp_tolerance_describe(const kp_family *fam, const kp_check_spec *spec, cJSON *params);

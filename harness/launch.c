@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../receipts/kp_json.h"
+#include "kp_checks.h"
 #include "kp_device.h"
 #include "kp_launch.h"
 
@@ -474,7 +475,9 @@ static double check_scratch(const kp_case_spec *cs, const kp_shapes *s) {
         double bytes = 8.0 * (double)(s->rows_total + 1);
         for (int t = 0; kind == KP_CHECK_TOLERANCE && t < s->noutputs; t++) {
             const double elems = slice_bytes_f(&s->outputs[t]) / (double)kp_dtype_size(s->outputs[t].dtype) * (double)s->batch;
-            bytes = fmax(bytes, 8.0 * (double)(s->rows_total + 1) + 2.0 * (16.0 * elems + 32.0 * (double)s->batch));
+            const double row_elems = slice_bytes_f(&s->outputs[t]) / (double)kp_dtype_size(s->outputs[t].dtype);
+            bytes = fmax(bytes, 8.0 * (double)(s->rows_total + 1) + 2.0 * (16.0 * elems + 32.0 * (double)s->batch) +
+                                    16.0 * fmax((double)KP_TOLERANCE_WAVE_ELEMENTS, row_elems));
         }
         if (kind == KP_CHECK_REPEAT)
             bytes += ((double)s->batch + 1.0) * ((double)k->runs * KP_SHA256_HEX_LEN + 1.0 + s->noutputs);

@@ -80,6 +80,109 @@ static const kp_tensor *reference_array(const kp_prepared *p, const char *name) 
     return NULL;
 }
 
+/* compare_tensor's work, in blocks of whole rows (about BLOCK_ELEMENTS elements) on every thread, a wave of at most
+ * WAVE_BLOCKS blocks at a time. A block finds everything but the four sums: counts, maxima (first where equal), its
+ * index lists (written at its own elements' offsets, closed up afterwards), its rows' worst elements, and the finite
+ * pairs in order. The sums then take those pairs on one thread, block after block: the same terms in the same order as
+ * one pass over the tensor, so the same bits whatever the thread count. The check's serial part is those sums alone. */
+#define BLOCK_ELEMENTS 16384
+#define WAVE_BLOCKS 32 /* and at most KP_TOLERANCE_WAVE_ELEMENTS pairs a wave (kp_checks.h), unless one row is more */
+
+typedef struct block_result {
+    int64_t first_row, end_row, finite, zero_reference, nonfinite_bad, over, max_ulp, npairs;
+    double max_abs, max_rel;
+    int64_t max_abs_at, max_rel_at;
+    int64_t ulp_hist[ULP_BUCKETS];
+} block_result;
+
+typedef struct tensor_job {
+    const kp_prepared *p;
+    const kp_output *o;
+    int k;
+    const double *ref; /* [rows, per_row] */
+    const kp_tolerance *tol;
+    int64_t per_row, rows_per_block, nblocks, wave_blocks, first_block;
+    tensor_result *t;
+    block_result block[WAVE_BLOCKS];
+    double *pairs; /* [WAVE_BLOCKS][rows_per_block * per_row][2]: x, y of each finite pair */
+} tensor_job;
+
+static void compare_block(void *ctx, int64_t item) {
+    tensor_job *job = ctx;
+    const int64_t b = job->first_block + item, per_row = job->per_row;
+    const kp_dtype dt = job->o->t[job->k].dtype;
+    const kp_tolerance *tol = job->tol;
+    tensor_result *t = job->t;
+    block_result *br = &job->block[item];
+    memset(br, 0, sizeof *br);
+    br->first_row = b * job->rows_per_block;
+    br->end_row = br->first_row + job->rows_per_block < job->o->nrows ? br->first_row + job->rows_per_block : job->o->nrows;
+    br->max_abs_at = br->max_rel_at = -1;
+    int64_t *nonfinite_idx = t->nonfinite_idx + br->first_row * per_row, *over_idx = t->over_idx + br->first_row * per_row;
+    double *pairs = job->pairs + 2 * item * job->rows_per_block * per_row;
+    kp_rowbuf buf = {0};
+    for (int64_t r = br->first_row; r < br->end_row; r++) {
+        int64_t elems;
+        const void *row = kp_output_row(job->p, job->o, job->k, r, false, &elems, &buf);
+        const double *rr = job->ref + r * per_row;
+        worst *w = &t->per_row[r];
+        w->index = -1, w->excess = -INFINITY;
+        for (int64_t i = 0; i < per_row; i++) {
+            const int64_t at = r * per_row + i;
+            const double x = element(row, dt, i), y = tol->round_reference ? round_to(rr[i], dt) : rr[i];
+            if (value_class(x) != value_class(y)) {
+                nonfinite_idx[br->nonfinite_bad++] = at;
+                if (w->excess < INFINITY) *w = (worst){at, x, y, INFINITY};
+                continue;
+            }
+            if (value_class(x)) continue; /* the same non-finite value on both sides */
+            br->finite++;
+            const double rel = tol->rtol * fabs(y);
+            const double d = fabs(x - y), allowed = tol->both ? (rel > tol->atol ? rel : tol->atol) : tol->atol + rel;
+            const double excess = d - allowed;
+            if (d > br->max_abs || br->max_abs_at < 0) br->max_abs = d, br->max_abs_at = at;
+            if (y == 0) br->zero_reference++;
+            else if (d / fabs(y) > br->max_rel || br->max_rel_at < 0) br->max_rel = d / fabs(y), br->max_rel_at = at;
+            if (excess > 0) over_idx[br->over++] = at;
+            if (excess > w->excess) *w = (worst){at, x, y, excess};
+            pairs[2 * br->npairs] = x, pairs[2 * br->npairs + 1] = y;
+            br->npairs++;
+            const int32_t a = bf16_ordinal(x), c = bf16_ordinal(y);
+            const int64_t u = a > c ? (int64_t)a - c : (int64_t)c - a;
+            br->ulp_hist[ulp_bucket(u)]++;
+            if (u > br->max_ulp) br->max_ulp = u;
+        }
+    }
+    kp_rowbuf_free(&buf);
+}
+
+/* Block `item` of the wave into t, after every block before it: its lists moved down to follow theirs. */
+static void merge_block(const tensor_job *job, int64_t item) {
+    const block_result *br = &job->block[item];
+    tensor_result *t = job->t;
+    const int64_t from = br->first_row * job->per_row;
+    t->elements += (br->end_row - br->first_row) * job->per_row;
+    t->finite += br->finite;
+    t->zero_reference += br->zero_reference;
+    memmove(t->nonfinite_idx + t->nonfinite_bad, t->nonfinite_idx + from, sizeof(int64_t) * (size_t)br->nonfinite_bad);
+    t->nonfinite_bad += br->nonfinite_bad;
+    memmove(t->over_idx + t->over, t->over_idx + from, sizeof(int64_t) * (size_t)br->over);
+    t->over += br->over;
+    /* one pass takes a later element only when strictly larger, or when it has none yet */
+    if (br->max_abs_at >= 0 && (br->max_abs > t->max_abs || t->max_abs_at < 0)) t->max_abs = br->max_abs, t->max_abs_at = br->max_abs_at;
+    if (br->max_rel_at >= 0 && (br->max_rel > t->max_rel || t->max_rel_at < 0)) t->max_rel = br->max_rel, t->max_rel_at = br->max_rel_at;
+    for (int u = 0; u < ULP_BUCKETS; u++) t->ulp_hist[u] += br->ulp_hist[u];
+    if (br->max_ulp > t->max_ulp) t->max_ulp = br->max_ulp;
+    const double *pairs = job->pairs + 2 * item * job->rows_per_block * job->per_row;
+    for (int64_t q = 0; q < br->npairs; q++) {
+        const double x = pairs[2 * q], y = pairs[2 * q + 1];
+        kp_nsum_add(&t->see, (x - y) * (x - y));
+        kp_nsum_add(&t->srr, y * y);
+        kp_nsum_add(&t->sxr, x * y);
+        kp_nsum_add(&t->sxx, x * x);
+    }
+}
+
 /* Output k against the reference array `ref_name` (the output's own name, or "<output>@<what>"). */
 static int compare_tensor(const kp_prepared *p, const kp_output *o, int k, const char *ref_name, const kp_tolerance *tol,
                           tensor_result *t, kp_error *err) {
@@ -98,55 +201,37 @@ static int compare_tensor(const kp_prepared *p, const kp_output *o, int k, const
     kp_rowbuf buf = {0};
     int64_t per_row;
     kp_output_row(p, o, k, 0, false, &per_row, &buf);
-    if ((size_t)per_row != kp_tensor_slice_bytes(ref) / 8) {
-        kp_rowbuf_free(&buf);
+    kp_rowbuf_free(&buf);
+    if ((size_t)per_row != kp_tensor_slice_bytes(ref) / 8)
         return kp_fail(err, KP_EXIT_ENV, "tolerance: output '%s' has %lld elements a row, its reference %zu", o->t[k].name,
                        (long long)per_row, kp_tensor_slice_bytes(ref) / 8);
-    }
     const int64_t n = o->nrows * per_row;
+    tensor_job *job = calloc(1, sizeof *job);
     t->nonfinite_idx = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
     t->over_idx = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
     t->per_row = calloc((size_t)o->nrows, sizeof *t->per_row);
-    if (!t->nonfinite_idx || !t->over_idx || !t->per_row) {
-        kp_rowbuf_free(&buf);
+    if (job) {
+        *job = (tensor_job){.p = p, .o = o, .k = k, .ref = ref->data, .tol = tol, .per_row = per_row, .t = t};
+        job->rows_per_block = per_row >= BLOCK_ELEMENTS ? 1 : BLOCK_ELEMENTS / per_row;
+        job->nblocks = (o->nrows + job->rows_per_block - 1) / job->rows_per_block;
+        const int64_t block_elements = job->rows_per_block * per_row;
+        job->wave_blocks = KP_TOLERANCE_WAVE_ELEMENTS / block_elements;
+        job->wave_blocks = job->wave_blocks < 1 ? 1 : job->wave_blocks > WAVE_BLOCKS ? WAVE_BLOCKS : job->wave_blocks;
+        job->pairs = malloc(sizeof(double) * 2 * (size_t)(job->wave_blocks * block_elements));
+    }
+    if (!job || !job->pairs || !t->nonfinite_idx || !t->over_idx || !t->per_row) {
+        if (job) free(job->pairs);
+        free(job);
         return kp_fail(err, KP_EXIT_ENV, "out of host memory for a tolerance check");
     }
     t->max_abs_at = t->max_rel_at = -1;
-    for (int64_t r = 0; r < o->nrows; r++) {
-        const void *row = kp_output_row(p, o, k, r, false, &per_row, &buf);
-        const double *rr = (const double *)ref->data + r * per_row;
-        worst *w = &t->per_row[r];
-        w->index = -1, w->excess = -INFINITY;
-        for (int64_t i = 0; i < per_row; i++) {
-            const int64_t at = r * per_row + i;
-            const double x = element(row, dt, i), y = tol->round_reference ? round_to(rr[i], dt) : rr[i];
-            t->elements++;
-            if (value_class(x) != value_class(y)) {
-                t->nonfinite_idx[t->nonfinite_bad++] = at;
-                if (w->excess < INFINITY) *w = (worst){at, x, y, INFINITY};
-                continue;
-            }
-            if (value_class(x)) continue; /* the same non-finite value on both sides */
-            t->finite++;
-            const double rel = tol->rtol * fabs(y);
-            const double d = fabs(x - y), allowed = tol->both ? (rel > tol->atol ? rel : tol->atol) : tol->atol + rel;
-            const double excess = d - allowed;
-            if (d > t->max_abs || t->max_abs_at < 0) t->max_abs = d, t->max_abs_at = at;
-            if (y == 0) t->zero_reference++;
-            else if (d / fabs(y) > t->max_rel || t->max_rel_at < 0) t->max_rel = d / fabs(y), t->max_rel_at = at;
-            if (excess > 0) t->over_idx[t->over++] = at;
-            if (excess > w->excess) *w = (worst){at, x, y, excess};
-            kp_nsum_add(&t->see, (x - y) * (x - y));
-            kp_nsum_add(&t->srr, y * y);
-            kp_nsum_add(&t->sxr, x * y);
-            kp_nsum_add(&t->sxx, x * x);
-            const int32_t a = bf16_ordinal(x), b = bf16_ordinal(y);
-            const int64_t u = a > b ? (int64_t)a - b : (int64_t)b - a;
-            t->ulp_hist[ulp_bucket(u)]++;
-            if (u > t->max_ulp) t->max_ulp = u;
-        }
+    for (job->first_block = 0; job->first_block < job->nblocks; job->first_block += job->wave_blocks) {
+        const int64_t left = job->nblocks - job->first_block, wave = left < job->wave_blocks ? left : job->wave_blocks;
+        kp_parallel_for(wave, compare_block, job);
+        for (int64_t item = 0; item < wave; item++) merge_block(job, item);
     }
-    kp_rowbuf_free(&buf);
+    free(job->pairs);
+    free(job);
     return 0;
 }
 
@@ -156,8 +241,7 @@ static void add_bound(cJSON *obj, const char *key, bool has, double v) {
 }
 
 /* Output k against its reference array and every one named "<output>@<what>" (the same bounds, reported under
- * "against", never part of the verdict), each comparison on a thread of its own: they read the same output and
- * write only their own results, each in the one order compare_tensor sums in. */
+ * "against", never part of the verdict), one after another, each on every thread (compare_tensor). */
 typedef struct comparisons {
     const kp_prepared *p;
     const kp_output *o;
@@ -229,7 +313,7 @@ kp_result kp_tolerance_check(const kp_prepared *p, const kp_check_spec *spec, co
         for (int a = 0; a < p->ref.narrays && c.n < 1 + KP_MAX_TENSORS; a++)
             if (!strncmp(p->ref.arrays[a].name, o->t[k].name, len) && p->ref.arrays[a].name[len] == '@')
                 c.name[c.n++] = p->ref.arrays[a].name;
-        kp_parallel_for(c.n, compare_one, &c);
+        for (int i = 0; i < c.n; i++) compare_one(&c, i); /* each on every thread (compare_tensor) */
         for (int i = 0; i < c.n; i++)
             if (c.rc[i]) {
                 cJSON_AddStringToObject(chk, "summary", c.err[i].msg);

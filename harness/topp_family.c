@@ -112,20 +112,35 @@ static int topp_reference_adopt(void *data, const void *params, kp_reference *re
     return 0;
 }
 
+/* Whether row r of the output is all -inf where its input has a finite token: all_neginf's rows, one per
+ * kp_parallel_for item. */
+typedef struct neginf_rows {
+    const topp_data *d;
+    const float *out;
+    uint8_t *all_neginf;
+} neginf_rows;
+
+static void neginf_row(void *ctx, int64_t r) {
+    const neginf_rows *n = ctx;
+    const float *x = n->out + r * n->d->tc.stride, *in = n->d->logits + r * n->d->tc.stride;
+    int finite_in = 0, all = 1;
+    for (int64_t i = 0; i < n->d->tc.vocab && all; i++) { /* one token not -inf settles the row */
+        finite_in |= isfinite(in[i]);
+        all &= isinf(x[i]) && x[i] < 0;
+    }
+    n->all_neginf[r] = finite_in && all;
+}
+
 static int topp_has_defect(void *data, kp_judgements *js, const kp_output *out, const char *defect, int64_t *rows_with) {
     (void)js;
     topp_data *d = data;
     *rows_with = 0;
     if (strcmp(defect, "all_neginf")) return 0;
-    for (int64_t r = 0; r < d->tc.batch; r++) {
-        const float *x = (const float *)out->t[0].data + r * d->tc.stride, *in = d->logits + r * d->tc.stride;
-        int finite_in = 0, all = 1;
-        for (int64_t i = 0; i < d->tc.vocab; i++) {
-            finite_in |= isfinite(in[i]);
-            all &= isinf(x[i]) && x[i] < 0;
-        }
-        *rows_with += finite_in && all;
-    }
+    neginf_rows n = {d, out->t[0].data, calloc((size_t)d->tc.batch, 1)};
+    if (!n.all_neginf) KP_OUT_OF_MEMORY("for the rows of an all_neginf defect");
+    kp_parallel_for(d->tc.batch, neginf_row, &n);
+    for (int64_t r = 0; r < d->tc.batch; r++) *rows_with += n.all_neginf[r];
+    free(n.all_neginf);
     return *rows_with == d->tc.batch;
 }
 
