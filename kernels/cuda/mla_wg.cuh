@@ -198,21 +198,23 @@ __device__ __forceinline__ void mla_wg_prefetch(const mla_run &r, int32_t idx, i
         if (first + 128 * (i + q) < end) mla_prefetch_l2(reinterpret_cast<const void *>(first + 128 * (i + q)));
 }
 
-/* The producer's part of a block: thread pt fills part q = pt % P (of P, half a token) of token pt / P of tile kt from
- * slot idx, and its warp's 16 bits of the tile's mask. The RoPE dims (bf16 already) and a bf16 cache's tokens go by
- * cp.async, which the caller waits for; the e4m3 codes through registers. */
+/* Producer thread pt's token and its part of it: a warp covers 16 tokens, lanes i and i + 16 token i's two halves, so
+ * that the 8 lanes of a 16-byte store's phase write 8 rows, 8 swizzled bank groups (lanes 2 i and 2 i + 1 on one token
+ * put 2 of them on each group: twice the shared-memory wavefronts, on the resource wgmma's operands load from). */
+__device__ __forceinline__ int mla_wg_tok(int pt) { return 16 * (pt >> 5) + (pt & 15); }
+__device__ __forceinline__ int mla_wg_part(int pt) { return (pt >> 4) & 1; }
+
+/* The producer's part of a block: thread pt fills part mla_wg_part(pt) (half a token) of token mla_wg_tok(pt) of tile kt
+ * from slot idx, and its warp's 16 bits of the tile's mask. The RoPE dims (bf16 already) and a bf16 cache's tokens go
+ * by cp.async, which the caller waits for; the e4m3 codes through registers. */
 template <bool FP8>
 __device__ __forceinline__ void mla_wg_fill(const mla_run &r, unsigned char *kt, uint64_t *mask, int32_t idx, int pt) {
     constexpr int P = MLA_WG_PARTS;
-    const int t = pt / P, q = pt % P, lane = pt & 31;
+    static_assert(P == 2, "mla_wg_tok and mla_wg_part map half tokens");
+    const int t = mla_wg_tok(pt), q = mla_wg_part(pt);
     const bool counted = idx >= 0 && idx < r.slots;
     const uint32_t ball = __ballot_sync(0xffffffffu, counted);
-    if (lane == 0) { /* token t's bit is its first part's lane's */
-        uint32_t bits = 0;
-#pragma unroll
-        for (int i = 0; i < 32 / P; i++) bits |= ((ball >> (P * i)) & 1u) << i;
-        reinterpret_cast<uint16_t *>(mask)[pt >> 5] = (uint16_t)bits;
-    }
+    if ((pt & 31) == 0) reinterpret_cast<uint16_t *>(mask)[pt >> 5] = (uint16_t)ball; /* token i's bit: lane i's */
     const uint32_t k_s = mla_smem(kt);
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
     if (FP8) {
@@ -287,7 +289,7 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
     mla_cp_commit();
     /* the producer's first two blocks: their slots, and their tokens on the way to L2 while Q loads. Its thread pt reads
      * part pq of token ptok */
-    const int pt = tid - MLA_WG_MATH, ptok = pt / MLA_WG_PARTS, pq = pt % MLA_WG_PARTS;
+    const int pt = tid - MLA_WG_MATH, ptok = mla_wg_tok(pt), pq = mla_wg_part(pt);
     int32_t idx = -1, nxt = -1;
     if (pt >= 0) {
         idx = mla_wg_slot(r, row, len, blk0, blk1, ptok), nxt = mla_wg_slot(r, row, len, blk0 + 1, blk1, ptok);
@@ -500,31 +502,48 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
             ep_flags[hr] = (int)counted | (int)none << 1;
         }
     mla_named_sync(1);
-    /* out = acc / l (0 when nothing counted), two dims a thread a step, rows in order */
+    /* out = acc / l (0 when nothing counted), four dims a thread a step, rows in order, four steps unrolled so their
+     * shared-memory reads and stores overlap (one step at a time, the loop was a fifth of the math warps' samples) */
     const bool has_sink = r.sink != NULL;
     float *const split_out = r.split_out + ((item * r.s_q + qi) * r.h_q + h0) * MLA_D_V;
-#pragma unroll 1
-    for (int e = tid; e < MLA_HEADS * MLA_D_V / 2; e += MLA_WG_MATH) {
-        const int hr = e / (MLA_D_V / 2), dim = 2 * (e % (MLA_D_V / 2)), flags = ep_flags[hr];
-        const float2 a = *reinterpret_cast<const float2 *>(ost + hr * MLA_OROW + dim);
+    auto quotients = [&](int hr, int dim, float (&x)[4]) { /* a pair by mla_div when both allow it, else __fdiv_rn */
+        const float4 a = *reinterpret_cast<const float4 *>(ost + hr * MLA_OROW + dim);
         const float l = ep[hr], y = ep[MLA_HEADS + hr];
-        float x0 = 0.0f, x1 = 0.0f;
-        if (flags & 1) {
-            if (mla_div_ok(a.x) && mla_div_ok(a.y) && !isnan(y))
-                x0 = mla_div(a.x, l, y), x1 = mla_div(a.y, l, y);
-            else
-                x0 = __fdiv_rn(a.x, l), x1 = __fdiv_rn(a.y, l);
-        }
-        if (ns == 1) {
+        const float av[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) x[i] = 0.0f;
+        if (ep_flags[hr] & 1)
+#pragma unroll
+            for (int i = 0; i < 4; i += 2) {
+                if (mla_div_ok(av[i]) && mla_div_ok(av[i + 1]) && !isnan(y))
+                    x[i] = mla_div(av[i], l, y), x[i + 1] = mla_div(av[i + 1], l, y);
+                else
+                    x[i] = __fdiv_rn(av[i], l), x[i + 1] = __fdiv_rn(av[i + 1], l);
+            }
+    };
+    if (ns == 1) {
+#pragma unroll 4
+        for (int e = tid; e < MLA_HEADS * MLA_D_V / 4; e += MLA_WG_MATH) {
+            const int hr = e / (MLA_D_V / 4), dim = 4 * (e % (MLA_D_V / 4));
+            float x[4];
+            quotients(hr, dim, x);
             const float w0 = ep[2 * MLA_HEADS + hr], osc = ep[3 * MLA_HEADS + hr];
-            const bool none = flags & 2;
-            *reinterpret_cast<uint32_t *>(r.out + (head_at + hr) * MLA_D_V + dim) =
-                mla_bf16x2(mla_finish(__fadd_rn(0.0f, __fmul_rn(w0, x0)), has_sink, none, osc),
-                           mla_finish(__fadd_rn(0.0f, __fmul_rn(w0, x1)), has_sink, none, osc));
-        } else
-            *reinterpret_cast<float2 *>(split_out + hr * MLA_D_V + dim) = make_float2(x0, x1);
+            const bool none = ep_flags[hr] & 2;
+            float f[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) f[i] = mla_finish(__fadd_rn(0.0f, __fmul_rn(w0, x[i])), has_sink, none, osc);
+            *reinterpret_cast<uint2 *>(r.out + (head_at + hr) * MLA_D_V + dim) =
+                make_uint2(mla_bf16x2(f[0], f[1]), mla_bf16x2(f[2], f[3]));
+        }
+        return;
     }
-    if (ns == 1) return;
+#pragma unroll 4
+    for (int e = tid; e < MLA_HEADS * MLA_D_V / 4; e += MLA_WG_MATH) {
+        const int hr = e / (MLA_D_V / 4), dim = 4 * (e % (MLA_D_V / 4));
+        float x[4];
+        quotients(hr, dim, x);
+        *reinterpret_cast<float4 *>(split_out + hr * MLA_D_V + dim) = make_float4(x[0], x[1], x[2], x[3]);
+    }
     mla_combine_last(r, b, qi, g, ns, tid, reinterpret_cast<float *>(sm + MLA_WG_K_AT), st + MLA_WG_OSC, st_i + MLA_WG_EMPTY,
                      st_i + MLA_WG_FLAG, [] { mla_named_sync(1); });
 }
