@@ -4,6 +4,7 @@
 #include "kp_common.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -132,13 +133,8 @@ int kp_mul_size(size_t a, size_t b, size_t *out) {
     return 1;
 }
 
-int kp_thread_count(void) {
-    const char *env = getenv("KPARITY_THREADS");
-    if (env && *env) {
-        long n = strtol(env, NULL, 10);
-        if (n >= 1 && n <= 1024) return (int)n;
-    }
-    /* asked once: glibc reads /sys for it on every call, and kp_parallel_for asks on every loop */
+/* This machine's online cores, asked once: glibc reads /sys for it on every call. */
+static int online_cores(void) {
     static atomic_int online;
     int cores = atomic_load_explicit(&online, memory_order_relaxed);
     if (!cores) {
@@ -147,6 +143,15 @@ int kp_thread_count(void) {
         atomic_store_explicit(&online, cores, memory_order_relaxed);
     }
     return cores;
+}
+
+int kp_thread_count(void) {
+    const char *env = getenv("KPARITY_THREADS");
+    if (env && *env) {
+        long n = strtol(env, NULL, 10);
+        if (n >= 1 && n <= 1024) return (int)n;
+    }
+    return online_cores();
 }
 
 struct pf_state {
@@ -165,14 +170,80 @@ static void *pf_worker(void *arg) {
     }
 }
 
+/* A pool of a thread a core but one, made at the first loop and kept: starting and joining 15 threads a loop cost about
+ * half a millisecond on a 16-core machine, and a gate runs thousands of small loops (judging's per-check work). One
+ * loop uses it at a time; a loop that finds it in use (another thread's, or one inside a loop's body) or runs in a
+ * forked child starts threads of its own, as every loop did before. */
+static struct {
+    pthread_mutex_t use; /* held by the loop the pool runs */
+    pthread_mutex_t m;   /* guards the fields below */
+    pthread_cond_t go, done;
+    uint64_t gen; /* a new loop for the workers */
+    int size, active, pending;
+    struct pf_state *job;
+    pid_t pid;
+} pool = {.use = PTHREAD_MUTEX_INITIALIZER, .m = PTHREAD_MUTEX_INITIALIZER, .go = PTHREAD_COND_INITIALIZER,
+          .done = PTHREAD_COND_INITIALIZER};
+static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
+
+static void *pool_worker(void *arg) {
+    const int me = (int)(intptr_t)arg;
+    uint64_t seen = 0;
+    pthread_mutex_lock(&pool.m);
+    for (;;) {
+        while (pool.gen == seen) pthread_cond_wait(&pool.go, &pool.m);
+        seen = pool.gen;
+        if (me >= pool.active) continue; /* the loop asked for fewer threads */
+        struct pf_state *s = pool.job;
+        pthread_mutex_unlock(&pool.m);
+        pf_worker(s);
+        pthread_mutex_lock(&pool.m);
+        if (--pool.pending == 0) pthread_cond_signal(&pool.done);
+    }
+    return NULL;
+}
+
+static void pool_start(void) {
+    pool.pid = getpid();
+    pthread_attr_t attr;
+    if (pthread_attr_init(&attr)) return;
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    const int want = online_cores() - 1;
+    for (int t = 0; t < want; t++) {
+        pthread_t tid;
+        if (pthread_create(&tid, &attr, pool_worker, (void *)(intptr_t)t)) break; /* fewer workers: only speed */
+        pool.size++;
+    }
+    pthread_attr_destroy(&attr);
+}
+
 void kp_parallel_for(int64_t n, void (*fn)(void *ctx, int64_t i), void *ctx) {
     struct pf_state s = {.n = n, .fn = fn, .ctx = ctx};
     atomic_init(&s.next, 0);
     int threads = kp_thread_count();
     if (threads > n) threads = (int)(n > 0 ? n : 1);
+    if (threads <= 1) {
+        pf_worker(&s);
+        return;
+    }
+    pthread_once(&pool_once, pool_start);
+    if (pool.pid == getpid() && pool.size > 0 && pthread_mutex_trylock(&pool.use) == 0) {
+        pthread_mutex_lock(&pool.m);
+        pool.job = &s;
+        pool.active = pool.pending = threads - 1 < pool.size ? threads - 1 : pool.size;
+        pool.gen++;
+        pthread_cond_broadcast(&pool.go);
+        pthread_mutex_unlock(&pool.m);
+        pf_worker(&s); /* the caller works too */
+        pthread_mutex_lock(&pool.m);
+        while (pool.pending) pthread_cond_wait(&pool.done, &pool.m);
+        pthread_mutex_unlock(&pool.m);
+        pthread_mutex_unlock(&pool.use);
+        return;
+    }
     pthread_t tid[256];
     int started = 0;
-    for (int t = 1; t < threads; t++)
+    for (int t = 1; t < threads && started < 256; t++)
         if (pthread_create(&tid[started], NULL, pf_worker, &s) == 0) started++;
     pf_worker(&s); /* the caller works too, so a failed pthread_create only costs speed */
     for (int t = 0; t < started; t++) pthread_join(tid[t], NULL);
