@@ -172,8 +172,9 @@ static void *pf_worker(void *arg) {
 
 /* A pool of a thread a core but one, made at the first loop and kept: starting and joining 15 threads a loop cost about
  * half a millisecond on a 16-core machine, and a gate runs thousands of small loops (judging's per-check work). One
- * loop uses it at a time; a loop that finds it in use (another thread's, or one inside a loop's body) or runs in a
- * forked child starts threads of its own, as every loop did before. */
+ * loop uses it at a time; a loop that finds it in use (another thread's, or one inside a loop's body), that asks for
+ * more threads than it has (KPARITY_THREADS above the cores) or that runs in a forked child starts threads of its own,
+ * as every loop did before. */
 static struct {
     pthread_mutex_t use; /* held by the loop the pool runs */
     pthread_mutex_t m;   /* guards the fields below */
@@ -227,10 +228,10 @@ void kp_parallel_for(int64_t n, void (*fn)(void *ctx, int64_t i), void *ctx) {
         return;
     }
     pthread_once(&pool_once, pool_start);
-    if (pool.pid == getpid() && pool.size > 0 && pthread_mutex_trylock(&pool.use) == 0) {
+    if (pool.pid == getpid() && threads - 1 <= pool.size && pthread_mutex_trylock(&pool.use) == 0) {
         pthread_mutex_lock(&pool.m);
         pool.job = &s;
-        pool.active = pool.pending = threads - 1 < pool.size ? threads - 1 : pool.size;
+        pool.active = pool.pending = threads - 1;
         pool.gen++;
         pthread_cond_broadcast(&pool.go);
         pthread_mutex_unlock(&pool.m);
