@@ -5,7 +5,7 @@
  * A CTA (384 threads, three warpgroups) per (request, split, query row, 64-head group), as mla_attend_kernel's:
  *   - warpgroup 2, the producer, fills K tile s (of two) with block n's tokens: each thread reads half a token's
  *     656 bytes with 16-byte loads, dequantizes its e4m3 codes exactly as mla_dequant2 does (bf16(e4m3 * bf16(scale)),
- *     the f32 path out of line where the multiplier overflows), copies its RoPE half by cp.async, stores them in the
+ *     the f32 path, a loop, where the multiplier overflows), copies its RoPE half by cp.async, stores them in the
  *     layout wgmma reads (128-byte swizzle) and arrives on full[s]; a token that does not count is zeros, never read.
  *     It waits on empty[s] before reusing a tile. A block's slots are read a block ahead and its tokens sent towards
  *     L2 two blocks ahead, so the loads meet L2's latency.
