@@ -424,8 +424,9 @@ static const char *check_entry(kp_cache_entry *e, const char *key_text) {
     if (e->len < MAGIC_LEN + TAIL_LEN) return "truncated";
     if (memcmp(m, MAGIC, MAGIC_LEN)) return "not a kparity cache entry (its first bytes)";
     const unsigned char *tail = m + e->len - TAIL_LEN;
-    const uint64_t moff = get_u64(tail), mlen = get_u64(tail + 8);
-    if (moff < MAGIC_LEN || mlen == 0 || mlen > META_MAX || moff + mlen != e->len - TAIL_LEN) return "truncated";
+    /* compared without sums: an offset near 2^64 and a length past the body wrap onto the right one */
+    const uint64_t moff = get_u64(tail), mlen = get_u64(tail + 8), body = e->len - TAIL_LEN;
+    if (moff < MAGIC_LEN || moff > body || mlen == 0 || mlen > META_MAX || mlen != body - moff) return "truncated";
     char hex[KP_SHA256_HEX_LEN], *text = malloc(mlen + 1);
     if (!text) KP_OUT_OF_MEMORY("reading a cache entry");
     memcpy(text, m + moff, mlen);

@@ -167,6 +167,22 @@ static void plant_another_key(const char *file, const char *cache) {
     free(b);
 }
 
+/* The tail's metadata offset and length made to wrap around 2^64 onto the right sum (offset 2^64 - 1, length one
+ * past the body): the fuzzer's find (cache_entry), which read before the mapping. */
+static void wrap_the_metadata_offset(const char *file, const char *cache) {
+    (void)cache;
+    size_t len;
+    unsigned char *b = (unsigned char *)kpt_read(file, &len);
+    cr_assert(b && len > 80);
+    const uint64_t moff = UINT64_MAX, mlen = (uint64_t)(len - 80) + 1;
+    for (int i = 0; i < 8; i++) b[len - 80 + i] = (unsigned char)(moff >> (8 * i)), b[len - 72 + i] = (unsigned char)(mlen >> (8 * i));
+    cr_assert_eq(kpt_write(file, (char *)b, len), 0);
+    free(b);
+}
+
+Test(cache, an_entry_whose_metadata_offset_wraps_around_is_refused) {
+    refused_and_recomputed("inputs", wrap_the_metadata_offset, "truncated");
+}
 Test(cache, inputs_with_a_flipped_byte_are_refused_and_regenerated) { refused_and_recomputed("inputs", flip_in_a_tensor, "does not hash to"); }
 Test(cache, inputs_whose_metadata_changed_are_refused) { refused_and_recomputed("inputs", flip_in_the_metadata, "metadata"); }
 Test(cache, truncated_inputs_are_refused) { refused_and_recomputed("inputs", truncate_it, "truncated"); }
