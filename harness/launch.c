@@ -474,8 +474,8 @@ static double check_scratch(const kp_case_spec *cs, const kp_shapes *s) {
         const kp_check_kind kind = k->kind == KP_CHECK_EXPECT ? k->of : k->kind;
         double bytes = 8.0 * (double)(s->rows_total + 1);
         for (int t = 0; kind == KP_CHECK_TOLERANCE && t < s->noutputs; t++) {
-            const double elems = slice_bytes_f(&s->outputs[t]) / (double)kp_dtype_size(s->outputs[t].dtype) * (double)s->batch;
             const double row_elems = slice_bytes_f(&s->outputs[t]) / (double)kp_dtype_size(s->outputs[t].dtype);
+            const double elems = row_elems * (double)s->batch;
             bytes = fmax(bytes, 8.0 * (double)(s->rows_total + 1) + 2.0 * (16.0 * elems + 32.0 * (double)s->batch) +
                                     16.0 * fmax((double)KP_TOLERANCE_WAVE_ELEMENTS, row_elems));
         }

@@ -253,11 +253,6 @@ typedef struct comparisons {
     kp_error err[1 + KP_MAX_TENSORS];
 } comparisons;
 
-static void compare_one(void *ctx, int64_t i) {
-    comparisons *c = ctx;
-    c->rc[i] = compare_tensor(c->p, c->o, c->k, c->name[i], c->tol, &c->t[i], &c->err[i]);
-}
-
 static void comparisons_free(comparisons *c) {
     for (int i = 0; i < c->n; i++) free(c->t[i].nonfinite_idx), free(c->t[i].over_idx), free(c->t[i].per_row);
 }
@@ -313,7 +308,8 @@ kp_result kp_tolerance_check(const kp_prepared *p, const kp_check_spec *spec, co
         for (int a = 0; a < p->ref.narrays && c.n < 1 + KP_MAX_TENSORS; a++)
             if (!strncmp(p->ref.arrays[a].name, o->t[k].name, len) && p->ref.arrays[a].name[len] == '@')
                 c.name[c.n++] = p->ref.arrays[a].name;
-        for (int i = 0; i < c.n; i++) compare_one(&c, i); /* each on every thread (compare_tensor) */
+        for (int i = 0; i < c.n; i++) /* one after another, each on every thread (compare_tensor) */
+            c.rc[i] = compare_tensor(c.p, c.o, c.k, c.name[i], c.tol, &c.t[i], &c.err[i]);
         for (int i = 0; i < c.n; i++)
             if (c.rc[i]) {
                 cJSON_AddStringToObject(chk, "summary", c.err[i].msg);

@@ -150,7 +150,7 @@ __device__ __forceinline__ uint4 mla_dequant8(uint2 codes, uint32_t mult) {
 /* A tile's 8 chunks of 16 codes (from chunk jj0 of the token's codes at src) by the exact f32 path, when the tile's
  * multiplier overflows (mla_dequant2): a loop not unrolled, so the producer's loop stays small enough for the
  * instruction cache (unrolled at each of its 16 chunks, it made the loop 122 KB and the producer wait on fetches).
- * Inlined, one copy a tile a thread fills: out of line, the call slowed the common path too (MEASURED.md). */
+ * Inlined, one copy a tile a thread fills: called out of line, it slowed the common path (MEASURED.md). */
 __device__ __forceinline__ void mla_wg_fill_exact(const uint8_t *src, unsigned char *kt, int t, int jj0, float sb) {
 #pragma unroll 1
     for (int j = 0; j < 8; j++) {
