@@ -1,10 +1,10 @@
 #!/bin/sh
-# gpu-mla-wg.sh: what mla.split_size_wg@cuda must show on the GPU machine before it becomes the sparse-mla gates'
-# candidate (issue 31), in one call: test_gpu_mla_kernels whole (the reference at FlashMLA's tolerances, batch
+# gpu-mla-wg.sh: what mla.split_size_wg@cuda, the sparse-mla CUDA gate's candidate, must show on the GPU machine (issue
+# 31), in one call: test_gpu_mla_kernels whole (the reference at FlashMLA's tolerances, batch
 # invariance, repeats, out-of-range slots, large tile scales, refusals, the printed timing of all three impls), and if
 # it fails, the same build with the other reading of the N-major descriptor's offsets (MLA_WG_V_SWAP); then
-# compute-sanitizer memcheck, racecheck and synccheck on the new impl's tests, and the CUDA sparse-mla gate with it as
-# the candidate. Here:
+# compute-sanitizer memcheck, racecheck and synccheck on the new impl's tests, and the CUDA sparse-mla gate and its
+# bundle's replay. Here:
 #   cmake --build build -j2
 #   cmake -S . -B build-vswap -DCMAKE_CUDA_FLAGS=-DMLA_WG_V_SWAP && cmake --build build-vswap -j2 --target test_gpu_mla_kernels
 #   ../shared/tools/device-bundle .device build/kparity build/test_gpu_mla_kernels
@@ -32,7 +32,6 @@ for tool in memcheck racecheck synccheck; do
         >"$O/$tool.log" 2>&1
     echo "compute-sanitizer $tool: exit $? $(grep -c 'ERROR SUMMARY: 0' "$O/$tool.log") clean summaries"
 done
-sed 's/"mla.candidate": "mla.split_size@cuda"/"mla.candidate": "mla.split_size_wg@cuda"/' ci/gates/sparse-mla-cuda.json >"$O/gate.json"
-"$D/kparity" gate --config "$O/gate.json" --out "$O/B-gate" --quiet
-echo "sparse-mla-cuda with split_size_wg as the candidate: exit $?"
-"$D/kparity" verify "$O/B-gate" | tail -1
+"$D/kparity" gate --config ci/gates/sparse-mla-cuda.json --out "$O/B-gate" --quiet
+echo "sparse-mla-cuda (split_size_wg the candidate): exit $?"
+"$D/kparity" verify "$O/B-gate" --replay | tail -1

@@ -12,12 +12,15 @@
  *   8  case 5 with both warpgroups first waiting each round on an mbarrier the third warpgroup arrives on, and
  *      warpgroup 1 syncing on 3 at the start of its next round
  *   9  case 5 with fence.proxy.async between warpgroup 0's write and its bar.sync 2, as mla_wg's P hand-off
+ *   10 case 1 with the third warpgroup giving back registers (setmaxnreg.dec to 24) before it exits, as mla_wg's
+ *      producer does before its loop (sm_90a)
+ *   11 case 2 (the third warpgroup alive) with the same setmaxnreg.dec
  * Cases 1..9 are ordered by the barriers (PTX: a bar.arrive or bar.sync synchronizes with the bar.sync it completes);
  * a hazard racecheck reports in them is the tool's. Build and run on the GPU machine:
- *   nvcc -arch=sm_90 -o racecheck-probe scripts/racecheck-probe.cu
- *   for k in 0 1 2 3 4 5 6 7 8 9; do compute-sanitizer --tool racecheck ./racecheck-probe $k; done
+ *   nvcc -gencode=arch=compute_90a,code=sm_90a -o racecheck-probe scripts/racecheck-probe.cu
+ *   for k in 0 1 2 3 4 5 6 7 8 9 10 11; do compute-sanitizer --tool racecheck ./racecheck-probe $k; done
  * Exit 0 when the kernel ran and its reads saw the values written (so the orderings held on the device), 1 otherwise.
- * What the H200 gave (cases 0..6 from this file's first version, the same code paths; 7..9 from this one): MEASURED.md
+ * What the H200 gave (cases 0..6 from this file's first version, the same code paths; 7..11 from later ones): MEASURED.md
  * (issue 31, racecheck). */
 #include <cstdint>
 #include <cstdio>
@@ -26,7 +29,7 @@
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 
-__global__ void probe(int kase, int *bad) {
+__global__ void __launch_bounds__(384, 1) probe(int kase, int *bad) {
     __shared__ volatile float x[64];
     const int tid = threadIdx.x, w = tid >> 7;
     if (kase == 0) {
@@ -34,15 +37,16 @@ __global__ void probe(int kase, int *bad) {
         if (tid >= 128 && tid < 192 && x[tid - 128] != 1.0f && x[tid - 128] != 0.0f) atomicAdd(bad, 1);
         return;
     }
-    if (kase == 1 || kase == 2) {
+    if (kase == 1 || kase == 2 || kase == 10 || kase == 11) {
         if (w == 2) {
-            if (kase == 2) __syncthreads();
+            if (kase >= 10) asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+            if (kase == 2 || kase == 11) __syncthreads();
             return;
         }
         if (w == 0 && tid < 64) x[tid] = (float)tid;
         bar_sync(1, 256);
         if (w == 1 && tid - 128 < 64 && x[tid - 128] != (float)(tid - 128)) atomicAdd(bad, 1);
-        if (kase == 2) __syncthreads();
+        if (kase == 2 || kase == 11) __syncthreads();
         return;
     }
     __shared__ uint64_t mbar;
@@ -87,8 +91,8 @@ __global__ void probe(int kase, int *bad) {
 
 int main(int argc, char **argv) {
     const int kase = argc > 1 ? atoi(argv[1]) : -1;
-    if (kase < 0 || kase > 9) {
-        fprintf(stderr, "usage: racecheck-probe CASE (0..9)\n");
+    if (kase < 0 || kase > 11) {
+        fprintf(stderr, "usage: racecheck-probe CASE (0..11)\n");
         return 2;
     }
     int *bad = nullptr, nbad = 0;

@@ -234,41 +234,29 @@ __device__ __forceinline__ uint32_t mla_bf16x2(float lo, float hi) {
     return (uint32_t)kp_bf16_bits(lo) | ((uint32_t)kp_bf16_bits(hi) << 16);
 }
 
-/* The combine of a request's splits for one (query row, 64-head group), by the CTA whose split arrives last (an atomic
- * counter, not on values), in split order: tid is the thread's index among the MLA_THREADS (256) that take part, and
- * sync() their barrier; wts [64][ns], osc [64], empty [64] and flag are the CTA's shared scratch. Returns at once in
- * every CTA but the last. */
-template <typename Sync>
-__device__ __forceinline__ void mla_combine_last(const mla_run &r, int64_t b, int qi, int g, int ns, int tid, float *wts,
-                                                 float *osc, int *empty, int *flag, Sync sync) {
-    const int64_t row = b * r.s_q + qi, h0 = (int64_t)g * MLA_HEADS, head_at = row * r.h_q + h0;
-    const bool has_sink = r.sink != NULL;
-    __threadfence();
-    sync();
-    if (tid == 0) *flag = atomicAdd(&r.counters[row * r.groups + g], 1) == ns - 1;
-    sync();
-    if (!*flag) return;
-    __threadfence();
-    const int64_t item0 = r.item_base[b];
-    if (tid < MLA_HEADS) {
-        const int hr = tid;
-        auto split_at = [&](int sp) { return ((item0 + sp) * r.s_q + qi) * r.h_q + h0 + hr; };
-        auto lse_at = [&](int sp) { return __ldcg(r.split_lse + split_at(sp)); };
-        const mla_head hd = mla_head_plan(ns, lse_at, r.sink, h0 + hr);
-        float mx = -INFINITY;
-        for (int sp = 0; sp < ns; sp++) {
-            wts[hr * ns + sp] = hd.empty ? 0.0f : mla_weight(hd, lse_at(sp));
-            mx = mla_max(mx, __ldcg(r.split_max + split_at(sp)));
-        }
-        osc[hr] = hd.o_scale;
-        empty[hr] = hd.empty;
-        r.lse[head_at + hr] = mla_lse_out(hd);
-        r.max_logits[head_at + hr] = mx;
+/* The combine's two parts for one (query row, 64-head group) of ns splits, in split order, over 256 threads (tid):
+ * mla_combine_heads on thread hr < 64: head hr's plan from lse_at(sp), its weights into wts [64][ns] (which may be
+ * where lse_at reads: each slot is read before it is written), o_scale and empty, and its lse and max logit (the largest
+ * max_at(sp)) out; then, after a barrier, mla_combine_out: thread t adds dims 4 (t % 128) .. + 3 of heads t / 128 + 2 k,
+ * k < 32, load(sp, k) giving split sp's float4 of them, in two halves of 16 loads in flight a split, and writes out. */
+template <typename LseAt, typename MaxAt>
+__device__ __forceinline__ void mla_combine_heads(const mla_run &r, int64_t head_at, int64_t h0, int hr, int ns, float *wts,
+                                                  float *osc, int *empty, LseAt lse_at, MaxAt max_at) {
+    const mla_head hd = mla_head_plan(ns, lse_at, r.sink, h0 + hr);
+    float mx = -INFINITY;
+    for (int sp = 0; sp < ns; sp++) {
+        wts[hr * ns + sp] = hd.empty ? 0.0f : mla_weight(hd, lse_at(sp));
+        mx = mla_max(mx, max_at(sp));
     }
-    sync();
-    /* thread t: dims 4 (t % 128) .. + 3 of heads t / 128 + 2 u, u < 32, in two halves of 16 loads in flight a split */
-    const int64_t split_stride = r.s_q * r.h_q * (MLA_D_V / 4); /* float4s from one split to the next */
-    const float4 *base4 = reinterpret_cast<const float4 *>(r.split_out) + ((item0 * r.s_q + qi) * r.h_q + h0) * (MLA_D_V / 4) + tid;
+    osc[hr] = hd.o_scale;
+    empty[hr] = hd.empty;
+    r.lse[head_at + hr] = mla_lse_out(hd);
+    r.max_logits[head_at + hr] = mx;
+}
+template <typename Load>
+__device__ __forceinline__ void mla_combine_out(const mla_run &r, int64_t head_at, int ns, int tid, const float *wts,
+                                                const float *osc, const int *empty, Load load) {
+    const bool has_sink = r.sink != NULL;
     uint16_t *out0 = r.out + (head_at + (tid >> 7)) * MLA_D_V + 4 * (tid & 127);
 #pragma unroll 1
     for (int half = 0; half < 2; half++) {
@@ -278,7 +266,7 @@ __device__ __forceinline__ void mla_combine_last(const mla_run &r, int64_t b, in
         for (int sp = 0; sp < ns; sp++) {
             float4 x[16];
 #pragma unroll
-            for (int u = 0; u < 16; u++) x[u] = __ldcg(base4 + sp * split_stride + (16 * half + u) * 256);
+            for (int u = 0; u < 16; u++) x[u] = load(sp, 16 * half + u);
 #pragma unroll
             for (int u = 0; u < 16; u++) {
                 const float w = wts[((tid >> 7) + 2 * (16 * half + u)) * ns + sp];
@@ -296,6 +284,33 @@ __device__ __forceinline__ void mla_combine_last(const mla_run &r, int64_t b, in
                            mla_bf16x2(mla_finish(acc[u].z, has_sink, none, sc), mla_finish(acc[u].w, has_sink, none, sc)));
         }
     }
+}
+
+/* The combine of a request's splits for one (query row, 64-head group), by the CTA whose split arrives last (an atomic
+ * counter, not on values), every split's values from the workspace: tid is the thread's index among the MLA_THREADS
+ * (256) that take part, and sync() their barrier; wts [64][ns], osc [64], empty [64] and flag are the CTA's shared
+ * scratch. Returns at once in every CTA but the last. */
+template <typename Sync>
+__device__ __forceinline__ void mla_combine_last(const mla_run &r, int64_t b, int qi, int g, int ns, int tid, float *wts,
+                                                 float *osc, int *empty, int *flag, Sync sync) {
+    const int64_t row = b * r.s_q + qi, h0 = (int64_t)g * MLA_HEADS, head_at = row * r.h_q + h0;
+    __threadfence();
+    sync();
+    if (tid == 0) *flag = atomicAdd(&r.counters[row * r.groups + g], 1) == ns - 1;
+    sync();
+    if (!*flag) return;
+    __threadfence();
+    const int64_t item0 = r.item_base[b];
+    if (tid < MLA_HEADS) {
+        const int hr = tid;
+        auto split_at = [&](int sp) { return ((item0 + sp) * r.s_q + qi) * r.h_q + h0 + hr; };
+        mla_combine_heads(r, head_at, h0, hr, ns, wts, osc, empty, [&](int sp) { return __ldcg(r.split_lse + split_at(sp)); },
+                          [&](int sp) { return __ldcg(r.split_max + split_at(sp)); });
+    }
+    sync();
+    const int64_t split_stride = r.s_q * r.h_q * (MLA_D_V / 4); /* float4s from one split to the next */
+    const float4 *base4 = reinterpret_cast<const float4 *>(r.split_out) + ((item0 * r.s_q + qi) * r.h_q + h0) * (MLA_D_V / 4) + tid;
+    mla_combine_out(r, head_at, ns, tid, wts, osc, empty, [&](int sp, int k) { return __ldcg(base4 + sp * split_stride + k * 256); });
 }
 
 #endif

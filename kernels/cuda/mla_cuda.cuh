@@ -63,7 +63,7 @@
  * Workspace (mla_workspace_layout; 256-byte aligned pieces): plan_blocks, plan_splits [batch] i32 and first
  * [batch, max_splits] i32 (split_count), used when they do not fit in the plan kernel's shared memory,
  * item_base [batch + 1] i32, items [max_items] int4 (request, its split count, first block, end block),
- * counters [batch * s_q * groups] i32, split_lse and split_max [max_items, s_q, h_q] f32, split_out
+ * counters [2][batch * s_q * groups] i32 (arrivals; mla_wg.cuh's outs written), split_lse and split_max [max_items, s_q, h_q] f32, split_out
  * [max_items, s_q, h_q, 512] f32.
  *
  * Files: mla_common.cuh (sizes, the shared-memory map, mla_run, device helpers, the combine of one (row, head)),
@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(MLA_PLAN_THREADS) mla_plan_kernel(mla_run r) {
             total += chunk;
         }
     }
-    for (int64_t k = tid; k < r.batch * r.s_q * r.groups; k += MLA_PLAN_THREADS) r.counters[k] = 0;
+    for (int64_t k = tid; k < 2 * r.batch * r.s_q * r.groups; k += MLA_PLAN_THREADS) r.counters[k] = 0;
     if (tid == 0) failed = 0;
     __syncthreads();
     if (ALGO == MLA_SPLIT_COUNT && tid == 0) { /* sequential by nature: each part starts where the last one stopped */
@@ -248,7 +248,7 @@ static inline size_t mla_workspace_layout(mla_run *r, unsigned char *base, int a
     r->first = algo == MLA_SPLIT_COUNT ? (int32_t *)take(sizeof(int32_t) * B * (size_t)r->max_splits) : NULL;
     r->item_base = (int32_t *)take(sizeof(int32_t) * (B + 1));
     r->items = (int4 *)take(sizeof(int4) * items);
-    r->counters = (int32_t *)take(sizeof(int32_t) * B * (size_t)(r->s_q * r->groups));
+    r->counters = (int32_t *)take(sizeof(int32_t) * 2 * B * (size_t)(r->s_q * r->groups));
     r->split_lse = (float *)take(sizeof(float) * items * heads);
     r->split_max = (float *)take(sizeof(float) * items * heads);
     r->split_out = (float *)take(sizeof(float) * items * heads * MLA_D_V);

@@ -8,23 +8,29 @@
  *     the f32 path, a loop, where the multiplier overflows), copies its RoPE half by cp.async, stores them in the
  *     layout wgmma reads (128-byte swizzle) and arrives on full[s]; a token that does not count is zeros, never read.
  *     It waits on empty[s] before reusing a tile. A block's slots are read a block ahead and its tokens sent towards
- *     L2 two blocks ahead, so the loads meet L2's latency.
+ *     L2 two blocks ahead, so the loads meet L2's latency. It starts while the math warpgroups load Q.
  *   - warpgroup 0 scores: S = Q K^T for all 64 heads x 64 tokens over the 576 dims (wgmma m64n64k16, Q and K from
- *     shared memory), the softmax in the log2 domain as split_size's (running max from -1e30, rescale
- *     exp2f(m - mnew), p = exp2f(s - m), P rounded to bf16, l summed in f32), P [64 heads][64 tokens] and the rescale
- *     through shared memory to warpgroup 1 (named barrier 2), then O += P V over dims [0, 256).
- *   - warpgroup 1 rescales its O and adds P V over dims [256, 512), then frees P (named barrier 3): its P V runs while
+ *     shared memory), the softmax in the log2 domain (running max from -1e30, rescale exp2f(m - mnew), p = 2^(s - m)
+ *     with subnormal p flushed to 0, P rounded to bf16, l summed in f32; maxima and sums as trees, shorter chains for
+ *     a warp alone on its scheduler), P [64 heads][64 tokens] and the rescale through shared memory to warpgroup 1
+ *     (mbarrier pready), then O += P V over dims [0, 256).
+ *   - warpgroup 1 rescales its O and adds P V over dims [256, 512), then frees P (mbarrier pfree): its P V runs while
  *     warpgroup 0 scores the next block. Both P V are wgmma m64n256k16, V read as N-major from the same K tile: 128 f32
  *     accumulators a thread.
- *   A block with no counted slot is skipped whole by both (the mask the producer publishes).
+ *   A block with no counted slot is skipped whole by both (the mask the producer publishes, read by each warp's lane 0).
+ *   Every hand-off is one compute-sanitizer racecheck follows: mbarriers every thread arrives on (a bar.arrive, or a
+ *   lane-0 arrival for its warp, it does not take as ordering: scripts/racecheck-probe.cu), and in the epilogue
+ *   barriers over the whole CTA, the producer waiting at them.
  * Split lse, max logit and out = acc / l go out as mla_attend_kernel's do, O staged in the free K tiles so one small
- * loop writes it, and the last split to arrive combines (mla_combine_last, the 256 math threads).
+ * loop writes it. A split of several arrives first (a counter), then writes its out unless it is the last to arrive,
+ * which combines from its own out in shared memory and the others' once they are written (mla_wg_combine: the
+ * arithmetic and order of mla_combine_last).
  *
- * Numerics against split_size@cuda: the same dequantized values, P and plan; dot products and l add in another
- * order (the tensor cores' and per-thread partial sums), so bits differ from it by rounding. Every order here is
+ * Numerics against split_size@cuda: the same dequantized values and plan; dot products and l add in another order
+ * (the tensor cores' and the trees), and p below 2^-126 is 0, so bits differ from it by rounding. Every order here is
  * fixed by the code and the request alone, so bits do not depend on the batch or the run.
  *
- * Shared memory (231,992 bytes with the slack that puts the map on a 1024-byte boundary, as ncu reports it):
+ * Shared memory (232,008 bytes with the slack that puts the map on a 1024-byte boundary, as ncu reports it):
  * Q [9 panels][64 heads][128 bytes] (a panel: 64 of the 576 dims, rows 128 bytes with 16-byte chunk c of row r at
  * c ^ (r % 8): the 128-byte swizzle), K [2 tiles][9 panels][64 tokens][128 bytes],
  * P [64 heads][128 bytes] (the same swizzle), then the statistics, the masks and the mbarriers. */
@@ -49,10 +55,13 @@
 #define MLA_WG_OSC 256    /* [64] the combine's o_scale */
 #define MLA_WG_EMPTY 320  /* [64] int: the combined row is empty */
 #define MLA_WG_FLAG 384   /* int: this CTA combines */
+#define MLA_WG_EP_FLAGS 6 /* the epilogue's per-head flags after six per-head floats (in the P buffer) */
 #define MLA_WG_MASK 386   /* u64 [2]: a tile's counted tokens */
 #define MLA_WG_FULL 390   /* u64 [2] mbarriers: tile s filled (128 producer arrivals) */
 #define MLA_WG_EMPTYB 394 /* u64 [2] mbarriers: tile s read (8 math warps) */
-#define MLA_WG_ST_BYTES (398 * 4)
+#define MLA_WG_PREADY 398 /* u64 mbarrier: P and the rescale written (warpgroup 0's 128 threads) */
+#define MLA_WG_PFREE 400  /* u64 mbarrier: P and the rescale read (warpgroup 1's 128 threads) */
+#define MLA_WG_ST_BYTES (402 * 4)
 /* the swizzle's pattern repeats every 1024 bytes from a 1024-byte boundary: the map starts at the first one */
 #define MLA_WG_SMEM_BYTES (MLA_WG_ST_AT + MLA_WG_ST_BYTES + 1024)
 
@@ -131,10 +140,19 @@ __device__ __forceinline__ void mla_wgmma_qk(float (&d)[32], uint64_t a, uint64_
                  : "l"(a), "l"(b), "r"(accumulate));
 }
 
-/* Named barrier id over count threads: wait for all, or arrive without waiting. */
-__device__ __forceinline__ void mla_bar_sync(int id, int count) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
-__device__ __forceinline__ void mla_bar_arrive(int id, int count) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
+/* 2^x, subnormal results flushed to +0 (ex2.approx.ftz: -inf gives +0, NaN stays NaN) */
+__device__ __forceinline__ float mla_ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 
+/* Named barrier id over count threads. */
+__device__ __forceinline__ void mla_bar_sync(int id, int count) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
+
+/* Every thread of the CTA, each at its own instruction (barrier.sync without .aligned): the epilogue's hand-offs, where
+ * the producer warpgroup, done, waits with the math */
+__device__ __forceinline__ void mla_wg_cta_sync() { asm volatile("barrier.sync 0;\n" ::: "memory"); }
 __device__ __forceinline__ void mla_named_sync(int id) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(MLA_WG_MATH) : "memory"); }
 template <int N>
 __device__ __forceinline__ void mla_setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
@@ -177,6 +195,14 @@ __device__ __forceinline__ void mla_wg_rescale(float (&o)[128], float sc0, float
         o[4 * i] = __fmul_rn(o[4 * i], sc0), o[4 * i + 1] = __fmul_rn(o[4 * i + 1], sc0);
         o[4 * i + 2] = __fmul_rn(o[4 * i + 2], sc1), o[4 * i + 3] = __fmul_rn(o[4 * i + 3], sc1);
     }
+}
+
+/* A tile's mask, read by lane 0 and passed to its warp (the tile is freed by lane 0's arrival on its empty barrier, so
+ * only lane 0's read needs ordering before the producer's next write) */
+__device__ __forceinline__ uint64_t mla_wg_mask(const uint64_t *mask, int lane) {
+    uint64_t m = 0;
+    if (lane == 0) m = *mask;
+    return __shfl_sync(0xffffffffu, m, 0);
 }
 
 /* The slot of token tok (0..63) of block n, -1 past the CTA's blocks or the row's length. */
@@ -258,6 +284,30 @@ __device__ __forceinline__ void mla_wg_fill(const mla_run &r, unsigned char *kt,
     }
 }
 
+/* The combine of a (row, head group) whose splits have all arrived and been written, by the last to arrive (the 256 math
+ * threads): mla_combine_last's parts (mla_common.cuh), with split own's lse, max and out from this CTA's shared memory
+ * (ep, ost) and the others' from the workspace; every lse is staged in wts first, so its loads are in flight together. */
+__device__ __forceinline__ void mla_wg_combine(const mla_run &r, int64_t b, int qi, int g, int ns, int own, int tid,
+                                               const float *ost, const float *ep, float *wts, float *osc, int *empty) {
+    const int64_t row = b * r.s_q + qi, h0 = (int64_t)g * MLA_HEADS, head_at = row * r.h_q + h0, item0 = r.item_base[b];
+    if (tid < MLA_HEADS) {
+        const int hr = tid;
+        auto split_at = [&](int sp) { return ((item0 + sp) * r.s_q + qi) * r.h_q + h0 + hr; };
+        float *const lw = wts + hr * ns;
+#pragma unroll 4
+        for (int sp = 0; sp < ns; sp++) lw[sp] = sp == own ? ep[4 * MLA_HEADS + hr] : __ldcg(r.split_lse + split_at(sp));
+        mla_combine_heads(r, head_at, h0, hr, ns, wts, osc, empty, [&](int sp) { return lw[sp]; },
+                          [&](int sp) { return sp == own ? ep[5 * MLA_HEADS + hr] : __ldcg(r.split_max + split_at(sp)); });
+    }
+    mla_wg_cta_sync();
+    const int64_t split_stride = r.s_q * r.h_q * (MLA_D_V / 4); /* float4s from one split to the next */
+    const float4 *base4 = reinterpret_cast<const float4 *>(r.split_out) + ((item0 * r.s_q + qi) * r.h_q + h0) * (MLA_D_V / 4) + tid;
+    const float *own0 = ost + (tid >> 7) * MLA_OROW + 4 * (tid & 127);
+    mla_combine_out(r, head_at, ns, tid, wts, osc, empty, [&](int sp, int k) {
+        return sp == own ? *reinterpret_cast<const float4 *>(own0 + 2 * k * MLA_OROW) : __ldcg(base4 + sp * split_stride + k * 256);
+    });
+}
+
 template <bool FP8>
 __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
     extern __shared__ __align__(1024) unsigned char mla_wg_smem[];
@@ -266,6 +316,7 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
     int *const st_i = reinterpret_cast<int *>(st);
     uint64_t *const masks = reinterpret_cast<uint64_t *>(st + MLA_WG_MASK);
     const uint32_t full0 = mla_smem(st + MLA_WG_FULL), empty0 = mla_smem(st + MLA_WG_EMPTYB);
+    const uint32_t pready = mla_smem(st + MLA_WG_PREADY), pfree = mla_smem(st + MLA_WG_PFREE);
 
     pdl_wait();
     const int tid = threadIdx.x;
@@ -280,19 +331,20 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
     const int32_t blk0 = it.z, blk1 = it.w;
     const int64_t len = mla_row_len(r, row);
 
-    /* Q: 64 heads x 72 chunks into its panels, by every thread */
+    /* Q: 64 heads x 72 chunks into its panels, by the math threads, while the producer starts on the first block (the
+     * K tiles are not Q's): the math threads wait for Q at named barrier 1, the producer for nothing but the mbarriers */
     const uint16_t *qsrc = r.q + (row * r.h_q + h0) * MLA_D_QK;
     const uint32_t q_s = mla_smem(sm + MLA_WG_Q_AT);
-    for (int c = tid; c < MLA_HEADS * 72; c += MLA_WG_THREADS) {
-        const int hr = c / 72, ch = c % 72;
-        mla_cp16(q_s + (ch >> 3) * MLA_WG_PANEL + mla_sw128(hr, ch & 7), qsrc + hr * MLA_D_QK + ch * 8, 16);
-    }
-    mla_cp_commit();
-    /* the producer's first two blocks: their slots, and their tokens on the way to L2 while Q loads. Its thread pt reads
-     * part pq of token ptok */
     const int pt = tid - MLA_WG_MATH, ptok = mla_wg_tok(pt), pq = mla_wg_part(pt);
     int32_t idx = -1, nxt = -1;
-    if (pt >= 0) {
+    if (pt < 0) {
+        for (int c = tid; c < MLA_HEADS * 72; c += MLA_WG_MATH) {
+            const int hr = c / 72, ch = c % 72;
+            mla_cp16(q_s + (ch >> 3) * MLA_WG_PANEL + mla_sw128(hr, ch & 7), qsrc + hr * MLA_D_QK + ch * 8, 16);
+        }
+        mla_cp_commit();
+    } else { /* the producer's first two blocks: their slots, and their tokens on the way to L2. Its thread pt reads part
+              * pq of token ptok */
         idx = mla_wg_slot(r, row, len, blk0, blk1, ptok), nxt = mla_wg_slot(r, row, len, blk0 + 1, blk1, ptok);
         mla_wg_prefetch<FP8>(r, idx, pq);
         mla_wg_prefetch<FP8>(r, nxt, pq);
@@ -302,10 +354,10 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
             mla_mbar_init(full0 + 8 * s, MLA_WG_THREADS - MLA_WG_MATH);
             mla_mbar_init(empty0 + 8 * s, MLA_WG_MATH / 32);
         }
+        mla_mbar_init(pready, 128);
+        mla_mbar_init(pfree, 128);
     }
-    mla_cp_wait_all();
-    mla_fence_proxy(); /* Q, written by cp.async, is read by wgmma */
-    __syncthreads();
+    __syncthreads(); /* the mbarriers */
 
     /* setmaxnreg moves registers within the CTA's launch allocation (168 a thread at 384 threads): 104 + 2 x 200 fits
      * its 504 (ptxas holds the producer's code to its 104: at 96 it spilled); more for the math would wait forever for
@@ -324,9 +376,23 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
             mla_wg_prefetch<FP8>(r, after, pq);
             idx = nxt, nxt = after;
         }
+        /* the epilogue's CTA-wide barriers, passed without work: three (the last for a request of one split), or two,
+         * one more for a split of several and one more for the one that combines */
+        mla_wg_cta_sync();
+        mla_wg_cta_sync();
+        if (ns == 1) {
+            mla_wg_cta_sync();
+            return;
+        }
+        const bool last = st_i[MLA_WG_FLAG];
+        mla_wg_cta_sync();
+        if (last) mla_wg_cta_sync();
         return;
     }
     mla_setmaxnreg_inc<200>();
+    mla_cp_wait_all();
+    mla_fence_proxy(); /* Q, written by cp.async, is read by wgmma */
+    mla_named_sync(1);
 
     const int w = tid >> 7, lane = tid & 31, wq = (tid >> 5) & 3;
     const int r0 = 16 * wq + (lane >> 2); /* this thread's heads: r0 and r0 + 8 */
@@ -339,12 +405,14 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
     const uint64_t dq = mla_desc(q_s, 16, 1024), dp = mla_desc(p_s, 16, 1024);
     const uint64_t dk0 = mla_desc(k_s0, 16, 1024), dv0 = mla_desc(k_s0, MLA_WG_V_LEAD, MLA_WG_V_STRIDE);
 
+    /* P and the rescale go from warpgroup 0 to 1 through mbarriers pready and pfree on which every thread arrives, the
+     * u-th block that counts a slot (np) completing phase u of each */
+    int np = 0;
     if (w == 0) { /* all 64 tokens' scores and the softmax, then O += P V over dims [0, 256) */
-        bool owed = false;      /* warpgroup 1 owes an arrival on barrier 3: it has P and the rescale in use */
         for (int32_t n = blk0; n < blk1; n++) {
             const int k = n - blk0, s = k & 1;
             mla_mbar_wait(full0 + 8 * s, (uint32_t)(k >> 1) & 1u);
-            const uint64_t mask = masks[s];
+            const uint64_t mask = mla_wg_mask(masks + s, lane);
             if (mask) {
                 float sacc[32];
 #pragma unroll
@@ -359,20 +427,30 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
                 mla_wg_wait0();
 #pragma unroll
                 for (int i = 0; i < 32; i++) mla_wg_pin(sacc[i]);
-                float bm[2] = {-INFINITY, -INFINITY};
+                /* this thread's 32 scores: token 8 i + 2 (lane % 4) + e is bit 8 i + e of mine. Maxima as trees (max is
+                 * exact: any order gives the same value), p by ex2.approx.ftz (a p below 2^-126 is 0), sums as trees */
+                const uint64_t mine = mask >> (2 * (lane & 3));
+                float bmv[2][8], mdv[2][8];
 #pragma unroll
                 for (int i = 0; i < 8; i++)
 #pragma unroll
-                    for (int j = 0; j < 2; j++)
+                    for (int j = 0; j < 2; j++) {
+                        const bool c0 = (mine >> (8 * i)) & 1, c1 = (mine >> (8 * i + 1)) & 1;
+                        const float d0 = sacc[4 * i + 2 * j], d1 = sacc[4 * i + 2 * j + 1];
+                        mdv[j][i] = mla_max(c0 ? d0 : -INFINITY, c1 ? d1 : -INFINITY);
+                        const float s0 = c0 ? __fmul_rn(d0, r.scale_log2) : -INFINITY;
+                        const float s1 = c1 ? __fmul_rn(d1, r.scale_log2) : -INFINITY;
+                        sacc[4 * i + 2 * j] = s0, sacc[4 * i + 2 * j + 1] = s1;
+                        bmv[j][i] = mla_max(s0, s1);
+                    }
+                float bm[2];
 #pragma unroll
-                        for (int e = 0; e < 2; e++) {
-                            const int tok = 8 * i + 2 * (lane & 3) + e;
-                            const bool counted = (mask >> tok) & 1;
-                            const float d = sacc[4 * i + 2 * j + e];
-                            maxdot[j] = mla_max(maxdot[j], counted ? d : -INFINITY);
-                            sacc[4 * i + 2 * j + e] = counted ? __fmul_rn(d, r.scale_log2) : -INFINITY;
-                            bm[j] = mla_max(bm[j], sacc[4 * i + 2 * j + e]);
-                        }
+                for (int j = 0; j < 2; j++) {
+                    bm[j] = mla_max(mla_max(mla_max(bmv[j][0], bmv[j][1]), mla_max(bmv[j][2], bmv[j][3])),
+                                    mla_max(mla_max(bmv[j][4], bmv[j][5]), mla_max(bmv[j][6], bmv[j][7])));
+                    maxdot[j] = mla_max(maxdot[j], mla_max(mla_max(mla_max(mdv[j][0], mdv[j][1]), mla_max(mdv[j][2], mdv[j][3])),
+                                                           mla_max(mla_max(mdv[j][4], mdv[j][5]), mla_max(mdv[j][6], mdv[j][7]))));
+                }
                 float rescale[2];
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
@@ -384,16 +462,20 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
                     l_run[j] = __fmul_rn(l_run[j], rescale[j]);
                     m_run[j] = mnew;
                 }
-                float psum[2] = {0.0f, 0.0f};
+                float psum[2], pp[2][8];
 #pragma unroll
                 for (int i = 0; i < 8; i++)
 #pragma unroll
                     for (int j = 0; j < 2; j++) {
-                        sacc[4 * i + 2 * j] = exp2f(__fsub_rn(sacc[4 * i + 2 * j], m_run[j]));
-                        sacc[4 * i + 2 * j + 1] = exp2f(__fsub_rn(sacc[4 * i + 2 * j + 1], m_run[j]));
-                        psum[j] = __fadd_rn(psum[j], __fadd_rn(sacc[4 * i + 2 * j], sacc[4 * i + 2 * j + 1]));
+                        sacc[4 * i + 2 * j] = mla_ex2(__fsub_rn(sacc[4 * i + 2 * j], m_run[j]));
+                        sacc[4 * i + 2 * j + 1] = mla_ex2(__fsub_rn(sacc[4 * i + 2 * j + 1], m_run[j]));
+                        pp[j][i] = __fadd_rn(sacc[4 * i + 2 * j], sacc[4 * i + 2 * j + 1]);
                     }
-                if (owed) mla_bar_sync(3, MLA_WG_MATH); /* warpgroup 1 is done with the last block's P */
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+                    psum[j] = __fadd_rn(__fadd_rn(__fadd_rn(pp[j][0], pp[j][1]), __fadd_rn(pp[j][2], pp[j][3])),
+                                        __fadd_rn(__fadd_rn(pp[j][4], pp[j][5]), __fadd_rn(pp[j][6], pp[j][7])));
+                if (np > 0) mla_mbar_wait(pfree, (uint32_t)(np - 1) & 1u); /* warpgroup 1 is done with the last P */
 #pragma unroll
                 for (int i = 0; i < 8; i++)
 #pragma unroll
@@ -404,8 +486,8 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
                     }
                 if ((lane & 3) == 0) st[MLA_WG_XSC + r0] = rescale[0], st[MLA_WG_XSC + r0 + 8] = rescale[1];
                 mla_fence_proxy(); /* P, written by ordinary stores, is read by wgmma */
-                mla_bar_arrive(2, MLA_WG_MATH); /* P and the rescale to warpgroup 1 */
-                owed = true;
+                mla_mbar_arrive(pready); /* P and the rescale to warpgroup 1 */
+                np++;
 #pragma unroll
                 for (int j = 0; j < 2; j++) l_run[j] = __fadd_rn(l_run[j], psum[j]);
                 mla_wg_rescale(o, rescale[0], rescale[1]);
@@ -424,14 +506,14 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
             __syncwarp();
             if (lane == 0) mla_mbar_arrive(empty0 + 8 * s);
         }
-        if (owed) mla_bar_sync(3, MLA_WG_MATH); /* warpgroup 1's last arrival, and P and the rescale free */
+        if (np > 0) mla_mbar_wait(pfree, (uint32_t)(np - 1) & 1u); /* warpgroup 1's last P V done */
     } else { /* warpgroup 1: O += P V over dims [256, 512) with warpgroup 0's P and rescale */
         for (int32_t n = blk0; n < blk1; n++) {
             const int k = n - blk0, s = k & 1;
             mla_mbar_wait(full0 + 8 * s, (uint32_t)(k >> 1) & 1u);
-            const uint64_t mask = masks[s];
+            const uint64_t mask = mla_wg_mask(masks + s, lane);
             if (mask) {
-                mla_bar_sync(2, MLA_WG_MATH);
+                mla_mbar_wait(pready, (uint32_t)np & 1u);
                 const float sc0 = st[MLA_WG_XSC + r0], sc1 = st[MLA_WG_XSC + r0 + 8];
                 mla_wg_rescale(o, sc0, sc1);
 #pragma unroll
@@ -444,7 +526,8 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
                 mla_wg_wait0();
 #pragma unroll
                 for (int i = 0; i < 128; i++) mla_wg_pin(o[i]);
-                mla_bar_arrive(3, MLA_WG_MATH); /* done with P and the rescale */
+                mla_mbar_arrive(pfree); /* done with P and the rescale */
+                np++;
             }
             __syncwarp();
             if (lane == 0) mla_mbar_arrive(empty0 + 8 * s);
@@ -461,7 +544,7 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
         if ((lane & 3) == 0 && w == 0)
             st[MLA_WG_XL + 64 * w + r0 + 8 * j] = l_run[j], st[MLA_WG_XMD + 64 * w + r0 + 8 * j] = maxdot[j]; /* w is 0 */
     }
-    mla_named_sync(1); /* and both warpgroups are past their last matrix work: the K tiles are free */
+    mla_wg_cta_sync(); /* and both warpgroups are past their last matrix work: the K tiles are free */
     /* O staged in the K tiles as f32 rows of MLA_OROW, so that one small loop below writes it out (unrolled over this
      * thread's 128 values, the division's and the finish's branches made the epilogue's code so large that every CTA
      * waited on instruction fetches there) */
@@ -473,8 +556,9 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
             *reinterpret_cast<float2 *>(ost + (r0 + 8 * j) * MLA_OROW + 256 * w + 8 * i + 2 * (lane & 3)) =
                 make_float2(o[4 * i + 2 * j], o[4 * i + 2 * j + 1]);
     const int64_t head_at = row * r.h_q + h0;
-    float *const ep = reinterpret_cast<float *>(sm + MLA_WG_P_AT); /* per head: l, RN(1 / l), w0, o_scale, flags */
-    int *const ep_flags = reinterpret_cast<int *>(ep + 4 * MLA_HEADS);
+    float *const ep = reinterpret_cast<float *>(sm + MLA_WG_P_AT); /* per head: l, RN(1 / l), w0, o_scale, lse, max, flags */
+    int *const ep_flags = reinterpret_cast<int *>(ep + MLA_WG_EP_FLAGS * MLA_HEADS);
+    int32_t *const arrived = r.counters + row * r.groups + g, *const written = arrived + r.batch * r.s_q * r.groups;
     if (w == 0 && (lane & 3) == 0) /* warpgroup 0 holds every head's running max and counted flag */
 #pragma unroll
         for (int j = 0; j < 2; j++) {
@@ -493,8 +577,8 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
                 r.max_logits[head_at + hr] = mla_max(-INFINITY, __fmul_rn(md, r.sm_scale));
             } else {
                 const int64_t at = (item * r.s_q + qi) * r.h_q + h0 + hr;
-                r.split_lse[at] = lse_s;
-                r.split_max[at] = __fmul_rn(md, r.sm_scale);
+                r.split_lse[at] = ep[4 * MLA_HEADS + hr] = lse_s;
+                r.split_max[at] = ep[5 * MLA_HEADS + hr] = __fmul_rn(md, r.sm_scale);
             }
             ep[hr] = l;
             ep[MLA_HEADS + hr] = l >= 1.0f && l <= 0x1p24f ? __frcp_rn(l) : NAN; /* l >= 1 when a slot counted */
@@ -502,11 +586,14 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
             ep[3 * MLA_HEADS + hr] = osc;
             ep_flags[hr] = (int)counted | (int)none << 1;
         }
-    mla_named_sync(1);
+    /* A split of several arrives before its out is written: the last to arrive combines, from its own out in shared
+     * memory and the others' from the workspace once they are written (the second counter; they arrived first, so they
+     * are running and the wait ends). Which CTA combines varies, the values it reads and the order it adds them do not. */
+    if (tid == 0 && ns > 1) st_i[MLA_WG_FLAG] = atomicAdd(arrived, 1) == ns - 1;
+    mla_wg_cta_sync();
     /* out = acc / l (0 when nothing counted), four dims a thread a step, rows in order, four steps unrolled so their
      * shared-memory reads and stores overlap (one step at a time, the loop was a fifth of the math warps' samples) */
     const bool has_sink = r.sink != NULL;
-    float *const split_out = r.split_out + ((item * r.s_q + qi) * r.h_q + h0) * MLA_D_V;
     auto quotients = [&](int hr, int dim, float (&x)[4]) { /* a pair by mla_div when both allow it, else __fdiv_rn */
         const float4 a = *reinterpret_cast<const float4 *>(ost + hr * MLA_OROW + dim);
         const float l = ep[hr], y = ep[MLA_HEADS + hr];
@@ -523,6 +610,10 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
             }
     };
     if (ns == 1) {
+        /* not needed for the ordering (the barrier above orders ep and ost before these reads), but without it
+         * compute-sanitizer racecheck 2025.3.1 reports those hand-offs as hazards in a request of one split alone, and
+         * with it none (MEASURED.md) */
+        mla_wg_cta_sync();
 #pragma unroll 4
         for (int e = tid; e < MLA_HEADS * MLA_D_V / 4; e += MLA_WG_MATH) {
             const int hr = e / (MLA_D_V / 4), dim = 4 * (e % (MLA_D_V / 4));
@@ -538,15 +629,29 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
         }
         return;
     }
+    const bool last = st_i[MLA_WG_FLAG];
+    float *const split_out = r.split_out + ((item * r.s_q + qi) * r.h_q + h0) * MLA_D_V;
 #pragma unroll 4
-    for (int e = tid; e < MLA_HEADS * MLA_D_V / 4; e += MLA_WG_MATH) {
+    for (int e = tid; e < MLA_HEADS * MLA_D_V / 4; e += MLA_WG_MATH) { /* the last keeps its out in place of O */
         const int hr = e / (MLA_D_V / 4), dim = 4 * (e % (MLA_D_V / 4));
         float x[4];
         quotients(hr, dim, x);
-        *reinterpret_cast<float4 *>(split_out + hr * MLA_D_V + dim) = make_float4(x[0], x[1], x[2], x[3]);
+        *reinterpret_cast<float4 *>(last ? ost + hr * MLA_OROW + dim : split_out + hr * MLA_D_V + dim) =
+            make_float4(x[0], x[1], x[2], x[3]);
     }
-    mla_combine_last(r, b, qi, g, ns, tid, reinterpret_cast<float *>(sm + MLA_WG_K_AT), st + MLA_WG_OSC, st_i + MLA_WG_EMPTY,
-                     st_i + MLA_WG_FLAG, [] { mla_named_sync(1); });
+    if (!last) {
+        __threadfence();
+        mla_wg_cta_sync();
+        if (tid == 0) atomicAdd(written, 1);
+        return;
+    }
+    if (tid == 0) {
+        while (atomicAdd(written, 0) < ns - 1) __nanosleep(64);
+        __threadfence();
+    }
+    mla_wg_cta_sync(); /* the others' lse, max and out written, this one's out in ost */
+    mla_wg_combine(r, b, qi, g, ns, (int)(item - r.item_base[b]), tid, ost, ep, reinterpret_cast<float *>(sm + MLA_WG_Q_AT),
+                   st + MLA_WG_OSC, st_i + MLA_WG_EMPTY);
 }
 
 /* mla_cuda_run's core for this kernel. */
