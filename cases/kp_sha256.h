@@ -47,8 +47,11 @@ void kp_sha256_job_join(kp_sha256_job *job, char hex[KP_SHA256_HEX_LEN]);
  * is a function of the state before it and the stretch's bytes alone, and the digest of the state after the last
  * full block and the tail. So a stream hashes to a digest exactly when each stretch, hashed from the state recorded
  * before it (the standard start for the first), reaches the state recorded after it, and the last stretch finishes
- * at the digest: a check that every stretch can make at once, on its own thread. One core hashes a stream alone. */
-#define KP_SHA256_POINT_BYTES ((uint64_t)16 << 20)
+ * at the digest: a check that every stretch can make at once, on its own thread. One core hashes a stream alone.
+ * 1 MiB apart: at 16 MiB every tensor of a few MB was one stretch, checked on one core while the others waited; a
+ * point costs 64 hex digits a MiB of an entry's metadata. The cache's key texts carry the spacing's version
+ * (harness/cached.c). */
+#define KP_SHA256_POINT_BYTES ((uint64_t)1 << 20)
 typedef struct kp_sha256_points {
     uint64_t len; /* the stream's bytes */
     int64_t n;    /* one point at each multiple of KP_SHA256_POINT_BYTES below len */

@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -214,7 +215,9 @@ double kp_cache_cap_bytes(void) {
     const char *v = getenv("KPARITY_CACHE_MAX_GB");
     char *end;
     const double gb = v && *v ? strtod(v, &end) : 0;
-    return v && *v && !*end && gb > 0 ? gb * 1e9 : 20e9;
+    /* whole bytes: 0.01610459 GB is 16104590 bytes, though 0.01610459 * 1e9 is 16104589.999999998 (an entry filling
+       such a cap exactly was refused) */
+    return v && *v && !*end && gb > 0 ? nearbyint(gb * 1e9) : 20e9;
 }
 
 static bool this_runs(const file_seen *f) { return f->used >= g_run_start; }

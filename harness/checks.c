@@ -309,11 +309,45 @@ static bool tensor_rows_equal(kp_case_ctx *ctx, const kp_output *a, int64_t ia, 
     return !memcmp(x, y, (size_t)elems * kp_dtype_size(a->t[k].dtype));
 }
 
-/* Whether row ia of a and row ib of b are the same bits in every tensor of the answer (absent ones left out). */
-static bool rows_equal(kp_case_ctx *ctx, const kp_output *a, int64_t ia, const kp_output *b, int64_t ib, bool canonical,
-                       const bool *absent) {
+/* Many row comparisons at once, on every thread (each pair is its own memcmp, or two canonical forms in the thread's
+ * own row buffers): differ[i] gets a bit k for each tensor k (absent ones left out; order outputs only when
+ * with_order) in which row ia[i] of a and row ib[i] of b differ (canonical: in canonical form, where their bits
+ * differ); pairs whose ib[i] is at or past `to` are skipped (0). ia, ib NULL: i. The checks' loops read the bits in
+ * their own order, so what they record is what comparing one row at a time recorded. */
+typedef struct row_pairs {
+    kp_case_ctx *ctx;
+    const kp_output *a, *b;
+    const int64_t *ia, *ib;
+    int64_t to;
+    bool canonical, with_order;
+    const bool *absent;
+    uint8_t *differ;
+} row_pairs;
+
+static void row_pair(void *arg, int64_t i) {
+    const row_pairs *p = arg;
+    const int64_t ia = p->ia ? p->ia[i] : i, ib = p->ib ? p->ib[i] : i;
+    uint8_t bits = 0;
+    for (int k = 0; ib < p->to && k < p->a->ntensors; k++)
+        if (!p->absent[k] && (p->with_order || !order_tensor(p->ctx, p->a, k)) &&
+            !tensor_rows_equal(p->ctx, p->a, ia, p->b, ib, k, p->canonical))
+            bits |= (uint8_t)(1u << k);
+    p->differ[i] = bits;
+}
+
+/* The pairs' bits, or NULL when out of host memory. */
+static uint8_t *rows_differ(kp_case_ctx *ctx, const kp_output *a, const int64_t *ia, const kp_output *b, const int64_t *ib,
+                            int64_t n, int64_t to, bool canonical, bool with_order, const bool *absent) {
+    _Static_assert(KP_MAX_TENSORS <= 8, "a pair's tensors are the bits of a byte");
+    row_pairs p = {ctx, a, b, ia, ib, to, canonical, with_order, absent, malloc((size_t)n + 1)};
+    if (p.differ) kp_parallel_for(n, row_pair, &p);
+    return p.differ;
+}
+
+/* Whether a pair's bits say its rows are the same bits in every tensor of the answer (order outputs are not). */
+static bool pair_equal(const kp_case_ctx *ctx, const kp_output *a, uint8_t bits) {
     for (int k = 0; k < a->ntensors; k++)
-        if (!order_tensor(ctx, a, k) && !absent[k] && !tensor_rows_equal(ctx, a, ia, b, ib, k, canonical)) return false;
+        if (!order_tensor(ctx, a, k) && (bits >> k & 1)) return false;
     return true;
 }
 
@@ -339,12 +373,18 @@ static kp_result check_exact(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON 
         cJSON_AddStringToObject(chk, "summary", "out of host memory");
         return KP_FAILED;
     }
+    const double t0 = kp_now();
+    uint8_t *differ = rows_differ(ctx, a->out, NULL, b->out, NULL, ctx->batch, ctx->batch, true, false, absent);
+    if (!differ) {
+        free(rows);
+        cJSON_AddStringToObject(chk, "summary", "out of host memory");
+        return KP_FAILED;
+    }
     cJSON *per_row = cJSON_CreateArray();
     int64_t nrows_diff = 0, elements = 0;
     kp_error err = {0};
-    const double t0 = kp_now();
     for (int64_t r = 0; r < ctx->batch; r++) {
-        if (rows_equal(ctx, a->out, r, b->out, r, true, absent)) continue;
+        if (pair_equal(ctx, a->out, differ[r])) continue;
         cJSON *row = cJSON_CreateObject();
         kp_json_add_int(row, "row", r);
         char name[64];
@@ -359,6 +399,7 @@ static kp_result check_exact(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON 
         rows[nrows_diff++] = r;
         elements += n;
     }
+    free(differ);
     kp_stage_add(KP_STAGE_JUDGING, kp_now() - t0);
     kp_json_add_int(f, "rows", ctx->batch);
     kp_json_add_int(f, "rows_identical", ctx->batch - nrows_diff);
@@ -514,18 +555,24 @@ static kp_result check_repeat(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON
         }
         const double t0 = kp_now();
         struct row_digests rd = {ctx, absent, jobs, 0};
+        uint8_t *differ = rows_differ(ctx, out, NULL, first, NULL, B, B, false, true, absent);
+        if (!differ) {
+            kp_output_free(out);
+            cJSON_AddStringToObject(chk, "summary", "out of host memory");
+            result = KP_FAILED;
+            break;
+        }
         for (int64_t r = 0; r < B; r++) {
             for (int k = 0; k < first->ntensors; k++)
-                if (order_tensor(ctx, first, k) && !absent[k])
-                    tensor_varies[r * first->ntensors + k] |= !tensor_rows_equal(ctx, out, r, first, r, k, false);
-            if (rows_equal(ctx, out, r, first, r, false, absent)) continue;
+                if (order_tensor(ctx, first, k)) tensor_varies[r * first->ntensors + k] |= differ[r] >> k & 1;
+            if (pair_equal(ctx, out, differ[r])) continue;
             run_differs[run] = 1;
-            for (int k = 0; k < first->ntensors; k++)
-                if (!absent[k]) tensor_varies[r * first->ntensors + k] |= !tensor_rows_equal(ctx, out, r, first, r, k, false);
+            for (int k = 0; k < first->ntensors; k++) tensor_varies[r * first->ntensors + k] |= differ[r] >> k & 1;
             if (!varies[r]) jobs[rd.n++] = (digest_job){first, r, row_digest[r * spec->runs]};
             varies[r] = 1;
             jobs[rd.n++] = (digest_job){out, r, row_digest[r * spec->runs + run]};
         }
+        free(differ);
         kp_parallel_for(rd.n, row_digest_job, &rd); /* the rows' digests: each its own stream, so on every thread */
         kp_stage_add(KP_STAGE_JUDGING, kp_now() - t0);
         kp_output_free(out);
@@ -611,6 +658,12 @@ kp_result kp_batch_probe(kp_case_ctx *ctx, const kp_impl *impl, const kp_output 
     absent_tensors(ctx, out, impl, NULL, absent, NULL, NULL, 0);
     for (int k = 0; k < out->ntensors; k++) by_order &= !(absent[k] && order_tensor(ctx, out, k));
     const double t0 = kp_now();
+    uint8_t *bits = rows_differ(ctx, out, NULL, full_out, rows, nrows, ctx->batch, true, false, absent);
+    if (!bits) {
+        cJSON_AddStringToObject(p, "error", "out of host memory");
+        kp_output_free(out);
+        return KP_FAILED;
+    }
     cJSON *differ = cJSON_AddArrayToObject(p, "rows_differ");
     for (int64_t i = 0; i < nrows; i++) {
         if (rows[i] >= ctx->batch) continue; /* filler rows only perturb */
@@ -618,7 +671,7 @@ kp_result kp_batch_probe(kp_case_ctx *ctx, const kp_impl *impl, const kp_output 
         if (nrows != ctx->batch) pr->rows_moved++;
         else if (ctx->fam->row_moved && by_order) pr->rows_moved += ctx->fam->row_moved(ctx->prep.v.data, full_out, rows[i], out, i);
         else pr->rows_moved += rows[i] != i;
-        if (rows_equal(ctx, out, i, full_out, rows[i], true, absent)) continue;
+        if (pair_equal(ctx, out, bits[i])) continue;
         cJSON *row = cJSON_CreateObject();
         kp_json_add_int(row, "row", rows[i]);
         kp_json_add_int(row, "position", i);
@@ -628,12 +681,14 @@ kp_result kp_batch_probe(kp_case_ctx *ctx, const kp_impl *impl, const kp_output 
         if (n < 0) {
             cJSON_Delete(row);
             cJSON_AddStringToObject(p, "error", err.msg);
+            free(bits);
             kp_output_free(out);
             return KP_FAILED;
         }
         cJSON_AddItemToArray(differ, row);
         pr->rows_differ++;
     }
+    free(bits);
     if (ctx->fam->describe_probe && by_order) ctx->fam->describe_probe(ctx->prep.v.data, out, rows, nrows, full_out, p);
     kp_stage_add(KP_STAGE_JUDGING, kp_now() - t0);
     kp_output_free(out);

@@ -193,6 +193,14 @@ int kp_buf_upload(kp_buf *b, const void *src, size_t bytes, const char *name, kp
 
 int kp_buf_download(const kp_buf *b, void *dst, size_t bytes, const char *name, kp_error *err) {
     KP_ASSERT(bytes <= b->bytes);
+#ifdef KP_HAVE_CUDA
+    /* as uploads: into pageable memory (an output block the driver would not pin) through the staging buffers the
+       run's threads drain, so page faults are taken on every thread; into page-locked memory, straight */
+    if (b->memory != KP_MEMORY_HOST) {
+        CUDA_TRY((cudaError_t)kp_staged_copy(dst, kp_buf_ptr(b), bytes, 0, g_stream), name);
+        return 0;
+    }
+#endif
     return buf_read(b, kp_buf_ptr(b), dst, bytes, 1, name, err);
 }
 

@@ -315,6 +315,40 @@ static int diff_class(const struct judge_ctx *ctx, int64_t r, int64_t i) {
                     &ctx->ref->mass_before[cell], ctx->ref->rows[r].top_p, ctx->band, ctx->policy);
 }
 
+/* A float's place in float order as an unsigned key (NaN excluded), -0 folded onto +0 since they compare equal: for
+ * non-NaN a and b, a >= b exactly when order_key(a) >= order_key(b). */
+static inline uint32_t order_key(uint32_t bits) { /* in masks, not branches: so scan_row's loop vectorizes */
+    bits &= 0u - (uint32_t)(bits != 0x80000000u);        /* -0 -> +0 */
+    return bits ^ ((0u - (bits >> 31)) | 0x80000000u); /* negative: ~bits; else bits | sign */
+}
+
+enum { FLAG_KEPT = 1, FLAG_LOOK = 2 }; /* a token's byte in the scan: kept (out_state's KEPT); to be classified */
+
+/* The scan judge_row starts with, without a branch on any token (vectorized in the avx2 clone): each token's flags
+ * into flags[0, V), the -inf outputs counted, the least kept and the greatest dropped non-NaN input as order_keys (0:
+ * none dropped; UINT32_MAX: none kept). FLAG_LOOK marks what judge_row's per-token classification must see: altered
+ * tokens (neither kept nor -inf: the only ones that can be NaN), tokens the rule's mask keeps and the output does not
+ * or the reverse, and the boundary group's members. Every other token is kept or dropped as the mask says: no
+ * difference, nothing else to count. A branch on each token where kept ones fall (a few percent of a row, scattered)
+ * mispredicted often enough to be most of the judge's time. */
+KP_CLONES static void scan_row(const float *in, const float *outp, const uint8_t *keep, const uint8_t *in_group, int64_t V,
+                               uint8_t *flags, int64_t *neginf_out, uint32_t *least_kept, uint32_t *most_dropped) {
+    uint32_t neginf = 0, kmin = UINT32_MAX, dmax = 0; /* V < 2^32 (kp_topp_judge's checks) */
+    for (int64_t i = 0; i < V; i++) {
+        const uint32_t xb = float_bits(in[i]), yb = float_bits(outp[i]);
+        const uint32_t x_not_nan = (xb & 0x7fffffffu) <= 0x7f800000u, dropped = yb == neg_inf_bits;
+        const uint32_t kept = (yb == xb) & x_not_nan & (xb != neg_inf_bits);
+        const uint32_t look = ((kept | dropped) ^ 1u) | (kept ^ (keep[i] != 0)) | (in_group[i] != 0);
+        flags[i] = (uint8_t)(kept | look << 1);
+        neginf += dropped;
+        const uint32_t key = order_key(xb);
+        const uint32_t kept_key = key | (0u - (kept ^ 1u)), dropped_key = key & (0u - (dropped & x_not_nan));
+        kmin = kept_key < kmin ? kept_key : kmin;
+        dmax = dropped_key > dmax ? dropped_key : dmax;
+    }
+    *neginf_out = neginf, *least_kept = kmin, *most_dropped = dmax;
+}
+
 /* Pass one: counts and conformance for row r. Masses are summed in rule order so that the
  * reference's own mask reproduces its C_t and kept_mass bit for bit, even at band 0. */
 static void judge_row(void *vctx, int64_t r) {
@@ -330,45 +364,52 @@ static void judge_row(void *vctx, int64_t r) {
     const int64_t keepable = rr->finite_count + rr->posinf_count;
 
     kp_error local = {0};
-    uint64_t *items = kp_alloc((size_t)V * 2 * sizeof *items, "topp judge sort scratch", &local);
+    /* the sort's items and scratch, then the scan's flags (8 more zero bytes: read 8 at a time) */
+    uint64_t *items = kp_alloc((size_t)V * 2 * sizeof *items + (size_t)V + 8, "topp judge sort scratch", &local);
     if (!items) {
         fail_once(&ctx->fail, &local);
         return;
     }
+    uint8_t *flags = (uint8_t *)(items + 2 * V);
+    memset(flags + V, 0, 8);
     /* the counts in locals, not in *j: the stores into items[] could alias them, and would force a reload a token */
     const uint8_t *keep = ref->keep + r * V;
     const double *mass_before = ref->mass_before + r * V;
     const double row_top_p = rr->top_p, row_band = ctx->band;
     const kp_tie_policy policy = ctx->policy;
-    int64_t kept = 0, neginf_out = 0, nan_out = 0, altered = 0, group_kept = 0, strict = 0, tie = 0, band_n = 0;
+    int64_t kept = 0, neginf_out, nan_out = 0, altered = 0, group_kept = 0, strict = 0, tie = 0, band_n = 0;
     int group_dropped_seen = 0;
     bool group_lowest_first = true;
-    float min_kept = INFINITY, max_dropped = -INFINITY;
-    for (int64_t i = 0; i < V; i++) {
-        const float x = in[i], y = outp[i];
-        const int state = out_state(x, y);
-        neginf_out += float_bits(y) == neg_inf_bits;
-        nan_out += isnan(y);
-        altered += state == OUT_ALTERED;
-        if (state == OUT_KEPT) {
-            items[kept++] = rule_item(x, i);
-            if (x < min_kept) min_kept = x;
-        } else if (state == OUT_DROPPED && !isnan(x) && x != -INFINITY && x > max_dropped) {
-            max_dropped = x;
-        }
-        if (in_group[i]) {
-            if (state == OUT_KEPT) {
-                group_kept++;
-                if (group_dropped_seen) group_lowest_first = false;
-            } else {
-                group_dropped_seen = 1;
+    uint32_t least_kept, most_dropped;
+    scan_row(in, outp, keep, in_group, V, flags, &neginf_out, &least_kept, &most_dropped);
+    /* the flagged tokens in index order, 8 flag bytes at a time: kept ones into items (so the sort sees them in index
+       order, as equal keys must leave), the others that need it classified */
+    for (int64_t at = 0; at < V; at += 8) {
+        uint64_t word;
+        memcpy(&word, flags + at, 8);
+        for (uint64_t set = (word | word >> 1) & 0x0101010101010101u; set; set &= set - 1) {
+            const int64_t i = at + (__builtin_ctzll(set) >> 3);
+            const int f = flags[i];
+            if (f & FLAG_KEPT) items[kept++] = rule_item(in[i], i);
+            if (!(f & FLAG_LOOK)) continue;
+            const float y = outp[i];
+            const int state = f & FLAG_KEPT ? OUT_KEPT : float_bits(y) == neg_inf_bits ? OUT_DROPPED : OUT_ALTERED;
+            nan_out += isnan(y);
+            altered += state == OUT_ALTERED;
+            if (in_group[i]) {
+                if (state == OUT_KEPT) {
+                    group_kept++;
+                    if (group_dropped_seen) group_lowest_first = false;
+                } else {
+                    group_dropped_seen = 1;
+                }
             }
-        }
-        switch (classify(state, keep[i], in_group[i], &mass_before[i], row_top_p, row_band, policy)) {
-        case DIFF_STRICT: strict++; break;
-        case DIFF_TIE: tie++; break;
-        case DIFF_BAND: band_n++; break;
-        default: break;
+            switch (classify(state, keep[i], in_group[i], &mass_before[i], row_top_p, row_band, policy)) {
+            case DIFF_STRICT: strict++; break;
+            case DIFF_TIE: tie++; break;
+            case DIFF_BAND: band_n++; break;
+            default: break;
+            }
         }
     }
     j->nan_out_count = nan_out, j->altered_count = altered, j->group_kept = group_kept;
@@ -396,7 +437,7 @@ static void judge_row(void *vctx, int64_t r) {
     j->mass_ok = kept == keepable || j->kept_mass >= top_p - band;
     /* top_p >= 1 keeps everything by definition, so there is no smaller mask to compare with. */
     j->minimal_ok = tail <= 0 || top_p >= 1.0 || remaining < top_p + band;
-    j->monotone_ok = kept == 0 || min_kept >= max_dropped;
+    j->monotone_ok = kept == 0 || least_kept >= most_dropped;
     j->no_nan_ok = j->nan_out_count == 0;
     j->nonempty_ok = keepable == 0 || kept > 0;
     j->rule_ok = j->strict_count == 0 && j->mass_ok && j->minimal_ok && j->monotone_ok && j->no_nan_ok &&
@@ -409,14 +450,37 @@ static void judge_row_indices(void *vctx, int64_t r) {
     kp_topp_judgement *o = ctx->out;
     int64_t s = o->strict_off[r], t = o->tie_off[r], b = o->band_off[r];
     const bool none = s == o->strict_off[r + 1] && t == o->tie_off[r + 1] && b == o->band_off[r + 1];
-    for (int64_t i = 0; !none && i < ctx->ref->vocab; i++) { /* a row pass one found clean has nothing to list */
-        switch (diff_class(ctx, r, i)) {
-        case DIFF_STRICT: o->strict_idx[s++] = i; break;
-        case DIFF_TIE: o->tie_idx[t++] = i; break;
-        case DIFF_BAND: o->band_idx[b++] = i; break;
-        default: break;
+    const int64_t V = ctx->ref->vocab;
+    /* a row pass one found clean has nothing to list; else scan_row's FLAG_LOOK marks every token that can differ
+       (the others classify as NONE), in index order; where its flags cannot be had, every token is classified */
+    uint8_t *flags = none ? NULL : malloc((size_t)V + 8);
+    if (flags) {
+        int64_t neginf;
+        uint32_t least_kept, most_dropped;
+        const uint8_t *keep = ctx->ref->keep + r * V, *in_group = ctx->ref->in_group + r * V;
+        scan_row(ctx->input + r * ctx->row_stride, ctx->output + r * ctx->row_stride, keep, in_group, V, flags, &neginf,
+                 &least_kept, &most_dropped);
+        memset(flags + V, 0, 8);
+    }
+    for (int64_t at = 0; !none && at < V; at += 8) {
+        uint64_t look = 0x0101010101010101u; /* the 8 tokens from `at` (past V: not listed, below) */
+        if (flags) {
+            uint64_t word;
+            memcpy(&word, flags + at, 8);
+            look = word >> 1 & 0x0101010101010101u;
+        }
+        for (; look; look &= look - 1) {
+            const int64_t i = at + (__builtin_ctzll(look) >> 3);
+            if (i >= V) break;
+            switch (diff_class(ctx, r, i)) {
+            case DIFF_STRICT: o->strict_idx[s++] = i; break;
+            case DIFF_TIE: o->tie_idx[t++] = i; break;
+            case DIFF_BAND: o->band_idx[b++] = i; break;
+            default: break;
+            }
         }
     }
+    free(flags);
     KP_ASSERT(s == o->strict_off[r + 1] && t == o->tie_off[r + 1] && b == o->band_off[r + 1]);
 }
 

@@ -358,6 +358,17 @@ static void age_entries(const char *cache, int seconds) {
     }
 }
 
+/* The cap is whole bytes: the test below sets it to a case's entries' bytes over 1e9, and a product one ulp under them
+ * (0.01610459 * 1e9 is 16104589.999999998) refused the last entry that fills it exactly. */
+Test(cache, the_cap_in_gigabytes_is_whole_bytes) {
+    cr_assert_eq(setenv("KPARITY_CACHE_MAX_GB", "0.01610459", 1), 0);
+    cr_assert_eq(kp_cache_cap_bytes(), 16104590.0, "%.17g", kp_cache_cap_bytes());
+    cr_assert_eq(setenv("KPARITY_CACHE_MAX_GB", "40", 1), 0);
+    cr_assert_eq(kp_cache_cap_bytes(), 40e9);
+    cr_assert_eq(unsetenv("KPARITY_CACHE_MAX_GB"), 0);
+    cr_assert_eq(kp_cache_cap_bytes(), 20e9);
+}
+
 Test(cache, past_its_cap_a_run_keeps_its_first_entries_and_evicts_only_older_ones) {
     const char *cfg = config();
     char *all = path_in("all_cache"), *cache = path_in("cache"), cap[64];

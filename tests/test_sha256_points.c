@@ -163,3 +163,17 @@ Test(sha256_points, a_stream_past_two_to_the_32_bits_checks) {
     kp_sha256_points_free(&pts);
     free(z);
 }
+
+/* A stream of a few MB (a top-p case's logits, a small case's reference) must be more than one stretch, or one core
+ * checks it while the others wait: at 16 MiB apart every entry under 16 MiB was one. */
+Test(sha256_points, a_stream_of_a_few_megabytes_is_checked_in_several_stretches) {
+    stream s;
+    stream_make(&s, ((size_t)4 << 20) + 1, 9);
+    char hex[KP_SHA256_HEX_LEN];
+    kp_sha256_points pts;
+    hash_it(&s, hex, &pts);
+    cr_assert_geq(pts.n, 4, "a 4 MiB stream has %lld points: fewer than 5 stretches", (long long)pts.n);
+    cr_assert(check_one(&s, &pts, hex));
+    kp_sha256_points_free(&pts);
+    free(s.data);
+}
