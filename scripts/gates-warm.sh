@@ -1,0 +1,49 @@
+#!/bin/sh
+# gates-warm.sh [GATE...]: issue 30's table. Each gate (a name under ci/gates/, without .json) runs cold, warm and warm
+# again on a cache folder of its own, made fresh: one line a run with its exit status, its process seconds and
+# bundle.json's stages. Default gates: every ci/gates/*-cuda.json and default.json (on the GPU machine: carry .device
+# with kparity built here and run `sh scripts/gates-warm.sh`). The binary is $KPARITY_BIN, else .device/kparity (with
+# .device/lib), else build/kparity; folders and bundles go under ${WARM_DIR:-/tmp/kparity-warm}, removed first.
+# Large gates need a cache cap above their inputs: KPARITY_CACHE_MAX_GB (40 here unless set).
+set -u
+bin=${KPARITY_BIN:-}
+if [ -z "$bin" ]; then
+    if [ -x .device/kparity ]; then
+        bin=$PWD/.device/kparity
+        export LD_LIBRARY_PATH="$PWD/.device/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    else
+        bin=$PWD/build/kparity
+    fi
+fi
+[ -x "$bin" ] || { echo "gates-warm.sh: no kparity at $bin (set KPARITY_BIN)" >&2; exit 2; }
+export KPARITY_CACHE_MAX_GB=${KPARITY_CACHE_MAX_GB:-40}
+if [ $# -eq 0 ]; then
+    for f in ci/gates/*-cuda.json ci/gates/default.json; do set -- "$@" "$(basename "$f" .json)"; done
+fi
+for g in "$@"; do
+    [ -f "ci/gates/$g.json" ] || { echo "gates-warm.sh: no ci/gates/$g.json" >&2; exit 2; }
+done
+dir=${WARM_DIR:-/tmp/kparity-warm}
+rm -rf "$dir" && mkdir -p "$dir" || exit 2
+now() { python3 -c 'import time; print("%.3f" % time.time())'; }
+for g in "$@"; do
+    for run in cold warm again; do
+        b=$dir/$g-$run
+        t0=$(now)
+        "$bin" gate --config "ci/gates/$g.json" --out "$b" --quiet --cache "$dir/cache-$g" >"$b.log" 2>&1
+        rc=$?
+        t1=$(now)
+        python3 - "$g" "$run" "$rc" "$t0" "$t1" "$b" <<'PY'
+import json, os, sys
+g, run, rc, t0, t1, b = sys.argv[1:]
+try:
+    with open(os.path.join(b, "bundle.json")) as f:
+        doc = json.load(f)
+    stages = (doc.get("meta") or doc).get("stages_s") or {}
+    text = " ".join("%s %.2f" % (k, v) for k, v in stages.items() if v >= 0.005)
+except (OSError, ValueError) as e:
+    text = "no bundle.json (%s)" % e.__class__.__name__
+print("%-22s %-5s exit %s %7.2f s | %s" % (g, run, rc, float(t1) - float(t0), text))
+PY
+    done
+done
