@@ -3,7 +3,8 @@
 # again on a cache folder of its own, made fresh: one line a run with its exit status, its process seconds and
 # bundle.json's stages. Default gates: every ci/gates/*-cuda.json and default.json (on the GPU machine: carry .device
 # with kparity built here and run `sh scripts/gates-warm.sh`). The binary is $KPARITY_BIN, else .device/kparity (with
-# .device/lib), else build/kparity; folders and bundles go under ${WARM_DIR:-/tmp/kparity-warm}, removed first.
+# .device/lib), else build/kparity; folders and bundles go under ${WARM_DIR:-/tmp/kparity-warm}, each gate's own
+# (cache-GATE, GATE-RUN) removed before it runs.
 # Large gates need a cache cap above their inputs: KPARITY_CACHE_MAX_GB (40 here unless set).
 set -u
 bin=${KPARITY_BIN:-}
@@ -24,9 +25,10 @@ for g in "$@"; do
     [ -f "ci/gates/$g.json" ] || { echo "gates-warm.sh: no ci/gates/$g.json" >&2; exit 2; }
 done
 dir=${WARM_DIR:-/tmp/kparity-warm}
-rm -rf "$dir" && mkdir -p "$dir" || exit 2
+mkdir -p "$dir" || exit 2
 now() { python3 -c 'import time; print("%.3f" % time.time())'; }
 for g in "$@"; do
+    rm -rf "$dir/cache-$g" "$dir/$g-cold" "$dir/$g-warm" "$dir/$g-again" || exit 2
     for run in cold warm again; do
         b=$dir/$g-$run
         t0=$(now)
