@@ -217,6 +217,7 @@ typedef struct base_cache {
     uint64_t seed;
     int64_t vocab, stride, first, nrows;
     float *rows;
+    double seconds; /* drawing them took */
 } base_cache;
 static base_cache g_base;
 
@@ -225,29 +226,35 @@ void kp_topp_case_cache_clear(void) {
     memset(&g_base, 0, sizeof g_base);
 }
 
-static int base_rows(const kp_topp_case *tc, int64_t first_row, int64_t nrows, float *logits, kp_error *err) {
+static int base_rows(const kp_topp_case *tc, int64_t first_row, int64_t nrows, float *logits, double *borrowed_s,
+                     kp_error *err) {
     const size_t row_bytes = (size_t)tc->stride * sizeof(float);
     int hit = g_base.valid && g_base.seed == tc->seed && g_base.vocab == tc->vocab && g_base.stride == tc->stride &&
               first_row >= g_base.first && first_row + nrows <= g_base.first + g_base.nrows;
-    if (!hit) {
+    if (hit) {
+        *borrowed_s = g_base.seconds * (double)nrows / (double)g_base.nrows;
+    } else {
         kp_topp_case base = *tc;
         base.profile = KP_TOPP_ORDINARY;
         float *rows = kp_calloc((size_t)nrows, row_bytes, "generated rows", err);
         if (!rows) return err->code;
+        const double t0 = kp_now();
         int rc = gen_rows(&base, 0, first_row, nrows, rows, err);
         if (rc) {
             free(rows);
             return rc;
         }
         kp_topp_case_cache_clear();
-        g_base = (base_cache){1, tc->seed, tc->vocab, tc->stride, first_row, nrows, rows};
+        g_base = (base_cache){1, tc->seed, tc->vocab, tc->stride, first_row, nrows, rows, kp_now() - t0};
     }
     memcpy(logits, g_base.rows + (first_row - g_base.first) * tc->stride, row_bytes * (size_t)nrows);
     return 0;
 }
 
 int kp_topp_case_rows(const kp_topp_case *tc, int64_t first_row, int64_t nrows, float *logits, float *top_p,
-                      kp_error *err) {
+                      double *borrowed_s, kp_error *err) {
+    double borrowed = 0;
+    if (borrowed_s) *borrowed_s = 0;
     if (nrows <= 0) return 0;
     int rc;
     switch (tc->profile) {
@@ -255,7 +262,7 @@ int kp_topp_case_rows(const kp_topp_case *tc, int64_t first_row, int64_t nrows, 
     case KP_TOPP_FORCED:
     case KP_TOPP_NEGINF:
     case KP_TOPP_NAN:
-        rc = base_rows(tc, first_row, nrows, logits, err);
+        rc = base_rows(tc, first_row, nrows, logits, &borrowed, err);
         if (!rc && tc->profile != KP_TOPP_ORDINARY) rc = gen_rows(tc, 1, first_row, nrows, logits, err);
         break;
     default:
@@ -265,5 +272,6 @@ int kp_topp_case_rows(const kp_topp_case *tc, int64_t first_row, int64_t nrows, 
     if (rc) return rc;
     if (top_p)
         for (int64_t r = 0; r < nrows; r++) top_p[r] = kp_topp_case_row_top_p(tc, first_row + r);
+    if (borrowed_s) *borrowed_s = borrowed;
     return 0;
 }

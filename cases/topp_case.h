@@ -72,9 +72,11 @@ static inline const kp_topp_case *kp_topp_case_of(const kp_case *c) { return kp_
 /* The f32 top_p of a row. */
 float kp_topp_case_row_top_p(const kp_topp_case *tc, int64_t row);
 /* Rows [first_row, first_row + nrows) into logits ([nrows, stride], padding included) and, when
- * top_p is not NULL, their top_p ([nrows]). Rows past tc->batch are valid too (filler rows). */
+ * top_p is not NULL, their top_p ([nrows]). Rows past tc->batch are valid too (filler rows). Where
+ * borrowed_s is not NULL it gets the seconds an earlier call spent drawing the ordinary rows these
+ * reuse (0 when they were drawn here): what a process without that call would spend on them too. */
 int kp_topp_case_rows(const kp_topp_case *tc, int64_t first_row, int64_t nrows, float *logits, float *top_p,
-                      kp_error *err);
+                      double *borrowed_s, kp_error *err);
 
 /* Forget the cached ordinary rows (tests use it to show a cache hit gives the same bytes). */
 void kp_topp_case_cache_clear(void);

@@ -261,8 +261,10 @@ void kp_cache_digests_write(kp_prepared *p) {
     cJSON_Delete(meta);
 }
 
-/* Whether an entry of these tensors, made in `seconds`, is worth writing (kp_cache_worth); why not into why. */
-static bool worth_storing(kp_tensor *const *ts, const int64_t *slices, int n, double seconds, char *why, size_t len) {
+/* Whether an entry of these tensors, made in `seconds` (`borrowed` of them spent by an earlier case whose work this one
+ * reused), is worth writing (kp_cache_worth); why not into why. */
+static bool worth_storing(kp_tensor *const *ts, const int64_t *slices, int n, double seconds, double borrowed, char *why,
+                          size_t len) {
     double bytes = 0;
     for (int k = 0; k < n; k++) bytes += (double)kp_tensor_slice_bytes(ts[k]) * (double)slices[k];
     if (kp_cache_worth(bytes, seconds)) {
@@ -271,14 +273,16 @@ static bool worth_storing(kp_tensor *const *ts, const int64_t *slices, int n, do
                  bytes / 1e6, kp_cache_cap_bytes() / 1e9);
         return false;
     }
+    char part[96] = "";
+    if (borrowed > 0) snprintf(part, sizeof part, ", %.3f s of it an earlier case's work reused", borrowed);
     if (!kp_cache_write_rate())
-        snprintf(why, len, "made at %.2f GB/s (%.3f s for %.1f MB): a hit hashes at %.2f GB/s (worth it below that; the "
-                 "folder's write rate is not yet known)", bytes / seconds / 1e9, seconds, bytes / 1e6,
+        snprintf(why, len, "made at %.2f GB/s (%.3f s for %.1f MB%s): a hit hashes at %.2f GB/s (worth it below that; the "
+                 "folder's write rate is not yet known)", bytes / seconds / 1e9, seconds, bytes / 1e6, part,
                  kp_cache_hash_rate() * kp_thread_count() / 1e9);
     else
-        snprintf(why, len, "made at %.2f GB/s (%.3f s for %.1f MB): a hit hashes at %.2f GB/s, the cache writes at %.2f "
+        snprintf(why, len, "made at %.2f GB/s (%.3f s for %.1f MB%s): a hit hashes at %.2f GB/s, the cache writes at %.2f "
                  "GB/s (worth it below the first, and below %d times the second)", bytes / seconds / 1e9, seconds,
-                 bytes / 1e6, kp_cache_hash_rate() * kp_thread_count() / 1e9, kp_cache_write_rate() / 1e9,
+                 bytes / 1e6, part, kp_cache_hash_rate() * kp_thread_count() / 1e9, kp_cache_write_rate() / 1e9,
                  KP_CACHE_PAYBACK_HITS);
     return false;
 }
@@ -288,7 +292,8 @@ bool kp_cache_inputs_worth(kp_prepared *p, double seconds) {
     int64_t slices[2 * KP_MAX_TENSORS];
     const int n = view_tensors(&p->v, ts);
     for (int k = 0; k < n; k++) slices[k] = view_slices(&p->v, ts[k]);
-    return worth_storing(ts, slices, n, seconds, p->inputs_skip, sizeof p->inputs_skip);
+    /* what a run without the earlier case would spend making them */
+    return worth_storing(ts, slices, n, seconds + p->v.borrowed_s, p->v.borrowed_s, p->inputs_skip, sizeof p->inputs_skip);
 }
 
 bool kp_cache_ref_worth(kp_prepared *p) {
@@ -298,7 +303,7 @@ bool kp_cache_ref_worth(kp_prepared *p) {
         ts[k] = k < p->ref.narrays ? &p->ref.arrays[k] : &p->ref.state[k - p->ref.narrays];
         slices[k] = ts[k]->shape[0];
     }
-    return worth_storing(ts, slices, p->ref.narrays + p->ref.nstate, p->ref_seconds, p->ref_skip, sizeof p->ref_skip);
+    return worth_storing(ts, slices, p->ref.narrays + p->ref.nstate, p->ref_seconds, 0, p->ref_skip, sizeof p->ref_skip);
 }
 
 void kp_cache_inputs_write(kp_prepared *p) {

@@ -207,6 +207,9 @@ typedef struct kp_case_view {
     kp_tensor state[KP_MAX_TENSORS]; /* the family's own generated arrays (kp_shapes.state) */
     int nstate;
     bool cached; /* inputs and state hold a cache entry's checked bytes: prepare sets up its data, generates nothing */
+    /* Seconds of generation prepare took from work an earlier case left (a family's memo of rows cases share): a run
+     * without that case spends them on this one, so the cache's worth rule counts them beside prepare's own */
+    double borrowed_s;
 } kp_case_view;
 
 /* A case's tensors and the family's own bytes, declared before anything is allocated (kp_family.shapes):

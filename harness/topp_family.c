@@ -24,7 +24,7 @@ static int topp_prepare(const kp_case *c, int64_t extra_rows, kp_case_view *v, k
     d->tc = *kp_topp_case_of(c);
     (void)extra_rows; /* the view holds them */
     d->logits = v->inputs[0].data, d->top_p = v->inputs[1].data;
-    return v->cached ? 0 : kp_topp_case_rows(&d->tc, 0, v->rows_total, d->logits, d->top_p, err);
+    return v->cached ? 0 : kp_topp_case_rows(&d->tc, 0, v->rows_total, d->logits, d->top_p, &v->borrowed_s, err);
 }
 
 static void topp_release(void *data) {

@@ -521,3 +521,38 @@ Test(cache, row_padding_comes_back_as_generated_and_a_changed_byte_in_it_is_refu
     cr_assert(strstr(why, "row's padding"), "the receipt says '%s'", why);
     cr_assert_str_eq(digests("changed"), digests("cold"));
 }
+
+/* An ordinary top-p case and a forced one of the same seed: the forced case's ordinary rows are the first case's,
+ * reused from memory in a cold run (milliseconds), but drawn afresh in a warm run whose first case came from the
+ * cache. Its entry is worth writing for what a run without the first case pays (view.borrowed_s), so the warm run
+ * generates nothing; judged by prepare's own seconds it was never stored and every warm run drew the rows again.
+ * The rates are pinned so the rule's answer is the same on any machine: one thread, and a folder whose recorded
+ * write rate (0.1 GB/s, entries of 64 MiB or less never record theirs) makes an entry worth writing below 0.4 GB/s;
+ * drawing the rows runs at about 0.05 GB/s, copying and forcing them at about 3. */
+static const char *const shared_rows_text =
+    "{\"schema\":\"kparity.gate/v1\",\"name\":\"shared\",\"impls\":{\"candidate\":\"topp.split_prob@host\"},"
+    "\"defaults\":{\"tie_policy\":\"minimal_index\",\"band\":1e-06},\"cases\":["
+    "{\"case\":\"topp(batch=16,profile=ordinary,seed=58231,top_p=0.95,vocab=131072)\","
+    "\"checks\":[{\"check\":\"rule\",\"impl\":\"candidate\"}]},"
+    "{\"case\":\"topp(batch=16,force_token=13,force_value=1e9,profile=forced,seed=58231,top_p=0.95,vocab=131072)\","
+    "\"checks\":[{\"check\":\"rule\",\"impl\":\"candidate\"}]}]}";
+
+Test(cache, inputs_that_reused_an_earlier_cases_rows_are_judged_by_what_a_run_without_it_pays) {
+    char *cfg = path_in("shared.json"), *cache = path_in("cache"), *rate;
+    cr_assert_eq(kpt_write(cfg, shared_rows_text, strlen(shared_rows_text)), 0);
+    cr_assert_eq(mkdir(cache, 0755), 0);
+    cr_assert(asprintf(&rate, "%s/write_rate", cache) > 0);
+    cr_assert_eq(kpt_write(rate, "100000000\n", 10), 0);
+    free(rate);
+    cr_assert_eq(setenv("KPARITY_THREADS", "1", 1), 0);
+    gate(cfg, "cold", cache);
+    for (int c = 0; c < 2; c++) {
+        cJSON *r = kpt_receipt(path_in("cold"), c + 1);
+        cr_assert(cJSON_IsTrue(kpt_at(r, "cache.inputs.stored")), "case %d: %s", c, kpt_str(r, "cache.inputs.not_stored"));
+        cJSON_Delete(r);
+    }
+    gate(cfg, "warm", cache);
+    for (int c = 0; c < 2; c++)
+        cr_assert_str_eq(cached("warm", c, "inputs", "from"), "cache", "case %d: %s", c, cached("warm", c, "inputs", "why"));
+    cr_assert_str_eq(digests("warm"), digests("cold"));
+}

@@ -96,7 +96,7 @@ static float *gen(const char *name, kp_topp_case *tc) {
                  "%s", err.msg);
     float *x = malloc(sizeof(float) * (size_t)(tc->batch * tc->stride));
     float *tp = malloc(sizeof(float) * (size_t)tc->batch);
-    cr_assert_eq(kp_topp_case_rows(tc, 0, tc->batch, x, tp, &err), 0, "%s", err.msg);
+    cr_assert_eq(kp_topp_case_rows(tc, 0, tc->batch, x, tp, NULL, &err), 0, "%s", err.msg);
     free(tp);
     return x;
 }
