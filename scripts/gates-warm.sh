@@ -4,7 +4,8 @@
 # gate's own stages line. Default gates: every ci/gates/*-cuda.json and default.json (on the GPU machine: carry .device
 # with kparity built here and run `sh scripts/gates-warm.sh`). The binary is $KPARITY_BIN, else .device/kparity (with
 # .device/lib), else build/kparity; folders and bundles go under ${WARM_DIR:-/tmp/kparity-warm}, each gate's own
-# (cache-GATE, GATE-RUN) removed before it runs.
+# (cache-GATE, GATE-RUN) removed before it runs; its cache folder is removed again after its third run (the large gates'
+# entries together fill a 64 GiB disk), its bundles and logs kept.
 # Large gates need a cache cap above their inputs: KPARITY_CACHE_MAX_GB (40 here unless set).
 set -u
 bin=${KPARITY_BIN:-}
@@ -38,4 +39,5 @@ for g in "$@"; do
         stages=$(grep -o 'stages: .*' "$b.log" | tail -1)
         printf '%-22s %-5s exit %s %7s s | %s\n' "$g" "$run" "$rc" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')" "${stages:-no stages line: $b.log}"
     done
+    rm -rf "$dir/cache-$g" # the large gates' entries together pass a 64 GiB disk
 done
