@@ -4,6 +4,8 @@
 #include "kp_device.h"
 
 #include <gnu/libc-version.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,12 +60,37 @@ int kp_device_count(void) {
     return g_device_count;
 }
 
+#ifdef KP_HAVE_CUDA
+static pthread_t g_warm;
+static bool g_warming; /* g_warm runs or has not been joined; only the run's thread starts and joins it */
+
+static int device_ordinal(void) {
+    const char *env = getenv("KPARITY_DEVICE");
+    return env ? atoi(env) : 0;
+}
+
+static void *warm_main(void *arg) {
+    (void)arg;
+    /* its errors stay on this thread: kp_device_init's own calls meet and report them */
+    if (cudaSetDevice(device_ordinal()) == cudaSuccess) (void)cudaFree(0);
+    (void)cudaGetLastError();
+    return NULL;
+}
+#endif
+
+void kp_device_warm_start(void) {
+#ifdef KP_HAVE_CUDA
+    if (g_stream || g_warming || kp_device_count() <= 0) return;
+    g_warming = pthread_create(&g_warm, NULL, warm_main, NULL) == 0;
+#endif
+}
+
 int kp_device_init(kp_error *err) {
 #ifdef KP_HAVE_CUDA
     if (g_stream) return 0;
+    if (g_warming) pthread_join(g_warm, NULL), g_warming = false;
     if (kp_device_count() <= 0) return kp_fail(err, KP_EXIT_ENV, "no CUDA device is available");
-    const char *env = getenv("KPARITY_DEVICE");
-    int dev = env ? atoi(env) : 0;
+    const int dev = device_ordinal();
     CUDA_TRY(cudaSetDevice(dev), "device init");
     CUDA_TRY(cudaDeviceGetAttribute(&g_sm_count, cudaDevAttrMultiProcessorCount, dev), "device init");
     CUDA_TRY(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking), "device init");

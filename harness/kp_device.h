@@ -14,6 +14,9 @@
 int kp_device_count(void);
 /* Select the device and create its stream once; KP_EXIT_ENV naming the call on failure. */
 int kp_device_init(kp_error *err);
+/* The CUDA context made on a thread of its own while the run's first case is prepared (a tenth of a second the first
+ * device call would otherwise wait through); kp_device_init waits for it. Nothing when there is no device. */
+void kp_device_warm_start(void);
 void *kp_device_stream(void);
 int kp_device_sm_count(void);
 /* Total memory of the selected device in bytes (0 without one). */

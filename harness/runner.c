@@ -383,6 +383,11 @@ static int run_cases(const kp_config *cfg, const kp_run_options *opt, run_shared
     if (shared) shared->timeout = st.timeout;
     st.t_start = shared ? shared->t_start : kp_now();
     kp_stages_reset();
+    for (int i = 0; i < cfg->ncases; i++) /* a case with CUDA impls: their context is made while the first case is */
+        if (cfg->cases[i].device_bytes > 0 && selected(opt, cfg, i)) {
+            kp_device_warm_start();
+            break;
+        }
     st.env = kp_environment_json();
     summary_row *rows = NULL;
     int nrows = 0, timed_out = 0, any_ran = 0, device_lost = 0;
