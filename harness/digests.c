@@ -8,13 +8,19 @@
 #include <string.h>
 
 #define DIGEST_PLACES 4 /* JSON items one digest fills; a case records each digest once or twice */
+#define DIGEST_RANGES 16 /* address ranges a digest reads, as kept for kp_digests_settle_reading */
+#define DIGEST_GAP ((uintptr_t)64 << 10) /* spans this close in order share a range (a strided tensor's rows) */
 
 typedef struct pending {
     kp_sha256_job *job;
     char *hex_out; /* the caller's buffer, or NULL: own */
     kp_sha256_points *points; /* the caller's, or NULL: not wanted */
     char own[KP_SHA256_HEX_LEN];
-    uintptr_t lo, hi; /* the bytes its spans read lie in [lo, hi) */
+    /* the bytes its spans read lie in these ranges: one a tensor, not one from the lowest span to the highest, which
+       across tensors in separate allocations took in memory allocated between them later (a run's fresh output
+       block), and freeing that waited for a digest that never read it */
+    uintptr_t lo[DIGEST_RANGES], hi[DIGEST_RANGES];
+    int nranges;
     int nplaces;
     cJSON *place[DIGEST_PLACES];
 } pending;
@@ -44,13 +50,16 @@ void kp_digest_start_points(const void *prefix, size_t prefix_len, const kp_span
         pend = grown, cap = grown_cap;
     }
     pending *p = &pend[npend++];
-    *p = (pending){.job = kp_sha256_job_start(prefix, prefix_len, spans, nspans), .hex_out = hex_out, .points = points,
-                   .lo = UINTPTR_MAX};
-    for (size_t i = 0; i < nspans; i++) {
-        const uintptr_t a = (uintptr_t)spans[i].data;
+    *p = (pending){.job = kp_sha256_job_start(prefix, prefix_len, spans, nspans), .hex_out = hex_out, .points = points};
+    for (size_t i = 0; i < nspans; i++) { /* spans in order, merged while each starts within DIGEST_GAP of the last */
+        const uintptr_t a = (uintptr_t)spans[i].data, b = a + spans[i].len;
         if (!spans[i].len) continue;
-        if (a < p->lo) p->lo = a;
-        if (a + spans[i].len > p->hi) p->hi = a + spans[i].len;
+        int r = p->nranges - 1;
+        if (r < 0 || a < p->lo[r] || a > p->hi[r] + DIGEST_GAP) {
+            if (p->nranges < DIGEST_RANGES) r = p->nranges++, p->lo[r] = a, p->hi[r] = b;
+            else p->lo[r] = a < p->lo[r] ? a : p->lo[r]; /* out of ranges: the last one widens (waits more, never less) */
+        }
+        if (b > p->hi[r]) p->hi[r] = b;
     }
     if (obj) add_place(p, obj, key);
     kp_stage_add(KP_STAGE_DIGESTS, kp_now() - t0);
@@ -88,7 +97,9 @@ void kp_digests_settle_reading(const void *data, size_t bytes) {
     const uintptr_t lo = (uintptr_t)data, hi = lo + bytes;
     int kept = 0;
     for (int i = 0; i < npend; i++) {
-        if (pend[i].lo < hi && lo < pend[i].hi) settle_one(i);
+        bool reads = false;
+        for (int r = 0; r < pend[i].nranges && !reads; r++) reads = pend[i].lo[r] < hi && lo < pend[i].hi[r];
+        if (reads) settle_one(i);
         else pend[kept++] = pend[i]; /* the others go on, in the order they started */
     }
     npend = kept;

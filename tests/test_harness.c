@@ -380,3 +380,22 @@ Test(harness, settling_a_buffer_waits_for_its_digests_alone) {
     cJSON_Delete(obj);
     free(a), free(b);
 }
+
+/* A digest of spans in separate allocations reads those, not what lies between them: freeing a block allocated
+ * between two tensors (a run's fresh output) must not wait for it. Before, one range from the lowest span to the
+ * highest took in the middle, and a cold gate's runs waited there for the inputs' digests. */
+Test(harness, settling_memory_between_a_digests_spans_does_not_wait_for_it) {
+    enum { PART = 8 << 20 };
+    unsigned char *m = malloc(3 * (size_t)PART);
+    cr_assert_not_null(m);
+    for (size_t i = 0; i < 3 * (size_t)PART; i++) m[i] = (unsigned char)(i * 13u);
+    cJSON *obj = cJSON_CreateObject();
+    const kp_span s[2] = {{m, PART}, {m + 2 * (size_t)PART, PART}};
+    kp_digest_start(NULL, 0, s, 2, NULL, obj, "d");
+    kp_digests_settle_reading(m + PART, PART); /* between the spans */
+    cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(obj, "d")->valuestring, "(digest pending)", "settled for memory it never reads");
+    kp_digests_settle_reading(m + 3 * (size_t)PART - 1, 1); /* the second span's last byte */
+    cr_assert_eq(strlen(cJSON_GetObjectItemCaseSensitive(obj, "d")->valuestring), 64);
+    cJSON_Delete(obj);
+    free(m);
+}
