@@ -321,6 +321,7 @@ typedef struct row_pairs {
     int64_t to;
     bool canonical, with_order;
     const bool *absent;
+    const uint8_t *only;
     uint8_t *differ;
 } row_pairs;
 
@@ -329,17 +330,19 @@ static void row_pair(void *arg, int64_t i) {
     const int64_t ia = p->ia ? p->ia[i] : i, ib = p->ib ? p->ib[i] : i;
     uint8_t bits = 0;
     for (int k = 0; ib < p->to && k < p->a->ntensors; k++)
-        if (!p->absent[k] && (p->with_order || !order_tensor(p->ctx, p->a, k)) &&
+        if ((!p->only || p->only[i] >> k & 1) && !p->absent[k] && (p->with_order || !order_tensor(p->ctx, p->a, k)) &&
             !tensor_rows_equal(p->ctx, p->a, ia, p->b, ib, k, p->canonical))
             bits |= (uint8_t)(1u << k);
     p->differ[i] = bits;
 }
 
-/* The pairs' bits, or NULL when out of host memory. */
+/* The pairs' bits, or NULL when out of host memory. `only` (not NULL): the bits a device comparison found
+ * (kp_run_rows_against), and just those tensors of those pairs are compared here (bits 0 are the same bits, so the
+ * same canonical form). */
 static uint8_t *rows_differ(kp_case_ctx *ctx, const kp_output *a, const int64_t *ia, const kp_output *b, const int64_t *ib,
-                            int64_t n, int64_t to, bool canonical, bool with_order, const bool *absent) {
+                            int64_t n, int64_t to, bool canonical, bool with_order, const bool *absent, const uint8_t *only) {
     _Static_assert(KP_MAX_TENSORS <= 8, "a pair's tensors are the bits of a byte");
-    row_pairs p = {ctx, a, b, ia, ib, to, canonical, with_order, absent, malloc((size_t)n + 1)};
+    row_pairs p = {ctx, a, b, ia, ib, to, canonical, with_order, absent, only, malloc((size_t)n + 1)};
     if (p.differ) kp_parallel_for(n, row_pair, &p);
     return p.differ;
 }
@@ -374,7 +377,7 @@ static kp_result check_exact(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON 
         return KP_FAILED;
     }
     const double t0 = kp_now();
-    uint8_t *differ = rows_differ(ctx, a->out, NULL, b->out, NULL, ctx->batch, ctx->batch, true, false, absent);
+    uint8_t *differ = rows_differ(ctx, a->out, NULL, b->out, NULL, ctx->batch, ctx->batch, true, false, absent, NULL);
     if (!differ) {
         free(rows);
         cJSON_AddStringToObject(chk, "summary", "out of host memory");
@@ -521,7 +524,8 @@ static bool same_rows(char (*row_digest)[KP_SHA256_HEX_LEN], const uint8_t *vari
 }
 
 /* Runs 2..R are compared with run 1 row by row, bits as written (a set's order too); digests are computed
- * only where they differ, so a deterministic impl costs no hashing beyond run 1's output digest. */
+ * only where they differ, so a deterministic impl costs no hashing beyond run 1's output digest. A device impl's
+ * runs are compared on the device first (kp_run_rows_against): only rows that differ come back. */
 static kp_result check_repeat(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON *chk) {
     kp_case_out *a = full_output(ctx, spec->impl[0], spec->role[0]);
     if (a->status != KP_PASSED) return not_ok(a, chk);
@@ -535,8 +539,9 @@ static kp_result check_repeat(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON
     digest_job *jobs = malloc(sizeof *jobs * (size_t)(2 * B));
     int64_t *rows = malloc(sizeof *rows * (size_t)B);
     uint8_t *varies = calloc((size_t)B, 1), *tensor_varies = calloc((size_t)(B * first->ntensors), 1);
-    if (!row_digest || !run_differs || !jobs || !rows || !varies || !tensor_varies) {
-        free(row_digest), free(run_differs), free(jobs), free(rows), free(varies), free(tensor_varies);
+    uint8_t *found = malloc((size_t)B); /* what the device comparison found */
+    if (!row_digest || !run_differs || !jobs || !rows || !varies || !tensor_varies || !found) {
+        free(row_digest), free(run_differs), free(jobs), free(rows), free(varies), free(tensor_varies), free(found);
         cJSON_AddStringToObject(chk, "summary", "out of host memory");
         return KP_FAILED;
     }
@@ -545,7 +550,7 @@ static kp_result check_repeat(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON
     for (int run = 1; run < spec->runs; run++) {
         kp_output *out = NULL;
         kp_error err = {0};
-        kp_result st = kp_run_rows(&ctx->prep, spec->impl[0], rows, B, &out, NULL, &err);
+        kp_result st = kp_run_rows_against(&ctx->prep, spec->impl[0], rows, B, first, NULL, found, &out, &err);
         if (st != KP_PASSED) {
             char summary[1200];
             snprintf(summary, sizeof summary, "run %d of %d: %s", run + 1, spec->runs, err.msg);
@@ -555,7 +560,7 @@ static kp_result check_repeat(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON
         }
         const double t0 = kp_now();
         struct row_digests rd = {ctx, absent, jobs, 0};
-        uint8_t *differ = rows_differ(ctx, out, NULL, first, NULL, B, B, false, true, absent);
+        uint8_t *differ = rows_differ(ctx, out, NULL, first, NULL, B, B, false, true, absent, found);
         if (!differ) {
             kp_output_free(out);
             cJSON_AddStringToObject(chk, "summary", "out of host memory");
@@ -629,7 +634,7 @@ static kp_result check_repeat(kp_case_ctx *ctx, const kp_check_spec *spec, cJSON
         cJSON_AddStringToObject(chk, "summary", summary);
         result = distinct == 1 ? KP_PASSED : KP_INCORRECT;
     }
-    free(row_digest), free(run_differs), free(jobs), free(rows), free(varies), free(tensor_varies);
+    free(row_digest), free(run_differs), free(jobs), free(rows), free(varies), free(tensor_varies), free(found);
     return result;
 }
 
@@ -642,14 +647,20 @@ kp_result kp_batch_probe(kp_case_ctx *ctx, const kp_impl *impl, const kp_output 
     cJSON_AddItemToArray(probes, p);
     cJSON_AddStringToObject(p, "probe", name);
     kp_json_add_int(p, "batch", nrows);
-    kp_result st = kp_run_rows(&ctx->prep, impl, rows, nrows, &out, NULL, &err);
+    /* compared on the device first where nothing reads the probe's equal rows (the family's row_moved and
+       describe_probe read every row) */
+    uint8_t *found = ctx->fam->row_moved || ctx->fam->describe_probe ? NULL : malloc((size_t)nrows);
+    kp_result st = found ? kp_run_rows_against(&ctx->prep, impl, rows, nrows, full_out, rows, found, &out, &err)
+                         : kp_run_rows(&ctx->prep, impl, rows, nrows, &out, NULL, &err);
     if (st == KP_NOT_SUPPORTED && kp_impl_is_judged(impl)) { /* outputs made elsewhere: none given for these rows */
         cJSON_AddStringToObject(p, "not_given", err.msg);
         pr->not_given = 1;
+        free(found);
         return KP_PASSED;
     }
     if (st != KP_PASSED) {
         cJSON_AddStringToObject(p, "error", err.msg);
+        free(found);
         return st;
     }
     /* absent tensors (check_batch names them) are not compared; the family's row_moved and describe_probe read the
@@ -658,7 +669,8 @@ kp_result kp_batch_probe(kp_case_ctx *ctx, const kp_impl *impl, const kp_output 
     absent_tensors(ctx, out, impl, NULL, absent, NULL, NULL, 0);
     for (int k = 0; k < out->ntensors; k++) by_order &= !(absent[k] && order_tensor(ctx, out, k));
     const double t0 = kp_now();
-    uint8_t *bits = rows_differ(ctx, out, NULL, full_out, rows, nrows, ctx->batch, true, false, absent);
+    uint8_t *bits = rows_differ(ctx, out, NULL, full_out, rows, nrows, ctx->batch, true, false, absent, found);
+    free(found);
     if (!bits) {
         cJSON_AddStringToObject(p, "error", "out of host memory");
         kp_output_free(out);

@@ -2,6 +2,7 @@
  * record. The CUDA runtime's C API is used directly; a CPU-only build compiles the host half. */
 #define _GNU_SOURCE
 #include "kp_device.h"
+#include "kp_harness.h"
 
 #include <gnu/libc-version.h>
 #include <pthread.h>
@@ -20,6 +21,7 @@
 #include <cuda_runtime_api.h>
 
 #include "../cases/cuda/kp_staged_copy.h"
+#include "cuda/kp_rows_differ.h"
 /* Every CUDA failure goes through here: it names the call, and a sticky error (one a device-wide
  * sync still reports) marks the device lost for the rest of the process (the runner then carries on in a fresh
  * worker process, with a fresh context, where it has one). */
@@ -218,17 +220,66 @@ int kp_buf_upload(kp_buf *b, const void *src, size_t bytes, const char *name, kp
 #endif
 }
 
-int kp_buf_download(const kp_buf *b, void *dst, size_t bytes, const char *name, kp_error *err) {
-    KP_ASSERT(bytes <= b->bytes);
+int kp_buf_download_range(const kp_buf *b, size_t offset, void *dst, size_t bytes, const char *name, kp_error *err) {
+    KP_ASSERT(offset <= b->bytes && bytes <= b->bytes - offset);
+    const unsigned char *at = (const unsigned char *)kp_buf_ptr(b) + offset;
 #ifdef KP_HAVE_CUDA
     /* as uploads: into pageable memory (an output block the driver would not pin) through the staging buffers the
        run's threads drain, so page faults are taken on every thread; into page-locked memory, straight */
     if (b->memory != KP_MEMORY_HOST) {
-        CUDA_TRY((cudaError_t)kp_staged_copy(dst, kp_buf_ptr(b), bytes, 0, g_stream), name);
+        CUDA_TRY((cudaError_t)kp_staged_copy(dst, at, bytes, 0, g_stream), name);
         return 0;
     }
 #endif
-    return buf_read(b, kp_buf_ptr(b), dst, bytes, 1, name, err);
+    return buf_read(b, at, dst, bytes, 1, name, err);
+}
+
+int kp_buf_download(const kp_buf *b, void *dst, size_t bytes, const char *name, kp_error *err) {
+    return kp_buf_download_range(b, 0, dst, bytes, name, err);
+}
+
+int kp_bufs_rows_differ(const kp_rows_pair *pairs, int n, const int64_t *at, int64_t nrows, int64_t against_rows,
+                        uint8_t *bits, kp_error *err) {
+    KP_ASSERT(n >= 1 && n <= KP_MAX_TENSORS && nrows >= 1);
+    for (int k = 0; k < n; k++)
+        KP_ASSERT(pairs[k].rows->memory == KP_MEMORY_CUDA && pairs[k].against->memory == KP_MEMORY_CUDA &&
+                  pairs[k].slice * (size_t)nrows <= pairs[k].rows->bytes &&
+                  pairs[k].slice * (size_t)against_rows <= pairs[k].against->bytes);
+#ifdef KP_HAVE_CUDA
+    _Static_assert(KP_ROWS_DIFFER_PAIRS == KP_MAX_TENSORS, "a pair a tensor");
+    /* the row indices in and the bits back: device scratch kept for the process (a run compares about as many rows
+       as the last) */
+    static int64_t *d_at;
+    static uint8_t *d_bits;
+    static int64_t cap;
+    if (nrows > cap) {
+        cudaFree(d_at), cudaFree(d_bits);
+        d_at = NULL, d_bits = NULL, cap = 0;
+        CUDA_TRY(cudaMalloc((void **)&d_at, sizeof *d_at * (size_t)nrows), "comparing rows");
+        CUDA_TRY(cudaMalloc((void **)&d_bits, (size_t)nrows), "comparing rows");
+        cap = nrows;
+    }
+    int64_t *idx = NULL;
+    if (!at) {
+        if (!(idx = malloc(sizeof *idx * (size_t)nrows))) return kp_fail(err, KP_EXIT_ENV, "out of host memory comparing rows");
+        for (int64_t i = 0; i < nrows; i++) idx[i] = i;
+        at = idx;
+    }
+    kp_rows_differ_args a = {.npairs = n, .nrows = nrows, .against_rows = against_rows, .at = d_at, .bits = d_bits};
+    for (int k = 0; k < n; k++)
+        a.pair[k] = (kp_rows_differ_pair){kp_buf_ptr(pairs[k].rows), kp_buf_ptr(pairs[k].against), pairs[k].slice};
+    /* from pageable memory: the call returns once `at` is staged, so it may be freed */
+    const cudaError_t copied = cudaMemcpyAsync(d_at, at, sizeof *at * (size_t)nrows, cudaMemcpyHostToDevice, g_stream);
+    free(idx);
+    CUDA_TRY(copied, "comparing rows");
+    CUDA_TRY((cudaError_t)kp_rows_differ_launch(&a, g_stream), "comparing rows");
+    CUDA_TRY(cudaMemcpyAsync(bits, d_bits, (size_t)nrows, cudaMemcpyDeviceToHost, g_stream), "comparing rows");
+    CUDA_TRY(cudaStreamSynchronize(g_stream), "comparing rows");
+    return 0;
+#else
+    (void)at, (void)bits;
+    return kp_fail(err, KP_EXIT_ENV, "device row comparison in a build without CUDA");
+#endif
 }
 
 static int guard_clean(const unsigned char *g, size_t n) {

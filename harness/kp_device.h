@@ -36,6 +36,17 @@ void *kp_buf_ptr(const kp_buf *b);
 /* Copy host data in (or fill the user area with KP_GUARD_BYTE when src is NULL). */
 int kp_buf_upload(kp_buf *b, const void *src, size_t bytes, const char *name, kp_error *err);
 int kp_buf_download(const kp_buf *b, void *dst, size_t bytes, const char *name, kp_error *err);
+/* [offset, offset + bytes) of the user area copied back, as kp_buf_download copies its start. */
+int kp_buf_download_range(const kp_buf *b, size_t offset, void *dst, size_t bytes, const char *name, kp_error *err);
+/* Device rows compared bit for bit on the device: for each pair k, row i of `rows` (bytes [i * slice, (i + 1) * slice)
+ * of its user area, padding included) with row at[i] of `against` (at NULL: row i); bits[i] gets bit k where they
+ * differ, 0 where at[i] is against_rows or more (not compared). Both buffers of a pair on the CUDA device; waited for. */
+typedef struct kp_rows_pair {
+    const kp_buf *rows, *against;
+    size_t slice;
+} kp_rows_pair;
+int kp_bufs_rows_differ(const kp_rows_pair *pairs, int n, const int64_t *at, int64_t nrows, int64_t against_rows,
+                        uint8_t *bits, kp_error *err);
 void kp_buf_free(kp_buf *b);
 /* Copy rows between two buffers of the same memory: dst row i <- src row rows[i]; runs of
  * consecutive rows go as one copy. */

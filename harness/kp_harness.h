@@ -252,6 +252,7 @@ typedef struct kp_output {
     int64_t nrows;
     kp_tensor t[KP_MAX_TENSORS];
     int ntensors;
+    uint64_t serial; /* launch.c numbers the outputs it makes, from 1 (0: made elsewhere) */
 } kp_output;
 
 /* The device (or host) addresses fill_args puts into the family's kp_*_args. */

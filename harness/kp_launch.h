@@ -131,6 +131,15 @@ int kp_launch_reserve(int nimpls, kp_error *err);
  * wall and kernel time of the launch. NOT_RUN without a device, NOT_SUPPORTED when the impl refuses. */
 kp_result kp_run_rows(kp_prepared *p, const kp_impl *impl, const int64_t *rows, int64_t nrows, kp_output **out,
                       cJSON *info, kp_error *err);
+/* As kp_run_rows, for a run the caller compares row by row with `against`, an earlier output of this impl and case:
+ * row i with against's row against_rows[i] (NULL: row i). A CUDA impl's rows are compared on the device first, bit
+ * for bit with a copy of against's host bytes: bits[i] gets bit k where tensor k's rows differ (row padding included),
+ * and only rows with bits, and those past against's rows (not compared), are copied back into *out; the other rows of
+ * *out hold nothing and must not be read. Any other impl's run is copied back whole, every bit of bits set (compare
+ * on the host). A repeat or batch check moves only the rows that differ across the bus. */
+kp_result kp_run_rows_against(kp_prepared *p, const kp_impl *impl, const int64_t *rows, int64_t nrows,
+                              const kp_output *against, const int64_t *against_rows, uint8_t *bits, kp_output **out,
+                              kp_error *err);
 void kp_output_free(kp_output *o);
 /* The run in progress on this thread, for an impl that stands for outputs made elsewhere (harness/judge.c) or by
  * an outside program (harness/exec.c): the case and which preparation of it, the rows it runs, the family's input

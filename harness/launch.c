@@ -19,6 +19,8 @@ typedef struct slot {
     kp_buf in[KP_MAX_TENSORS]; /* batched inputs: the rows of the run */
     kp_buf out[KP_MAX_TENSORS];
     kp_buf ws;
+    kp_buf against[KP_MAX_TENSORS]; /* a device copy of the host output runs are compared with (kp_run_rows_against) */
+    uint64_t against_serial;        /* which output it holds (0: none) */
 } slot;
 
 /* Per memory kind, every input of the current prepared case (batched ones with all their rows),
@@ -50,6 +52,7 @@ typedef struct block {
     unsigned char *p;
     size_t bytes;
     int pinned;
+    int sparse; /* a run's rows that differ alone are written: never pooled, its untouched pages never faulted */
 } block;
 static block g_pool[POOL_MAX];
 static int g_pool_count;
@@ -81,7 +84,7 @@ static block block_alloc(size_t bytes, int pin) {
         g_pool_bytes -= b.bytes;
         return b;
     }
-    block b = {malloc(bytes ? bytes : 1), bytes, 0};
+    block b = {malloc(bytes ? bytes : 1), bytes, 0, 0};
     if (pin && b.p && bytes >= POOL_MIN_BYTES && kp_device_count() > 0) {
         touch_job t = {b.p, bytes};
         kp_parallel_for((int64_t)((bytes + TOUCH_PIECE - 1) / TOUCH_PIECE), touch_piece, &t);
@@ -97,6 +100,10 @@ static void block_free(block b) {
 
 static void block_release(block b) {
     if (!b.p) return;
+    if (b.sparse) {
+        free(b.p);
+        return;
+    }
     if (b.bytes >= POOL_MIN_BYTES && g_pool_count < POOL_MAX && g_pool_bytes + b.bytes <= g_pool_cap) {
         g_pool[g_pool_count++] = b;
         g_pool_bytes += b.bytes;
@@ -289,8 +296,8 @@ static kp_result launch_run(launch *L, kp_error *err) {
     return KP_PASSED;
 }
 
-/* Wait, check every guard, copy the outputs back into o's tensors and check their row padding. */
-static kp_result launch_collect(kp_prepared *p, launch *L, kp_output *o, kp_error *err) {
+/* Wait and check every guard. */
+static kp_result collect_guards(const kp_prepared *p, launch *L, kp_error *err) {
     const kp_case_view *v = &p->v;
     slot *sl = L->slot;
     const kp_memory mem = L->impl->memory;
@@ -305,20 +312,27 @@ static kp_result launch_collect(kp_prepared *p, launch *L, kp_output *o, kp_erro
     for (int k = 0; k < v->ninputs; k++)
         checks[n++] = (kp_guard_check){v->inputs[k].batched ? &sl->in[k] : &g_cache.all[mem][k], v->inputs[k].name, 0, 0, 0};
     if (L->bufs.workspace_bytes) checks[n++] = (kp_guard_check){&sl->ws, "workspace", 0, 0, 0};
-    if (kp_bufs_check(checks, n, err)) return KP_FAILED;
+    return kp_bufs_check(checks, n, err) ? KP_FAILED : KP_PASSED;
+}
+
+/* Rows [r0, r1) of every output copied back into o's tensors, their row padding checked. */
+static kp_result collect_rows(launch *L, kp_output *o, int64_t r0, int64_t r1, kp_error *err) {
     for (int k = 0; k < L->nout; k++) {
         const kp_tensor *t = &o->t[k];
-        if (kp_buf_download(&sl->out[k], t->data, slices_bytes(t, L->nrows), t->name, err)) return KP_FAILED;
-        const int64_t cols = kp_tensor_cols(t), stride = kp_tensor_stride(t), nsub = kp_tensor_rows(t);
+        const size_t slice = kp_tensor_slice_bytes(t);
+        unsigned char *data = (unsigned char *)t->data;
+        if (kp_buf_download_range(&L->slot->out[k], slice * (size_t)r0, data + slice * (size_t)r0,
+                                  slice * (size_t)(r1 - r0), t->name, err))
+            return KP_FAILED;
+        const int64_t cols = kp_tensor_cols(t), stride = kp_tensor_stride(t), per = kp_tensor_rows(t) / L->nrows;
         if (stride == cols) continue;
         const size_t esize = kp_dtype_size(t->dtype), pad = (size_t)(stride - cols) * esize;
-        for (int64_t r = 0; r < nsub; r++) {
-            const unsigned char *at = (const unsigned char *)t->data + ((size_t)(r * stride) + (size_t)cols) * esize;
+        for (int64_t r = r0 * per; r < r1 * per; r++) {
+            const unsigned char *at = data + ((size_t)(r * stride) + (size_t)cols) * esize;
             for (size_t b = 0; b < pad; b++)
                 if (at[b] != KP_GUARD_BYTE) {
                     kp_fail(err, KP_EXIT_ENV, "%s wrote into row padding of buffer '%s' (row %lld, element %lld)",
-                            L->impl->name, t->name, (long long)(r / (nsub / L->nrows)),
-                            (long long)(cols + (int64_t)(b / esize)));
+                            L->impl->name, t->name, (long long)(r / per), (long long)(cols + (int64_t)(b / esize)));
                     return KP_FAILED;
                 }
         }
@@ -326,18 +340,71 @@ static kp_result launch_collect(kp_prepared *p, launch *L, kp_output *o, kp_erro
     return KP_PASSED;
 }
 
-/* A host output for the launch's tensors: one pooled block, each tensor 64-byte aligned in it. */
-static kp_output *output_new(const launch *L, kp_error *err) {
+/* Wait, check every guard, copy the outputs back into o's tensors and check their row padding. */
+static kp_result launch_collect(const kp_prepared *p, launch *L, kp_output *o, kp_error *err) {
+    kp_result r = collect_guards(p, L, err);
+    return r == KP_PASSED ? collect_rows(L, o, 0, L->nrows, err) : r;
+}
+
+/* As launch_collect, for a CUDA impl's run compared with `against` (kp_run_rows_against): the rows compared on the
+ * device first, and those that differ copied back (with those not compared: their padding is checked nowhere else). */
+static kp_result launch_collect_against(const kp_prepared *p, launch *L, kp_output *o, const kp_output *against,
+                                        const int64_t *against_rows, uint8_t *bits, kp_error *err) {
+    kp_result r = collect_guards(p, L, err);
+    if (r != KP_PASSED) return r;
+    slot *sl = L->slot;
+    KP_ASSERT(against->ntensors == L->nout);
+    kp_rows_pair pairs[KP_MAX_TENSORS];
+    for (int k = 0; k < L->nout; k++) {
+        const size_t slice = kp_tensor_slice_bytes(&L->outs[k]);
+        KP_ASSERT(kp_tensor_slice_bytes(&against->t[k]) == slice);
+        pairs[k] = (kp_rows_pair){&sl->out[k], &sl->against[k], slice};
+    }
+    if (!against->serial || sl->against_serial != against->serial) { /* the host's bytes, once an output */
+        sl->against_serial = 0;
+        for (int k = 0; k < L->nout; k++) {
+            char name[96];
+            snprintf(name, sizeof name, "%s (compared with)", against->t[k].name);
+            const size_t bytes = slices_bytes(&against->t[k], against->nrows);
+            if (cache_reserve(&sl->against[k], KP_MEMORY_CUDA, bytes, name, err) ||
+                kp_buf_upload(&sl->against[k], against->t[k].data, bytes, name, err))
+                return KP_FAILED;
+        }
+        sl->against_serial = against->serial;
+    }
+    if (kp_bufs_rows_differ(pairs, L->nout, against_rows, L->nrows, against->nrows, bits, err)) return KP_FAILED;
+    for (int64_t i = 0; i < L->nrows;) {
+        const int64_t at = against_rows ? against_rows[i] : i;
+        if (!bits[i] && at >= 0 && at < against->nrows) {
+            i++;
+            continue;
+        }
+        int64_t end = i + 1;
+        for (; end < L->nrows; end++) {
+            const int64_t a = against_rows ? against_rows[end] : end;
+            if (!bits[end] && a >= 0 && a < against->nrows) break;
+        }
+        if ((r = collect_rows(L, o, i, end, err)) != KP_PASSED) return r;
+        i = end;
+    }
+    return KP_PASSED;
+}
+
+/* A host output for the launch's tensors: one pooled block, each tensor 64-byte aligned in it; `sparse`: a block of
+ * its own, neither touched nor page-locked, for a run whose equal rows are not copied back. */
+static kp_output *output_new(const launch *L, bool sparse, kp_error *err) {
+    static uint64_t serial;
     size_t offset[KP_MAX_TENSORS];
     const size_t total = output_bytes(L->outs, L->nout, L->nrows, offset);
     output *x = calloc(1, sizeof *x);
-    if (x) x->mem = block_alloc(total, L->impl->memory == KP_MEMORY_CUDA);
+    if (x && sparse) x->mem = (block){malloc(total ? total : 1), total, 0, 1};
+    else if (x) x->mem = block_alloc(total, L->impl->memory == KP_MEMORY_CUDA);
     if (!x || !x->mem.p) {
         free(x);
         kp_fail(err, KP_EXIT_ENV, "out of host memory for the outputs of a batch of %lld rows", (long long)L->nrows);
         return NULL;
     }
-    x->o.nrows = L->nrows, x->o.ntensors = L->nout;
+    x->o.nrows = L->nrows, x->o.ntensors = L->nout, x->o.serial = ++serial;
     for (int k = 0; k < L->nout; k++) {
         x->o.t[k] = L->outs[k];
         x->o.t[k].data = x->mem.p + offset[k];
@@ -354,12 +421,19 @@ static int add_flops(cJSON *t, const kp_prepared *p, int64_t nrows, double us) {
     return 1;
 }
 
+/* A run compared with another output (kp_run_rows_against): NULL for a run copied back whole. */
+typedef struct against_spec {
+    const kp_output *o;
+    const int64_t *rows;
+    uint8_t *bits;
+} against_spec;
+
 static kp_result run_rows_timed(kp_prepared *p, const kp_impl *impl, const int64_t *rows, int64_t nrows,
-                                kp_output **outp, cJSON *info, kp_error *err) {
+                                kp_output **outp, cJSON *info, const against_spec *vs, kp_error *err) {
     *outp = NULL;
     launch L;
     kp_result r = launch_setup(p, impl, rows, nrows, &L, err);
-    kp_output *o = r == KP_PASSED ? output_new(&L, err) : NULL;
+    kp_output *o = r == KP_PASSED ? output_new(&L, vs != NULL, err) : NULL;
     if (r == KP_PASSED && !o) r = KP_FAILED;
     kp_timer *timer = NULL; /* CUDA events around the launch alone, for the receipt (bench flushes L2 too) */
     double t0 = kp_now(), kernel_us = -1;
@@ -368,7 +442,7 @@ static kp_result run_rows_timed(kp_prepared *p, const kp_impl *impl, const int64
         r = KP_FAILED;
     if (r == KP_PASSED) r = launch_run(&L, err);
     if (r == KP_PASSED && timer && kp_timer_stop(timer, &kernel_us, err)) r = KP_FAILED;
-    if (r == KP_PASSED) r = launch_collect(p, &L, o, err);
+    if (r == KP_PASSED) r = vs ? launch_collect_against(p, &L, o, vs->o, vs->rows, vs->bits, err) : launch_collect(p, &L, o, err);
     const double seconds = kp_now() - t0;
     kp_timer_free(timer);
     if (info && r == KP_PASSED) {
@@ -390,14 +464,30 @@ static kp_result run_rows_timed(kp_prepared *p, const kp_impl *impl, const int64
     return KP_PASSED;
 }
 
-kp_result kp_run_rows(kp_prepared *p, const kp_impl *impl, const int64_t *rows, int64_t nrows, kp_output **out,
-                      cJSON *info, kp_error *err) {
+static kp_result run_rows(kp_prepared *p, const kp_impl *impl, const int64_t *rows, int64_t nrows, kp_output **out,
+                          cJSON *info, const against_spec *vs, kp_error *err) {
     const double t0 = kp_now();
     g_uploads_s = 0;
-    kp_result r = run_rows_timed(p, impl, rows, nrows, out, info, err);
+    kp_result r = run_rows_timed(p, impl, rows, nrows, out, info, vs, err);
     kp_stage_add(KP_STAGE_UPLOADS, g_uploads_s);
     kp_stage_add(KP_STAGE_KERNELS, kp_now() - t0 - g_uploads_s);
     return r;
+}
+
+kp_result kp_run_rows(kp_prepared *p, const kp_impl *impl, const int64_t *rows, int64_t nrows, kp_output **out,
+                      cJSON *info, kp_error *err) {
+    return run_rows(p, impl, rows, nrows, out, info, NULL, err);
+}
+
+kp_result kp_run_rows_against(kp_prepared *p, const kp_impl *impl, const int64_t *rows, int64_t nrows,
+                              const kp_output *against, const int64_t *against_rows, uint8_t *bits, kp_output **out,
+                              kp_error *err) {
+    if (impl->memory != KP_MEMORY_CUDA) { /* every row copied back: compared on the host */
+        memset(bits, 0xff, (size_t)nrows);
+        return run_rows(p, impl, rows, nrows, out, NULL, NULL, err);
+    }
+    const against_spec vs = {against, against_rows, bits};
+    return run_rows(p, impl, rows, nrows, out, NULL, &vs, err);
 }
 
 int kp_bench_impl(kp_prepared *p, const kp_impl *impl, int reps, cJSON *timing, kp_error *err) {
@@ -433,7 +523,7 @@ int kp_bench_impl(kp_prepared *p, const kp_impl *impl, int reps, cJSON *timing, 
         kp_json_add_double(timing, "self_p90_us", self_us[reps - 1 - reps / 10]);
     }
     free(self_us);
-    if (!rc && (!(o = output_new(&L, err)) || launch_collect(p, &L, o, err) != KP_PASSED))
+    if (!rc && (!(o = output_new(&L, false, err)) || launch_collect(p, &L, o, err) != KP_PASSED))
         rc = err->code ? err->code : KP_EXIT_ENV;
     if (!rc) {
         qsort(us, (size_t)reps, sizeof *us, kp_cmp_double);
@@ -516,6 +606,20 @@ static double digest_spans(const kp_tensor *t, int n, int64_t slices) {
     return spans * (double)sizeof(kp_span);
 }
 
+/* Whether a check of the case runs impl through kp_run_rows_against (checks.c: repeat's runs, and batch probes where
+ * the family reads no probe's every row), so that a CUDA impl's slot holds a device copy of its output of the batch. */
+static bool compared_against(const kp_case_spec *cs, const kp_impl *impl) {
+    for (int i = 0; i < cs->nchecks; i++) {
+        const kp_check_spec *k = &cs->checks[i];
+        const kp_check_kind kind = k->kind == KP_CHECK_EXPECT ? k->of : k->kind;
+        const bool against = kind == KP_CHECK_REPEAT ||
+                             (kind == KP_CHECK_BATCH && !cs->fam->row_moved && !cs->fam->describe_probe);
+        for (int j = 0; against && j < k->nimpl; j++)
+            if (k->impl[j] == impl) return true;
+    }
+    return false;
+}
+
 int kp_launch_estimate(const kp_case_spec *cs, int64_t extra_rows, kp_case_bytes *est, kp_error *err) {
     memset(est, 0, sizeof *est);
     kp_shapes s;
@@ -562,7 +666,8 @@ int kp_launch_estimate(const kp_case_spec *cs, int64_t extra_rows, kp_case_bytes
             if (named_before) continue;
             nimpls++;
             const double ws = impl->workspace_bytes ? (double)impl->workspace_bytes(s.args) : 0.0;
-            const double bufs = slot + ws + 2.0 * KP_GUARD_BYTES;
+            const double against = compared_against(cs, impl) ? tensors_bytes(s.outputs, s.noutputs, s.batch, false, true) : 0;
+            const double bufs = slot + ws + 2.0 * KP_GUARD_BYTES + (impl->memory == KP_MEMORY_CUDA ? against : 0.0);
             if (impl->memory == KP_MEMORY_CUDA) device += bufs, est->ncuda++;
             else host += bufs, host_impl = true;
         }

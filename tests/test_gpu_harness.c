@@ -189,3 +189,80 @@ int main(int argc, char *argv[]) {
     criterion_finalize(tests);
     return result;
 }
+
+/* Repeat runs and batch probes of a CUDA impl are compared with its output on the device, and only rows that differ
+ * come back (kp_run_rows_against): what the checks find must be what comparing on the host found. */
+
+/* Probe `name` of check k's findings in receipt rec. */
+static const cJSON *probe_named(const cJSON *rec, int k, const char *name) {
+    const cJSON *chk = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(rec, "checks"), k);
+    const cJSON *probes = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(chk, "findings"), "probes");
+    const cJSON *p;
+    cJSON_ArrayForEach(p, probes) {
+        const cJSON *n = cJSON_GetObjectItemCaseSensitive(p, "probe");
+        if (cJSON_IsString(n) && !strcmp(n->valuestring, name)) return p;
+    }
+    cr_assert_fail("no probe %s", name);
+    return NULL;
+}
+
+/* The probe's rows that differ: exactly `row` when row >= 0 (its element 7, alone), none when row < 0. */
+static void assert_differs(const cJSON *rec, int k, const char *probe, int64_t row) {
+    const cJSON *d = cJSON_GetObjectItemCaseSensitive(probe_named(rec, k, probe), "rows_differ");
+    if (row < 0) {
+        cr_assert_eq(cJSON_GetArraySize(d), 0, "%s: rows differ", probe);
+        return;
+    }
+    cr_assert_eq(cJSON_GetArraySize(d), 1, "%s: %d rows differ", probe, cJSON_GetArraySize(d));
+    const cJSON *r = cJSON_GetArrayItem(d, 0);
+    cr_assert_eq(kpt_num(r, "row"), row, "%s", probe);
+    cr_assert_eq(kpt_num(r, "elements.count"), 1, "%s", probe);
+    cr_assert_eq(cJSON_GetArrayItem(kpt_at(r, "elements.first"), 0)->valueint, 7, "%s", probe);
+}
+
+/* topp.batchflip@cuda flips a bit of element 7 in a batch's first row (two rows or more): alone, row 0 differs from
+ * its full batch's; the upper half's first row is row 2. Rows of 1024 floats (the device's 16-byte words) and of 1001
+ * (its bytes). */
+Test(gpu_harness, a_row_that_differs_in_one_bit_is_found_on_the_device_and_named_as_the_host_names_it) {
+    char *cfg = write_config(
+        "{\"case\":\"topp(batch=4,profile=flat,seed=1,stride=1024,top_p=0.9,vocab=1000)\",\"checks\":[{\"check\":\"batch\",\"impl\":\"topp.batchflip@cuda\"}]},"
+        "{\"case\":\"topp(batch=4,profile=flat,seed=1,top_p=0.9,vocab=1001)\",\"checks\":[{\"check\":\"batch\",\"impl\":\"topp.batchflip@cuda\"}]}");
+    char *o, *e, *b;
+    cr_assert_eq(gate(cfg, "flip", &o, &e, &b), 1, "%s%s", o, e);
+    for (int c = 1; c <= 2; c++) {
+        cJSON *rec = kpt_receipt(b, c);
+        cr_assert_str_eq(kpt_str(rec, "checks.0.result"), "INCORRECT", "case %d: %s", c, check_summary(rec, 0));
+        assert_differs(rec, 0, "alone.row0", 0);
+        assert_differs(rec, 0, "alone.row1", -1);
+        assert_differs(rec, 0, "lower_half", -1);
+        assert_differs(rec, 0, "upper_half", 2);
+        cJSON_Delete(rec);
+    }
+}
+
+/* topp.flaky@cuda flips that bit on every second launch: of three runs, the second differs in row 0. */
+Test(gpu_harness, a_repeat_run_that_differs_in_one_bit_is_found_on_the_device) {
+    char *cfg = write_config("{\"case\":\"topp(batch=4,profile=flat,seed=1,top_p=0.9,vocab=1001)\","
+                             "\"checks\":[{\"check\":\"repeat\",\"impl\":\"topp.flaky@cuda\"}]}");
+    char *o, *e, *b;
+    cr_assert_eq(gate(cfg, "flaky", &o, &e, &b), 1, "%s%s", o, e);
+    cJSON *rec = kpt_receipt(b, 1);
+    cr_assert_eq(kpt_num(rec, "checks.0.findings.distinct_outputs"), 2, "%s", check_summary(rec, 0));
+    const cJSON *vary = kpt_at(rec, "checks.0.findings.rows_varying");
+    cr_assert_eq(cJSON_GetArraySize(vary), 1, "%s", check_summary(rec, 0));
+    cr_assert_eq(kpt_num(cJSON_GetArrayItem(vary, 0), "row"), 0);
+    cJSON_Delete(rec);
+}
+
+/* topp.padprobe@cuda writes into row padding only in a batch of one: the full output is clean, the alone probes are
+ * not, and the rows they differ in (padding included) come back and are checked. */
+Test(gpu_harness, a_write_into_row_padding_in_a_probe_alone_is_caught) {
+    char *cfg = write_config("{\"case\":\"topp(batch=4,profile=flat,seed=1,stride=1024,top_p=0.9,vocab=1000)\","
+                             "\"checks\":[{\"check\":\"batch\",\"impl\":\"topp.padprobe@cuda\"}]}");
+    char *o, *e, *b;
+    cr_assert_eq(gate(cfg, "padprobe", &o, &e, &b), 3, "%s%s", o, e);
+    cJSON *rec = kpt_receipt(b, 1);
+    cr_assert(strstr(kpt_str(rec, "checks.0.findings.probes.0.error"), "row padding"), "%s",
+              kpt_str(rec, "checks.0.findings.probes.0.error"));
+    cJSON_Delete(rec);
+}
