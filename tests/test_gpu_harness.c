@@ -105,22 +105,25 @@ Test(gpu_harness, in_one_process_the_same_fault_leaves_the_next_case_not_run) {
     cJSON_Delete(r1), cJSON_Delete(r2);
 }
 
-Test(gpu_harness, guard_regions_catch_a_device_out_of_bounds_write) {
-    char *cfg = write_config("{\"case\":\"topp(batch=4,profile=flat,seed=1,top_p=0.9,vocab=1000)\","
-                             "\"checks\":[{\"check\":\"rule\",\"impl\":\"topp.oob@cuda\"}]}");
-    char *o, *e, *b;
-    cr_assert_eq(gate(cfg, "oob", &o, &e, &b), 3, "%s%s", o, e);
+/* A gate of the one case `case_json` (its case and checks) into bundle `name`, exit `want` asserted; its receipt. */
+static cJSON *gate_case(const char *case_json, const char *name, int want) {
+    char *cfg = write_config(case_json), *o, *e, *b;
+    cr_assert_eq(gate(cfg, name, &o, &e, &b), want, "%s%s", o, e);
     cJSON *rec = kpt_receipt(b, 1);
+    free(cfg), free(o), free(e), free(b);
+    return rec;
+}
+
+Test(gpu_harness, guard_regions_catch_a_device_out_of_bounds_write) {
+    cJSON *rec = gate_case("{\"case\":\"topp(batch=4,profile=flat,seed=1,top_p=0.9,vocab=1000)\","
+                           "\"checks\":[{\"check\":\"rule\",\"impl\":\"topp.oob@cuda\"}]}", "oob", 3);
     cr_assert(strstr(check_summary(rec, 0), "guard region after buffer 'out'"), "%s", check_summary(rec, 0));
     cJSON_Delete(rec);
 }
 
 Test(gpu_harness, a_device_write_into_row_padding_is_caught) {
-    char *cfg = write_config("{\"case\":\"topp(batch=4,profile=flat,seed=1,stride=1024,top_p=0.9,vocab=1000)\","
-                             "\"checks\":[{\"check\":\"rule\",\"impl\":\"topp.pad@cuda\"}]}");
-    char *o, *e, *b;
-    cr_assert_eq(gate(cfg, "pad", &o, &e, &b), 3, "%s%s", o, e);
-    cJSON *rec = kpt_receipt(b, 1);
+    cJSON *rec = gate_case("{\"case\":\"topp(batch=4,profile=flat,seed=1,stride=1024,top_p=0.9,vocab=1000)\","
+                           "\"checks\":[{\"check\":\"rule\",\"impl\":\"topp.pad@cuda\"}]}", "pad", 3);
     cr_assert(strstr(check_summary(rec, 0), "row padding"), "%s", check_summary(rec, 0));
     cJSON_Delete(rec);
 }
@@ -242,11 +245,8 @@ Test(gpu_harness, a_row_that_differs_in_one_bit_is_found_on_the_device_and_named
 
 /* topp.flaky@cuda flips that bit on every second launch: of three runs, the second differs in row 0. */
 Test(gpu_harness, a_repeat_run_that_differs_in_one_bit_is_found_on_the_device) {
-    char *cfg = write_config("{\"case\":\"topp(batch=4,profile=flat,seed=1,top_p=0.9,vocab=1001)\","
-                             "\"checks\":[{\"check\":\"repeat\",\"impl\":\"topp.flaky@cuda\"}]}");
-    char *o, *e, *b;
-    cr_assert_eq(gate(cfg, "flaky", &o, &e, &b), 1, "%s%s", o, e);
-    cJSON *rec = kpt_receipt(b, 1);
+    cJSON *rec = gate_case("{\"case\":\"topp(batch=4,profile=flat,seed=1,top_p=0.9,vocab=1001)\","
+                           "\"checks\":[{\"check\":\"repeat\",\"impl\":\"topp.flaky@cuda\"}]}", "flaky", 1);
     cr_assert_eq(kpt_num(rec, "checks.0.findings.distinct_outputs"), 2, "%s", check_summary(rec, 0));
     const cJSON *vary = kpt_at(rec, "checks.0.findings.rows_varying");
     cr_assert_eq(cJSON_GetArraySize(vary), 1, "%s", check_summary(rec, 0));
@@ -257,11 +257,8 @@ Test(gpu_harness, a_repeat_run_that_differs_in_one_bit_is_found_on_the_device) {
 /* topp.padprobe@cuda writes into row padding only in a batch of one: the full output is clean, the alone probes are
  * not, and the rows they differ in (padding included) come back and are checked. */
 Test(gpu_harness, a_write_into_row_padding_in_a_probe_alone_is_caught) {
-    char *cfg = write_config("{\"case\":\"topp(batch=4,profile=flat,seed=1,stride=1024,top_p=0.9,vocab=1000)\","
-                             "\"checks\":[{\"check\":\"batch\",\"impl\":\"topp.padprobe@cuda\"}]}");
-    char *o, *e, *b;
-    cr_assert_eq(gate(cfg, "padprobe", &o, &e, &b), 3, "%s%s", o, e);
-    cJSON *rec = kpt_receipt(b, 1);
+    cJSON *rec = gate_case("{\"case\":\"topp(batch=4,profile=flat,seed=1,stride=1024,top_p=0.9,vocab=1000)\","
+                           "\"checks\":[{\"check\":\"batch\",\"impl\":\"topp.padprobe@cuda\"}]}", "padprobe", 3);
     cr_assert(strstr(kpt_str(rec, "checks.0.findings.probes.0.error"), "row padding"), "%s",
               kpt_str(rec, "checks.0.findings.probes.0.error"));
     cJSON_Delete(rec);
