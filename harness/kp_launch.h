@@ -141,6 +141,23 @@ kp_result kp_run_rows_against(kp_prepared *p, const kp_impl *impl, const int64_t
                               const kp_output *against, const int64_t *against_rows, uint8_t *bits, kp_output **out,
                               kp_error *err);
 void kp_output_free(kp_output *o);
+/* Where the kernels stage's seconds go, summed over the process's runs since kp_run_parts_reset (bundle.json's
+ * kernels_parts_s): the set-up (row gathers, guard fills, the wait before the launch; uploads are a stage of their
+ * own), the host output blocks, the impl's run call, waiting for the device with every guard checked, the device
+ * comparison with an earlier output (kp_run_rows_against), and the copies back with their row padding checked. */
+typedef enum kp_run_part {
+    KP_RUN_SETUP,
+    KP_RUN_OUTPUT_BLOCKS,
+    KP_RUN_LAUNCH,
+    KP_RUN_WAIT_AND_GUARDS,
+    KP_RUN_COMPARE,
+    KP_RUN_COPIES_BACK,
+    KP_RUN_PARTS
+} kp_run_part;
+void kp_run_parts_reset(void);
+const char *kp_run_part_name(kp_run_part part);
+double kp_run_part_seconds(kp_run_part part);
+int64_t kp_run_count(void); /* kp_run_rows and kp_run_rows_against calls since the reset */
 /* The run in progress on this thread, for an impl that stands for outputs made elsewhere (harness/judge.c) or by
  * an outside program (harness/exec.c): the case and which preparation of it, the rows it runs, the family's input
  * tensors (as the case describes them: a batched one's shape[0] is the case's batch) and their host buffers for this

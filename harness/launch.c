@@ -153,6 +153,25 @@ static size_t output_bytes(const kp_tensor *outs, int nout, int64_t nrows, size_
 
 static double g_uploads_s; /* the uploads' seconds in the kp_run_rows in progress, a stage of their own */
 
+static double g_part[KP_RUN_PARTS];
+static int64_t g_runs;
+static const char *const part_names[KP_RUN_PARTS] = {"setup",           "output_blocks", "launch",
+                                                     "wait_and_guards", "compare",       "copies_back"};
+void kp_run_parts_reset(void) {
+    memset(g_part, 0, sizeof g_part);
+    g_runs = 0;
+}
+const char *kp_run_part_name(kp_run_part part) { return part_names[part]; }
+double kp_run_part_seconds(kp_run_part part) { return g_part[part]; }
+int64_t kp_run_count(void) { return g_runs; }
+
+/* The seconds since t added to a part; now. */
+static double part_add(kp_run_part part, double t) {
+    const double now = kp_now();
+    g_part[part] += now - t;
+    return now;
+}
+
 static slot *slot_for(kp_prepared *p, const kp_impl *impl, const kp_tensor *outs, int nout, kp_error *err) {
     const kp_memory mem = impl->memory;
     const kp_case_view *v = &p->v;
@@ -298,6 +317,7 @@ static kp_result launch_run(launch *L, kp_error *err) {
 
 /* Wait and check every guard. */
 static kp_result collect_guards(const kp_prepared *p, launch *L, kp_error *err) {
+    const double t = kp_now();
     const kp_case_view *v = &p->v;
     slot *sl = L->slot;
     const kp_memory mem = L->impl->memory;
@@ -312,11 +332,13 @@ static kp_result collect_guards(const kp_prepared *p, launch *L, kp_error *err) 
     for (int k = 0; k < v->ninputs; k++)
         checks[n++] = (kp_guard_check){v->inputs[k].batched ? &sl->in[k] : &g_cache.all[mem][k], v->inputs[k].name, 0, 0, 0};
     if (L->bufs.workspace_bytes) checks[n++] = (kp_guard_check){&sl->ws, "workspace", 0, 0, 0};
-    return kp_bufs_check(checks, n, err) ? KP_FAILED : KP_PASSED;
+    const int rc = kp_bufs_check(checks, n, err);
+    part_add(KP_RUN_WAIT_AND_GUARDS, t);
+    return rc ? KP_FAILED : KP_PASSED;
 }
 
 /* Rows [r0, r1) of every output copied back into o's tensors, their row padding checked. */
-static kp_result collect_rows(launch *L, kp_output *o, int64_t r0, int64_t r1, kp_error *err) {
+static kp_result copy_rows_back(launch *L, kp_output *o, int64_t r0, int64_t r1, kp_error *err) {
     for (int k = 0; k < L->nout; k++) {
         const kp_tensor *t = &o->t[k];
         const size_t slice = kp_tensor_slice_bytes(t);
@@ -340,6 +362,13 @@ static kp_result collect_rows(launch *L, kp_output *o, int64_t r0, int64_t r1, k
     return KP_PASSED;
 }
 
+static kp_result collect_rows(launch *L, kp_output *o, int64_t r0, int64_t r1, kp_error *err) {
+    const double t = kp_now();
+    const kp_result r = copy_rows_back(L, o, r0, r1, err);
+    part_add(KP_RUN_COPIES_BACK, t);
+    return r;
+}
+
 /* Wait, check every guard, copy the outputs back into o's tensors and check their row padding. */
 static kp_result launch_collect(const kp_prepared *p, launch *L, kp_output *o, kp_error *err) {
     kp_result r = collect_guards(p, L, err);
@@ -352,6 +381,7 @@ static kp_result launch_collect_against(const kp_prepared *p, launch *L, kp_outp
                                         const int64_t *against_rows, uint8_t *bits, kp_error *err) {
     kp_result r = collect_guards(p, L, err);
     if (r != KP_PASSED) return r;
+    const double t = kp_now();
     slot *sl = L->slot;
     KP_ASSERT(against->ntensors == L->nout);
     kp_rows_pair pairs[KP_MAX_TENSORS];
@@ -373,6 +403,7 @@ static kp_result launch_collect_against(const kp_prepared *p, launch *L, kp_outp
         sl->against_serial = against->serial;
     }
     if (kp_bufs_rows_differ(pairs, L->nout, against_rows, L->nrows, against->nrows, bits, err)) return KP_FAILED;
+    part_add(KP_RUN_COMPARE, t);
     for (int64_t i = 0; i < L->nrows;) {
         const int64_t at = against_rows ? against_rows[i] : i;
         if (!bits[i] && at >= 0 && at < against->nrows) {
@@ -432,8 +463,11 @@ static kp_result run_rows_timed(kp_prepared *p, const kp_impl *impl, const int64
                                 kp_output **outp, cJSON *info, const against_spec *vs, kp_error *err) {
     *outp = NULL;
     launch L;
+    double t = kp_now();
     kp_result r = launch_setup(p, impl, rows, nrows, &L, err);
+    t = part_add(KP_RUN_SETUP, t + g_uploads_s); /* the uploads are their own stage */
     kp_output *o = r == KP_PASSED ? output_new(&L, vs != NULL, err) : NULL;
+    t = part_add(KP_RUN_OUTPUT_BLOCKS, t);
     if (r == KP_PASSED && !o) r = KP_FAILED;
     kp_timer *timer = NULL; /* CUDA events around the launch alone, for the receipt (bench flushes L2 too) */
     double t0 = kp_now(), kernel_us = -1;
@@ -442,6 +476,7 @@ static kp_result run_rows_timed(kp_prepared *p, const kp_impl *impl, const int64
         r = KP_FAILED;
     if (r == KP_PASSED) r = launch_run(&L, err);
     if (r == KP_PASSED && timer && kp_timer_stop(timer, &kernel_us, err)) r = KP_FAILED;
+    part_add(KP_RUN_LAUNCH, t);
     if (r == KP_PASSED) r = vs ? launch_collect_against(p, &L, o, vs->o, vs->rows, vs->bits, err) : launch_collect(p, &L, o, err);
     const double seconds = kp_now() - t0;
     kp_timer_free(timer);
@@ -468,6 +503,7 @@ static kp_result run_rows(kp_prepared *p, const kp_impl *impl, const int64_t *ro
                           cJSON *info, const against_spec *vs, kp_error *err) {
     const double t0 = kp_now();
     g_uploads_s = 0;
+    g_runs++;
     kp_result r = run_rows_timed(p, impl, rows, nrows, out, info, vs, err);
     kp_stage_add(KP_STAGE_UPLOADS, g_uploads_s);
     kp_stage_add(KP_STAGE_KERNELS, kp_now() - t0 - g_uploads_s);

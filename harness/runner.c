@@ -161,6 +161,11 @@ static cJSON *meta_json(run_state *st) {
     cJSON_AddStringToObject(meta, "stages_note", "other: the run's wall time outside the named stages (case setup, "
                                                  "check bookkeeping, the device's first use); receipts excludes "
                                                  "writing bundle.json and the manifest themselves");
+    cJSON *parts = cJSON_AddObjectToObject(meta, "kernels_parts_s");
+    kp_json_add_int(parts, "runs", kp_run_count());
+    for (int k = 0; k < KP_RUN_PARTS; k++) kp_json_add_double(parts, kp_run_part_name((kp_run_part)k), kp_run_part_seconds((kp_run_part)k));
+    cJSON_AddStringToObject(meta, "kernels_parts_note", "the kernels stage's runs taken apart (kp_launch.h, kp_run_part); "
+                                                        "the rest of the stage is the checks' own bookkeeping around them");
     cJSON_AddItemToObject(meta, "environment", cJSON_Duplicate(st->env, 1));
     return meta;
 }
@@ -383,6 +388,7 @@ static int run_cases(const kp_config *cfg, const kp_run_options *opt, run_shared
     if (shared) shared->timeout = st.timeout;
     st.t_start = shared ? shared->t_start : kp_now();
     kp_stages_reset();
+    kp_run_parts_reset();
     for (int i = 0; i < cfg->ncases; i++) /* a case with CUDA impls: their context is made while the first case is */
         if (cfg->cases[i].device_bytes > 0 && selected(opt, cfg, i)) {
             kp_device_warm_start();
@@ -531,6 +537,10 @@ static int run_cases(const kp_config *cfg, const kp_run_options *opt, run_shared
             fprintf(stderr, " %s %.2fs,", kp_stage_name((kp_stage)s), kp_stage_seconds((kp_stage)s));
         fprintf(stderr, " other %.2fs; run %.2fs (process start to here %.2fs)\n", run_s - kp_stage_total(), run_s,
                 kp_process_seconds(shared ? getppid() : getpid()));
+        fprintf(stderr, "kernels: %lld runs;", (long long)kp_run_count());
+        for (int k = 0; k < KP_RUN_PARTS; k++)
+            fprintf(stderr, " %s %.2fs%s", kp_run_part_name((kp_run_part)k), kp_run_part_seconds((kp_run_part)k),
+                    k + 1 < KP_RUN_PARTS ? "," : "\n");
     }
     cJSON_Delete(st.env);
     free(rows);

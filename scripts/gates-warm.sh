@@ -1,8 +1,9 @@
 #!/bin/sh
 # gates-warm.sh [GATE...]: issue 30's table. Each gate (a name under ci/gates/, without .json) runs cold, warm and warm
 # again on a cache folder of its own, made fresh: one line a run with its exit status, its process seconds and the
-# gate's own stages line. Default gates: every ci/gates/*-cuda.json and default.json (on the GPU machine: carry .device
-# with kparity built here and run `sh scripts/gates-warm.sh`). The binary is $KPARITY_BIN, else .device/kparity (with
+# gate's own stages line and its kernels line (the kernels stage's runs taken apart). Default gates: every
+# ci/gates/*-cuda.json and default.json (on the GPU machine: carry .device with kparity built here and run
+# `sh scripts/gates-warm.sh`). The binary is $KPARITY_BIN, else .device/kparity (with
 # .device/lib), else build/kparity; folders and bundles go under ${WARM_DIR:-/tmp/kparity-warm}, each gate's own
 # (cache-GATE, GATE-RUN) removed before it runs; its cache folder is removed again after its third run (the large gates'
 # entries together fill a 64 GiB disk), its bundles and logs kept.
@@ -37,7 +38,8 @@ for g in "$@"; do
         t1=$(date +%s.%N)
         # the gate's own stages line (printed when its bundle is written)
         stages=$(grep -o 'stages: .*' "$b.log" | tail -1)
-        printf '%-22s %-5s exit %s %7s s | %s\n' "$g" "$run" "$rc" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')" "${stages:-no stages line: $b.log}"
+        kernels=$(grep -o '^kernels: .*' "$b.log" | tail -1)
+        printf '%-22s %-5s exit %s %7s s | %s | %s\n' "$g" "$run" "$rc" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')" "${stages:-no stages line: $b.log}" "$kernels"
     done
     rm -rf "$dir/cache-$g" # the large gates' entries together pass a 64 GiB disk
 done

@@ -673,3 +673,33 @@ Test(cli, bench_prints_each_row_as_it_finishes) {
     cr_assert(strstr(first, "left ~") && strstr(first, a), "the progress line has no estimate or case:\n%s", out);
     free(script);
 }
+
+/* bundle.json takes the kernels stage apart (kernels_parts_s): one full run for the rule and two more for a repeat of
+ * three, the parts within the stage they divide. */
+Test(cli, bundle_json_takes_the_kernels_stage_apart) {
+    char *cfg = config("parts", HEAD "\"defaults\":{\"runs\":3},\"cases\":[{\"case\":\"topp(batch=2,profile=ordinary,seed=1,"
+                                     "top_p=0.9,vocab=300)\",\"checks\":[{\"check\":\"rule\",\"impl\":\"candidate\","
+                                     "\"tie_policy\":\"minimal_index\",\"band\":1e-6},{\"check\":\"repeat\",\"impl\":"
+                                     "\"candidate\"}]}]}");
+    char *bundle, *path, *out, *err;
+    cr_assert(asprintf(&bundle, "%s/parts-b", kpt_dir) > 0);
+    char *argv[] = {kpt_binary(), "gate", "--config", cfg, "--out", bundle, NULL};
+    cr_assert_eq(run_cli(argv, &out, &err), 0, "%s", err);
+    cr_assert(strstr(err, "kernels: 3 runs; setup "), "stderr: %s", err);
+    cr_assert(asprintf(&path, "%s/bundle.json", bundle) > 0);
+    char *text = kpt_read(path, NULL);
+    cJSON *b = cJSON_Parse(text);
+    cr_assert_eq(kpt_num(b, "kernels_parts_s.runs"), 3);
+    double sum = 0;
+    const char *parts[] = {"setup", "output_blocks", "launch", "wait_and_guards", "compare", "copies_back"};
+    for (size_t i = 0; i < sizeof parts / sizeof *parts; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "kernels_parts_s.%s", parts[i]);
+        cr_assert_geq(kpt_num(b, key), 0, "%s", key);
+        sum += kpt_num(b, key);
+    }
+    cr_assert_gt(kpt_num(b, "kernels_parts_s.launch"), 0);
+    cr_assert_leq(sum, kpt_num(b, "stages_s.kernels") + 1e-6, "the parts %.6f s pass the stage", sum);
+    cJSON_Delete(b);
+    free(text), free(path), free(bundle), free(cfg);
+}
