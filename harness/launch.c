@@ -375,6 +375,12 @@ static kp_result launch_collect(const kp_prepared *p, launch *L, kp_output *o, k
     return r == KP_PASSED ? collect_rows(L, o, 0, L->nrows, err) : r;
 }
 
+/* Whether row i of a run compared with an output of against_nrows rows comes back: it differs, or was not compared. */
+static bool row_comes_back(const uint8_t *bits, const int64_t *against_rows, int64_t against_nrows, int64_t i) {
+    const int64_t at = against_rows ? against_rows[i] : i;
+    return bits[i] || at < 0 || at >= against_nrows;
+}
+
 /* As launch_collect, for a CUDA impl's run compared with `against` (kp_run_rows_against): the rows compared on the
  * device first, and those that differ copied back (with those not compared: their padding is checked nowhere else). */
 static kp_result launch_collect_against(const kp_prepared *p, launch *L, kp_output *o, const kp_output *against,
@@ -404,19 +410,12 @@ static kp_result launch_collect_against(const kp_prepared *p, launch *L, kp_outp
     }
     if (kp_bufs_rows_differ(pairs, L->nout, against_rows, L->nrows, against->nrows, bits, err)) return KP_FAILED;
     part_add(KP_RUN_COMPARE, t);
-    for (int64_t i = 0; i < L->nrows;) {
-        const int64_t at = against_rows ? against_rows[i] : i;
-        if (!bits[i] && at >= 0 && at < against->nrows) {
-            i++;
-            continue;
-        }
+    for (int64_t i = 0; i < L->nrows; i++) { /* runs of rows that come back, each run one copy */
+        if (!row_comes_back(bits, against_rows, against->nrows, i)) continue;
         int64_t end = i + 1;
-        for (; end < L->nrows; end++) {
-            const int64_t a = against_rows ? against_rows[end] : end;
-            if (!bits[end] && a >= 0 && a < against->nrows) break;
-        }
+        while (end < L->nrows && row_comes_back(bits, against_rows, against->nrows, end)) end++;
         if ((r = collect_rows(L, o, i, end, err)) != KP_PASSED) return r;
-        i = end;
+        i = end; /* row end stays on the device */
     }
     return KP_PASSED;
 }
