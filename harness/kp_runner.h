@@ -17,6 +17,8 @@ typedef struct kp_run_options {
     int shard_count;
     int isolate;           /* the CLI's gate and run: the cases run in a worker process (kp_run_supervise)
                               and a crash or a hang there is recorded as its case FAILED */
+    int await_worker_end;  /* the supervisor returns once the worker's process has ended (its device memory given
+                              back), not as soon as its result is in: a gate that starts a command after it */
 } kp_run_options;
 
 /* The CLI's gate and run (opt->isolate): whether this process is to supervise a worker process that runs the cases

@@ -27,16 +27,25 @@ void kp_worker_unshare(void *shared, int fd, size_t bytes);
  * descriptor named in its environment; it is killed if the supervisor dies (PR_SET_PDEATHSIG). */
 int kp_worker_start(int fd, pid_t *pid, kp_error *err);
 
+/* In a worker, once its result is in the shared block: wake the supervisor (SIGCHLD, whose default action is to
+ * ignore it), which may stop waiting before this process has ended (kp_worker_wait's `said_done`). */
+void kp_worker_say_done(void);
+
 /* How a worker ended, or that it has not. */
 typedef struct kp_worker_end {
     int running;         /* still running at the deadline */
+    int said_done;       /* its result is in (kp_worker_say_done): it is ending, not yet reaped (kp_worker_reap) */
     int exited, status;  /* it exited, with this status */
     int signal;          /* or was killed by this signal */
     int deadline;        /* killed by kp_worker_kill */
 } kp_worker_end;
 
-/* Wait for the worker to end, or until `until` (kp_now() seconds) has passed (then end->running). */
-void kp_worker_wait(pid_t pid, double until, kp_worker_end *end);
+/* Wait for the worker to end, or until `until` (kp_now() seconds) has passed (then end->running), or, where `done` is
+ * not NULL, until *done (a flag in the shared block the worker sets before kp_worker_say_done) is set (then
+ * end->said_done: the worker's teardown, which for a CUDA process is its context's release, about 0.1 s, goes on). */
+void kp_worker_wait(pid_t pid, const int *done, double until, kp_worker_end *end);
+/* Wait, however long, for a worker that said it was done to end, and reap it. */
+void kp_worker_reap(pid_t pid);
 /* SIGKILL it and reap it: this ends a worker stopped by SIGSTOP, or one whose own watchdog cannot run. */
 void kp_worker_kill(pid_t pid, kp_worker_end *end);
 

@@ -179,7 +179,7 @@ static int cmd_run(int gate, const char *config, const char *out, const char *fi
     }
     kp_run_options opt = {.out_dir = out, .filter = filter, .timeout_s = timeout, .quiet = quiet, .json = json,
                           .command = gate ? "gate" : "run", .shard_index = shard_index, .shard_count = shard_count,
-                          .isolate = 1};
+                          .isolate = 1, .await_worker_end = gate && command && command[0]};
     int code;
     if (kp_run_supervises(&opt)) {
         /* the cases run in a worker process (this command line again, which loads the --plugin libraries), so a

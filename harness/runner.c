@@ -247,8 +247,9 @@ _Noreturn static void worker_exit(run_shared *shared, int code, const kp_error *
     if (err) shared->err = *err;
     shared->code = code;
     coverage_dump(); /* before the supervisor is told: it may stop waiting for this process */
+    fflush(NULL);    /* so is what this process printed */
     __atomic_store_n(&shared->returned, 1, __ATOMIC_SEQ_CST);
-    fflush(NULL);
+    kp_worker_say_done();
     _exit(code);
 }
 

@@ -102,7 +102,9 @@ int kp_run_supervise(const char *config_path, const kp_run_options *opt, kp_erro
             double deadline = sh->t_start + timeout + 2.0 + 3.0;
             if (sh->workers > 1 && deadline < started + 10.0) deadline = started + 10.0;
             if (__atomic_load_n(&sh->finishing, __ATOMIC_SEQ_CST)) deadline += 60.0;
-            kp_worker_wait(pid, timeout > 0 ? deadline : kp_now() + 0.25, &end);
+            /* returning once the worker said its result is in: its teardown (a CUDA context's release) goes on
+               while the caller carries on */
+            kp_worker_wait(pid, &sh->returned, timeout > 0 ? deadline : kp_now() + 0.25, &end);
             if (!end.running) break;
             if (timeout > 0 && kp_now() > deadline) {
                 kp_worker_kill(pid, &end);
@@ -117,6 +119,7 @@ int kp_run_supervise(const char *config_path, const kp_run_options *opt, kp_erro
         if (__atomic_load_n(&sh->returned, __ATOMIC_SEQ_CST) && !end.deadline) {
             *err = sh->err;
             code = sh->code;
+            if (end.said_done && opt->await_worker_end) kp_worker_reap(pid);
             break;
         }
         if (end.exited && !sh->opened && end.status != 127) { /* it stopped before the run: a config error it reported */

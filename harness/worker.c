@@ -24,6 +24,8 @@
 
 extern char **environ;
 
+static pid_t g_supervisor; /* in a worker: the process that started it */
+
 int kp_worker_is_one(void) { return getenv(WORKER_ENV) != NULL; }
 
 int kp_worker_attach(void **shared, size_t bytes, kp_error *err) {
@@ -45,7 +47,8 @@ int kp_worker_attach(void **shared, size_t bytes, kp_error *err) {
     }
     fcntl((int)fd, F_SETFD, FD_CLOEXEC); /* nothing the worker starts gets it */
     unsetenv(WORKER_ENV);
-    kp_fault_also_kill(getppid());
+    g_supervisor = getppid();
+    kp_fault_also_kill(g_supervisor);
     *shared = p;
     return 1;
 }
@@ -137,7 +140,16 @@ int kp_worker_start(int fd, pid_t *pid, kp_error *err) {
     return 0;
 }
 
-void kp_worker_wait(pid_t pid, double until, kp_worker_end *end) {
+void kp_worker_say_done(void) {
+    if (g_supervisor > 1 && getppid() == g_supervisor) kill(g_supervisor, SIGCHLD);
+}
+
+void kp_worker_reap(pid_t pid) {
+    int status;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+}
+
+void kp_worker_wait(pid_t pid, const int *done, double until, kp_worker_end *end) {
     memset(end, 0, sizeof *end);
     /* SIGCHLD blocked and waited for: the worker's end is seen at once, with no polling interval */
     sigset_t chld, old;
@@ -148,6 +160,11 @@ void kp_worker_wait(pid_t pid, double until, kp_worker_end *end) {
     for (;;) {
         pid_t r = waitpid(pid, &status, WNOHANG);
         if (r == pid) break;
+        if (r == 0 && done && __atomic_load_n(done, __ATOMIC_SEQ_CST)) {
+            end->said_done = 1;
+            pthread_sigmask(SIG_SETMASK, &old, NULL);
+            return;
+        }
         if (r < 0 && errno != EINTR) { /* not our child any more: nothing to wait for */
             end->exited = 1, end->status = 127;
             pthread_sigmask(SIG_SETMASK, &old, NULL);
