@@ -482,29 +482,45 @@ Test(hostile, a_plugin_off_its_pin_is_refused_before_any_of_its_code_runs) {
     free(o), free(e), free(cfg), free(out), free(so), free(marker), free(flag);
 }
 
-/* tests/fixtures/linger_exit.c, built here: preloaded, it makes a kparity worker's _exit wait (as a CUDA context's
- * release makes it slow) for the files the KPT_EXIT_* variables name. */
-static void preload_linger(const char *wait_for, const char *wait_s, const char *mark) {
-    char *so, *src, *asan;
-    cr_assert(asprintf(&so, "%s/linger_exit.so", kpt_dir) > 0);
+/* A tame plugin's gate whose worker ends slowly: tests/fixtures/linger_exit.c, built here and preloaded, makes a
+ * kparity worker's _exit (as a CUDA context's release makes it slow) mark `entered`, wait up to wait_s seconds for
+ * `never` (nobody makes it), then mark `ended`. */
+typedef struct linger {
+    char *so, *cfg, *out, *never, *entered, *ended, *asan; /* asan: ASAN_OPTIONS before, to restore */
+} linger;
+
+static void linger_start(linger *L, const char *wait_s) {
+    L->so = plugin("tame", NULL, "-DKPT_BATCH=99");
+    L->cfg = config("linger", L->so, "tame", NULL, 0);
+    char *shim, *src, *asan;
+    cr_assert(asprintf(&L->out, "%s/b-linger", kpt_dir) > 0);
+    cr_assert(asprintf(&L->never, "%s/never", kpt_dir) > 0);
+    cr_assert(asprintf(&L->entered, "%s/entered", kpt_dir) > 0);
+    cr_assert(asprintf(&L->ended, "%s/ended", kpt_dir) > 0);
+    cr_assert(asprintf(&shim, "%s/linger_exit.so", kpt_dir) > 0);
     cr_assert(asprintf(&src, "%s/tests/fixtures/linger_exit.c", kpt_source_dir()) > 0);
-    char *argv[] = {"/usr/bin/cc", "-shared", "-fPIC", "-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", "-o", so, src, NULL};
+    char *argv[] = {"/usr/bin/cc", "-shared", "-fPIC", "-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", "-o", shim, src, NULL};
     char *out, *err;
     cr_assert_eq(kpt_run(argv, &out, &err), 0, "building the shim failed: %s", err);
     const char *had = getenv("ASAN_OPTIONS"); /* a sanitizer build's kparity: its runtime need not come first */
+    L->asan = had ? strdup(had) : NULL;
     cr_assert(asprintf(&asan, "%s%sverify_asan_link_order=0", had ? had : "", had && had[0] ? ":" : "") > 0);
     setenv("ASAN_OPTIONS", asan, 1);
-    setenv("LD_PRELOAD", so, 1);
-    setenv("KPT_EXIT_WAIT_FOR", wait_for, 1);
+    setenv("LD_PRELOAD", shim, 1);
+    setenv("KPT_EXIT_ENTERED", L->entered, 1);
+    setenv("KPT_EXIT_WAIT_FOR", L->never, 1);
     setenv("KPT_EXIT_WAIT_S", wait_s, 1);
-    setenv("KPT_EXIT_MARK", mark, 1);
-    free(out), free(err), free(so), free(src), free(asan);
+    setenv("KPT_EXIT_MARK", L->ended, 1);
+    free(out), free(err), free(shim), free(src), free(asan);
 }
 
-static void unpreload_linger(const char *asan_before) {
-    unsetenv("LD_PRELOAD"), unsetenv("KPT_EXIT_WAIT_FOR"), unsetenv("KPT_EXIT_WAIT_S"), unsetenv("KPT_EXIT_MARK");
-    if (asan_before) setenv("ASAN_OPTIONS", asan_before, 1);
+/* The environment as before linger_start; the strings freed. */
+static void linger_stop(linger *L) {
+    unsetenv("LD_PRELOAD"), unsetenv("KPT_EXIT_ENTERED"), unsetenv("KPT_EXIT_WAIT_FOR"), unsetenv("KPT_EXIT_WAIT_S");
+    unsetenv("KPT_EXIT_MARK");
+    if (L->asan) setenv("ASAN_OPTIONS", L->asan, 1);
     else unsetenv("ASAN_OPTIONS");
+    free(L->so), free(L->cfg), free(L->out), free(L->never), free(L->entered), free(L->ended), free(L->asan);
 }
 
 /* A gate returns its verdict once the worker has said its result is in, not after the worker's process has ended
@@ -512,44 +528,32 @@ static void unpreload_linger(const char *asan_before) {
  * file nobody makes, and the gate has returned, its bundle whole, while the worker is still in it. (The worker is then
  * killed with its supervisor, PR_SET_PDEATHSIG: a real one is past its last step by then.) */
 Test(hostile, a_gate_returns_once_its_worker_said_its_result_is_in) {
-    char *so = plugin("tame", NULL, "-DKPT_BATCH=99"), *cfg = config("linger", so, "tame", NULL, 0), *out, *never, *entered;
-    char *ended, *o, *e;
-    cr_assert(asprintf(&out, "%s/b-linger", kpt_dir) > 0);
-    cr_assert(asprintf(&never, "%s/never", kpt_dir) > 0);
-    cr_assert(asprintf(&entered, "%s/entered", kpt_dir) > 0);
-    cr_assert(asprintf(&ended, "%s/ended", kpt_dir) > 0);
-    char *asan = getenv("ASAN_OPTIONS") ? strdup(getenv("ASAN_OPTIONS")) : NULL;
-    preload_linger(never, "60", ended);
-    setenv("KPT_EXIT_ENTERED", entered, 1);
-    char *argv[] = {kpt_binary(), "gate", "--config", cfg, "--out", out, "--quiet", NULL};
+    linger L;
+    linger_start(&L, "60");
+    char *argv[] = {kpt_binary(), "gate", "--config", L.cfg, "--out", L.out, "--quiet", NULL}, *o, *e;
     const int rc = kpt_run(argv, &o, &e);
-    const int was_entered = access(entered, F_OK) == 0, had_ended = access(ended, F_OK) == 0;
-    unsetenv("KPT_EXIT_ENTERED");
-    unpreload_linger(asan);
+    const int was_entered = access(L.entered, F_OK) == 0, had_ended = access(L.ended, F_OK) == 0;
     cr_assert_eq(rc, 0, "%s%s", o, e);
     cr_assert(was_entered, "the shim never ran in the worker");
     cr_assert(!had_ended, "the gate returned only after its worker had ended");
     free(o), free(e);
-    char *vargv[] = {kpt_binary(), "verify", out, NULL};
+    char *vargv[] = {kpt_binary(), "verify", L.out, NULL};
     cr_assert_eq(kpt_run(vargv, &o, &e), 0, "%s%s", o, e);
-    free(o), free(e), free(so), free(cfg), free(out), free(never), free(entered), free(ended), free(asan);
+    free(o), free(e);
+    linger_stop(&L);
 }
 
 /* A gate that starts a command starts it only once the worker's process has ended, so the command (a model server)
  * meets a device whose memory the gate has given back: the command finds the mark the worker's last step makes. */
 Test(hostile, a_gate_starts_its_command_once_its_worker_has_ended) {
-    char *so = plugin("tame", NULL, "-DKPT_BATCH=99"), *cfg = config("linger", so, "tame", NULL, 0), *out, *never, *ended;
+    linger L;
+    linger_start(&L, "1"); /* the worker's end takes a second */
     char *test, *o, *e;
-    cr_assert(asprintf(&out, "%s/b-linger", kpt_dir) > 0);
-    cr_assert(asprintf(&never, "%s/never", kpt_dir) > 0);
-    cr_assert(asprintf(&ended, "%s/ended", kpt_dir) > 0);
-    cr_assert(asprintf(&test, "test -e '%s' && echo serving-started", ended) > 0);
-    char *asan = getenv("ASAN_OPTIONS") ? strdup(getenv("ASAN_OPTIONS")) : NULL;
-    preload_linger(never, "1", ended); /* the worker's end takes a second */
-    char *argv[] = {kpt_binary(), "gate", "--config", cfg, "--out", out, "--quiet", "--", "/bin/sh", "-c", test, NULL};
+    cr_assert(asprintf(&test, "test -e '%s' && echo serving-started", L.ended) > 0);
+    char *argv[] = {kpt_binary(), "gate", "--config", L.cfg, "--out", L.out, "--quiet", "--", "/bin/sh", "-c", test, NULL};
     const int rc = kpt_run(argv, &o, &e);
-    unpreload_linger(asan);
     cr_assert_eq(rc, 0, "the command ran before the worker had ended: %s%s", o, e);
     cr_assert(strstr(o, "serving-started"), "%s%s", o, e);
-    free(o), free(e), free(so), free(cfg), free(out), free(never), free(ended), free(test), free(asan);
+    free(o), free(e), free(test);
+    linger_stop(&L);
 }
