@@ -185,9 +185,8 @@ void kp_worker_wait(pid_t pid, const int *done, double until, kp_worker_end *end
 }
 
 void kp_worker_kill(pid_t pid, kp_worker_end *end) {
-    int status;
     kill(pid, SIGKILL); /* ends a stopped process too */
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    kp_worker_reap(pid);
     memset(end, 0, sizeof *end);
     end->deadline = 1;
 }
