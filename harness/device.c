@@ -238,8 +238,30 @@ int kp_buf_download(const kp_buf *b, void *dst, size_t bytes, const char *name, 
     return kp_buf_download_range(b, 0, dst, bytes, name, err);
 }
 
-int kp_bufs_rows_differ(const kp_rows_pair *pairs, int n, const int64_t *at, int64_t nrows, int64_t against_rows,
-                        uint8_t *bits, kp_error *err) {
+#ifdef KP_HAVE_CUDA
+/* Device scratch and the page-locked memory its results come back in, kept for the thread: a run compares and checks
+ * about as much as the last. */
+typedef struct readback {
+    unsigned char *dev, *host;
+    size_t bytes;
+} readback;
+
+static int readback_reserve(readback *r, size_t bytes, const char *what, kp_error *err) {
+    if (bytes <= r->bytes) return 0;
+    cudaFree(r->dev), cudaFreeHost(r->host);
+    *r = (readback){0};
+    CUDA_TRY(cudaMalloc((void **)&r->dev, bytes), what);
+    CUDA_TRY(cudaMallocHost((void **)&r->host, bytes), what);
+    r->bytes = bytes;
+    return 0;
+}
+
+static _Thread_local readback g_rows_at, g_rows_bits, g_guards;
+static _Thread_local int64_t g_rows_chunks; /* of the comparison queued last */
+#endif
+
+int kp_bufs_rows_differ_queue(const kp_rows_pair *pairs, int n, const int64_t *at, int64_t nrows, int64_t against_rows,
+                              kp_error *err) {
     KP_ASSERT(n >= 1 && n <= KP_MAX_TENSORS && nrows >= 1);
     for (int k = 0; k < n; k++)
         KP_ASSERT(pairs[k].rows->memory == KP_MEMORY_CUDA && pairs[k].against->memory == KP_MEMORY_CUDA &&
@@ -247,38 +269,40 @@ int kp_bufs_rows_differ(const kp_rows_pair *pairs, int n, const int64_t *at, int
                   pairs[k].slice * (size_t)against_rows <= pairs[k].against->bytes);
 #ifdef KP_HAVE_CUDA
     _Static_assert(KP_ROWS_DIFFER_PAIRS == KP_MAX_TENSORS, "a pair a tensor");
-    /* the row indices in and the bits back: device scratch kept for the process (a run compares about as many rows
-       as the last) */
-    static int64_t *d_at;
-    static uint8_t *d_bits;
-    static int64_t cap;
-    if (nrows > cap) {
-        cudaFree(d_at), cudaFree(d_bits);
-        d_at = NULL, d_bits = NULL, cap = 0;
-        CUDA_TRY(cudaMalloc((void **)&d_at, sizeof *d_at * (size_t)nrows), "comparing rows");
-        CUDA_TRY(cudaMalloc((void **)&d_bits, (size_t)nrows), "comparing rows");
-        cap = nrows;
-    }
-    int64_t *idx = NULL;
-    if (!at) {
-        if (!(idx = malloc(sizeof *idx * (size_t)nrows))) return kp_fail(err, KP_EXIT_ENV, "out of host memory comparing rows");
-        for (int64_t i = 0; i < nrows; i++) idx[i] = i;
-        at = idx;
-    }
-    kp_rows_differ_args a = {.npairs = n, .nrows = nrows, .against_rows = against_rows, .at = d_at, .bits = d_bits};
+    kp_rows_differ_args a = {.npairs = n, .nrows = nrows, .against_rows = against_rows};
     for (int k = 0; k < n; k++)
         a.pair[k] = (kp_rows_differ_pair){kp_buf_ptr(pairs[k].rows), kp_buf_ptr(pairs[k].against), pairs[k].slice};
-    /* from pageable memory: the call returns once `at` is staged, so it may be freed */
-    const cudaError_t copied = cudaMemcpyAsync(d_at, at, sizeof *at * (size_t)nrows, cudaMemcpyHostToDevice, g_stream);
-    free(idx);
-    CUDA_TRY(copied, "comparing rows");
+    a.chunks = kp_rows_differ_chunks(&a);
+    if (readback_reserve(&g_rows_at, sizeof *at * (size_t)nrows, "comparing rows", err) ||
+        readback_reserve(&g_rows_bits, (size_t)(nrows * a.chunks), "comparing rows", err))
+        return err->code;
+    int64_t *idx = (int64_t *)g_rows_at.host; /* page-locked: the copy in is queued, not staged */
+    for (int64_t i = 0; i < nrows; i++) idx[i] = at ? at[i] : i;
+    a.at = (const int64_t *)g_rows_at.dev, a.bits = g_rows_bits.dev;
+    g_rows_chunks = a.chunks;
+    CUDA_TRY(cudaMemcpyAsync(g_rows_at.dev, idx, sizeof *idx * (size_t)nrows, cudaMemcpyHostToDevice, g_stream),
+             "comparing rows");
     CUDA_TRY((cudaError_t)kp_rows_differ_launch(&a, g_stream), "comparing rows");
-    CUDA_TRY(cudaMemcpyAsync(bits, d_bits, (size_t)nrows, cudaMemcpyDeviceToHost, g_stream), "comparing rows");
-    CUDA_TRY(cudaStreamSynchronize(g_stream), "comparing rows");
+    CUDA_TRY(cudaMemcpyAsync(g_rows_bits.host, g_rows_bits.dev, (size_t)(nrows * a.chunks), cudaMemcpyDeviceToHost,
+                             g_stream), "comparing rows");
     return 0;
 #else
-    (void)at, (void)bits;
+    (void)at;
     return kp_fail(err, KP_EXIT_ENV, "device row comparison in a build without CUDA");
+#endif
+}
+
+void kp_bufs_rows_differ_result(int64_t nrows, uint8_t *bits) {
+#ifdef KP_HAVE_CUDA
+    const uint8_t *chunk = g_rows_bits.host;
+    for (int64_t i = 0; i < nrows; i++) {
+        uint8_t b = 0;
+        for (int64_t c = 0; c < g_rows_chunks; c++) b |= *chunk++;
+        bits[i] = b;
+    }
+#else
+    (void)nrows, (void)bits;
+    KP_ASSERT(!"no device comparison in a build without CUDA");
 #endif
 }
 
@@ -327,59 +351,58 @@ int kp_buf_fill_guard(kp_buf *b, size_t offset, size_t bytes, const char *name, 
     return buf_fill(b, (unsigned char *)kp_buf_ptr(b) + offset, bytes, name, err);
 }
 
-int kp_bufs_check(const kp_guard_check *c, int n, kp_error *err) {
-    /* where each check's bytes are: the buffer itself (host) or a page-locked copy read back with one wait (device) */
-    static _Thread_local unsigned char *staging; /* kept: every launch checks about as many bytes */
-    size_t need = 0;
+int kp_bufs_check_queue(const kp_guard_check *c, int n, kp_error *err) {
+#ifdef KP_HAVE_CUDA
+    kp_guard_ranges r = {.n = 0};
     for (int i = 0; i < n; i++) {
         KP_ASSERT(c[i].range ? c[i].offset + c[i].bytes <= c[i].b->bytes + KP_GUARD_BYTES && c[i].bytes <= KP_GUARD_BYTES : 1);
-        if (c[i].b->memory != KP_MEMORY_HOST) need += c[i].range ? c[i].bytes : 2 * KP_GUARD_BYTES;
-    }
-#ifdef KP_HAVE_CUDA
-    static _Thread_local size_t staging_bytes;
-    if (need > staging_bytes) {
-        cudaFreeHost(staging);
-        staging = NULL, staging_bytes = 0;
-        CUDA_TRY(cudaMallocHost((void **)&staging, need), "guard checks");
-        staging_bytes = need;
-    }
-    size_t at = 0;
-    for (int i = 0; i < n; i++) {
         if (c[i].b->memory == KP_MEMORY_HOST) continue;
         const unsigned char *user = c[i].b->base + KP_GUARD_BYTES;
+        KP_ASSERT(r.n + 2 <= KP_GUARD_RANGES);
         if (c[i].range) {
-            CUDA_TRY(cudaMemcpyAsync(staging + at, user + c[i].offset, c[i].bytes, cudaMemcpyDeviceToHost, g_stream), c[i].name);
-            at += c[i].bytes;
+            r.at[r.n] = user + c[i].offset, r.bytes[r.n++] = (unsigned)c[i].bytes;
         } else {
-            CUDA_TRY(cudaMemcpyAsync(staging + at, c[i].b->base, KP_GUARD_BYTES, cudaMemcpyDeviceToHost, g_stream), c[i].name);
-            CUDA_TRY(cudaMemcpyAsync(staging + at + KP_GUARD_BYTES, user + c[i].b->bytes, KP_GUARD_BYTES,
-                                     cudaMemcpyDeviceToHost, g_stream), c[i].name);
-            at += 2 * KP_GUARD_BYTES;
+            r.at[r.n] = c[i].b->base, r.bytes[r.n++] = KP_GUARD_BYTES;
+            r.at[r.n] = user + c[i].b->bytes, r.bytes[r.n++] = KP_GUARD_BYTES;
         }
     }
-    if (need) CUDA_TRY(cudaStreamSynchronize(g_stream), "guard checks");
+    if (r.n == 0) return 0;
+    if (readback_reserve(&g_guards, KP_GUARD_RANGES, "guard checks", err)) return err->code;
+    r.changed = g_guards.dev;
+    CUDA_TRY((cudaError_t)kp_guards_launch(&r, KP_GUARD_BYTE, g_stream), "guard checks");
+    CUDA_TRY(cudaMemcpyAsync(g_guards.host, g_guards.dev, (size_t)r.n, cudaMemcpyDeviceToHost, g_stream), "guard checks");
+    return 0;
 #else
-    if (need) return kp_fail(err, KP_EXIT_ENV, "device guard checks in a build without CUDA");
+    for (int i = 0; i < n; i++)
+        if (c[i].b->memory != KP_MEMORY_HOST) return kp_fail(err, KP_EXIT_ENV, "device guard checks in a build without CUDA");
+    return 0;
 #endif
-    size_t from = 0;
+}
+
+int kp_bufs_check_result(const kp_guard_check *c, int n, kp_error *err) {
+    int j = 0; /* the device's verdicts, in kp_bufs_check_queue's order */
     for (int i = 0; i < n; i++) {
         const bool host = c[i].b->memory == KP_MEMORY_HOST;
         const unsigned char *user = c[i].b->base + KP_GUARD_BYTES;
+#ifdef KP_HAVE_CUDA
+        const unsigned char *changed = g_guards.host;
+#else
+        const unsigned char *changed = NULL;
+        KP_ASSERT(host);
+#endif
         if (c[i].range) {
-            const unsigned char *seen = host ? user + c[i].offset : staging + from;
-            if (!host) from += c[i].bytes;
-            if (!guard_clean(seen, c[i].bytes))
+            if (host ? !guard_clean(user + c[i].offset, c[i].bytes) : changed[j++])
                 return kp_fail(err, KP_EXIT_ENV, "out-of-bounds write: the guard region after buffer '%s' was overwritten",
                                c[i].name);
             continue;
         }
-        const unsigned char *before = host ? c[i].b->base : staging + from;
-        const unsigned char *after = host ? user + c[i].b->bytes : staging + from + KP_GUARD_BYTES;
-        if (!host) from += 2 * KP_GUARD_BYTES;
-        if (!guard_clean(before, KP_GUARD_BYTES))
+        const bool before = host ? !guard_clean(c[i].b->base, KP_GUARD_BYTES) : changed[j];
+        const bool after = host ? !guard_clean(user + c[i].b->bytes, KP_GUARD_BYTES) : changed[j + 1];
+        if (!host) j += 2;
+        if (before)
             return kp_fail(err, KP_EXIT_ENV, "out-of-bounds write: the guard region before buffer '%s' was overwritten",
                            c[i].name);
-        if (!guard_clean(after, KP_GUARD_BYTES))
+        if (after)
             return kp_fail(err, KP_EXIT_ENV, "out-of-bounds write: the guard region after buffer '%s' was overwritten",
                            c[i].name);
     }

@@ -39,14 +39,17 @@ int kp_buf_download(const kp_buf *b, void *dst, size_t bytes, const char *name, 
 /* [offset, offset + bytes) of the user area copied back, as kp_buf_download copies its start. */
 int kp_buf_download_range(const kp_buf *b, size_t offset, void *dst, size_t bytes, const char *name, kp_error *err);
 /* Device rows compared bit for bit on the device: for each pair k, row i of `rows` (bytes [i * slice, (i + 1) * slice)
- * of its user area, padding included) with row at[i] of `against` (at NULL: row i); bits[i] gets bit k where they
- * differ, 0 where at[i] is against_rows or more (not compared). Both buffers of a pair on the CUDA device; waited for. */
+ * of its user area, padding included) with row at[i] of `against` (at NULL: row i). Both buffers of a pair on the CUDA
+ * device. Queued on the impls' stream with the copy of its answer back; after a wait for that stream (kp_sync),
+ * kp_bufs_rows_differ_result gives bits[i] bit k where they differ, 0 where at[i] is against_rows or more (not
+ * compared). A thread's queued comparison is the one its next result reads. */
 typedef struct kp_rows_pair {
     const kp_buf *rows, *against;
     size_t slice;
 } kp_rows_pair;
-int kp_bufs_rows_differ(const kp_rows_pair *pairs, int n, const int64_t *at, int64_t nrows, int64_t against_rows,
-                        uint8_t *bits, kp_error *err);
+int kp_bufs_rows_differ_queue(const kp_rows_pair *pairs, int n, const int64_t *at, int64_t nrows, int64_t against_rows,
+                              kp_error *err);
+void kp_bufs_rows_differ_result(int64_t nrows, uint8_t *bits);
 void kp_buf_free(kp_buf *b);
 /* Copy rows between two buffers of the same memory: dst row i <- src row rows[i]; runs of
  * consecutive rows go as one copy. */
@@ -57,16 +60,19 @@ int kp_buf_gather_rows(kp_buf *dst, const kp_buf *src, const int64_t *rows, int6
  * kp_stream_wait before an impl may run on another. */
 int kp_buf_fill_guard(kp_buf *b, size_t offset, size_t bytes, const char *name, kp_error *err);
 /* Whether guard bytes still hold KP_GUARD_BYTE, check by check in order: range 0, both of a buffer's guard regions;
- * range 1, [offset, offset + bytes) of its user area (a guard after the rows in use). The first changed one is a
- * FAILED-class error naming the buffer and the region (an out-of-bounds write); device regions are read back together,
- * with one wait (a launch checks about fifteen). */
+ * range 1, [offset, offset + bytes) of its user area (a guard after the rows in use). Device regions are checked on
+ * the device (kp_bufs_check_queue queues the check and the copy of its answer back on the impls' stream: a launch checks
+ * about fifteen); after a wait for that stream (kp_sync), kp_bufs_check_result reads them, and host regions in place,
+ * with the same checks: the first changed one is a FAILED-class error naming the buffer and the region (an
+ * out-of-bounds write). */
 typedef struct kp_guard_check {
     const kp_buf *b;
     const char *name;
     int range; /* 0: the guards; 1: [offset, offset + bytes) */
     size_t offset, bytes;
 } kp_guard_check;
-int kp_bufs_check(const kp_guard_check *c, int n, kp_error *err);
+int kp_bufs_check_queue(const kp_guard_check *c, int n, kp_error *err);
+int kp_bufs_check_result(const kp_guard_check *c, int n, kp_error *err);
 /* Page-lock existing host memory for fast device copies (1 on success; 0 without a GPU). */
 int kp_host_register(void *p, size_t bytes);
 void kp_host_unregister(void *p);

@@ -143,8 +143,9 @@ kp_result kp_run_rows_against(kp_prepared *p, const kp_impl *impl, const int64_t
 void kp_output_free(kp_output *o);
 /* Where the kernels stage's seconds go, summed over the process's runs since kp_run_parts_reset (bundle.json's
  * kernels_parts_s): the set-up (row gathers, guard fills, the wait before the launch; uploads are a stage of their
- * own), the host output blocks, the impl's run call, waiting for the device with every guard checked, the device
- * comparison with an earlier output (kp_run_rows_against), and the copies back with their row padding checked. */
+ * own; a device copy of the output a run is compared with, once an output), the host output blocks, the impl's run
+ * call, waiting for the device with every guard checked (and the rows compared there: kp_run_rows_against), the
+ * comparison's answer gathered a row, and the copies back with their row padding checked. */
 typedef enum kp_run_part {
     KP_RUN_SETUP,
     KP_RUN_OUTPUT_BLOCKS,

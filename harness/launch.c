@@ -315,14 +315,10 @@ static kp_result launch_run(launch *L, kp_error *err) {
     return KP_PASSED;
 }
 
-/* Wait and check every guard. */
-static kp_result collect_guards(const kp_prepared *p, launch *L, kp_error *err) {
-    const double t = kp_now();
+/* Every guard of the run: checks[] gets them, in the order kp_bufs_check_queue reads them; their count. */
+static int run_guards(const kp_prepared *p, const launch *L, kp_guard_check *checks) {
     const kp_case_view *v = &p->v;
     slot *sl = L->slot;
-    const kp_memory mem = L->impl->memory;
-    if (kp_sync(mem, err)) return KP_FAILED;
-    kp_guard_check checks[3 * KP_MAX_TENSORS + 1];
     int n = 0;
     for (int k = 0; k < L->nout; k++) {
         const size_t used = slices_bytes(&L->outs[k], L->nrows);
@@ -330,11 +326,25 @@ static kp_result collect_guards(const kp_prepared *p, launch *L, kp_error *err) 
         checks[n++] = (kp_guard_check){&sl->out[k], L->outs[k].name, 1, used, guard_after(&sl->out[k], used)};
     }
     for (int k = 0; k < v->ninputs; k++)
-        checks[n++] = (kp_guard_check){v->inputs[k].batched ? &sl->in[k] : &g_cache.all[mem][k], v->inputs[k].name, 0, 0, 0};
+        checks[n++] = (kp_guard_check){v->inputs[k].batched ? &sl->in[k] : &g_cache.all[L->impl->memory][k],
+                                       v->inputs[k].name, 0, 0, 0};
     if (L->bufs.workspace_bytes) checks[n++] = (kp_guard_check){&sl->ws, "workspace", 0, 0, 0};
-    const int rc = kp_bufs_check(checks, n, err);
+    return n;
+}
+
+/* Wait and check every guard: the device's checked behind the impl on its stream, with `compare` (a comparison
+ * queued after them, or NULL), so that one wait covers the impl, the checks and the comparison. */
+typedef int (*queue_fn)(const void *ctx, kp_error *err);
+static kp_result collect_guards(const kp_prepared *p, launch *L, queue_fn compare, const void *ctx, kp_error *err) {
+    const double t = kp_now();
+    kp_guard_check checks[3 * KP_MAX_TENSORS + 1];
+    const int n = run_guards(p, L, checks);
+    const kp_memory mem = L->impl->memory;
+    if ((mem == KP_MEMORY_CUDA && kp_bufs_check_queue(checks, n, err)) || (compare && compare(ctx, err)) ||
+        kp_sync(mem, err) || kp_bufs_check_result(checks, n, err))
+        return KP_FAILED;
     part_add(KP_RUN_WAIT_AND_GUARDS, t);
-    return rc ? KP_FAILED : KP_PASSED;
+    return KP_PASSED;
 }
 
 /* Rows [r0, r1) of every output copied back into o's tensors, their row padding checked. */
@@ -371,7 +381,7 @@ static kp_result collect_rows(launch *L, kp_output *o, int64_t r0, int64_t r1, k
 
 /* Wait, check every guard, copy the outputs back into o's tensors and check their row padding. */
 static kp_result launch_collect(const kp_prepared *p, launch *L, kp_output *o, kp_error *err) {
-    kp_result r = collect_guards(p, L, err);
+    kp_result r = collect_guards(p, L, NULL, NULL, err);
     return r == KP_PASSED ? collect_rows(L, o, 0, L->nrows, err) : r;
 }
 
@@ -381,39 +391,64 @@ static bool row_comes_back(const uint8_t *bits, const int64_t *against_rows, int
     return bits[i] || at < 0 || at >= against_nrows;
 }
 
-/* As launch_collect, for a CUDA impl's run compared with `against` (kp_run_rows_against): the rows compared on the
- * device first, and those that differ copied back (with those not compared: their padding is checked nowhere else). */
-static kp_result launch_collect_against(const kp_prepared *p, launch *L, kp_output *o, const kp_output *against,
-                                        const int64_t *against_rows, uint8_t *bits, kp_error *err) {
-    kp_result r = collect_guards(p, L, err);
-    if (r != KP_PASSED) return r;
-    const double t = kp_now();
+/* The host output a run is compared with, on the device in the impl's slot (once an output): before the run, so
+ * that its wait is not the impl's. */
+static kp_result against_upload(launch *L, const kp_output *against, kp_error *err) {
     slot *sl = L->slot;
     KP_ASSERT(against->ntensors == L->nout);
+    if (against->serial && sl->against_serial == against->serial) return KP_PASSED;
+    sl->against_serial = 0;
+    for (int k = 0; k < L->nout; k++) {
+        char name[96];
+        snprintf(name, sizeof name, "%s (compared with)", against->t[k].name);
+        const size_t bytes = slices_bytes(&against->t[k], against->nrows);
+        if (cache_reserve(&sl->against[k], KP_MEMORY_CUDA, bytes, name, err) ||
+            kp_buf_upload(&sl->against[k], against->t[k].data, bytes, name, err))
+            return KP_FAILED;
+    }
+    sl->against_serial = against->serial;
+    return KP_PASSED;
+}
+
+/* A run compared with another output (kp_run_rows_against): NULL for a run copied back whole. */
+typedef struct against_spec {
+    const kp_output *o;
+    const int64_t *rows;
+    uint8_t *bits;
+} against_spec;
+
+typedef struct compare_ctx {
+    const launch *L;
+    const against_spec *vs;
+} compare_ctx;
+
+static int compare_queue(const void *ctx, kp_error *err) {
+    const compare_ctx *c = ctx;
+    const launch *L = c->L;
     kp_rows_pair pairs[KP_MAX_TENSORS];
     for (int k = 0; k < L->nout; k++) {
         const size_t slice = kp_tensor_slice_bytes(&L->outs[k]);
-        KP_ASSERT(kp_tensor_slice_bytes(&against->t[k]) == slice);
-        pairs[k] = (kp_rows_pair){&sl->out[k], &sl->against[k], slice};
+        KP_ASSERT(kp_tensor_slice_bytes(&c->vs->o->t[k]) == slice);
+        pairs[k] = (kp_rows_pair){&L->slot->out[k], &L->slot->against[k], slice};
     }
-    if (!against->serial || sl->against_serial != against->serial) { /* the host's bytes, once an output */
-        sl->against_serial = 0;
-        for (int k = 0; k < L->nout; k++) {
-            char name[96];
-            snprintf(name, sizeof name, "%s (compared with)", against->t[k].name);
-            const size_t bytes = slices_bytes(&against->t[k], against->nrows);
-            if (cache_reserve(&sl->against[k], KP_MEMORY_CUDA, bytes, name, err) ||
-                kp_buf_upload(&sl->against[k], against->t[k].data, bytes, name, err))
-                return KP_FAILED;
-        }
-        sl->against_serial = against->serial;
-    }
-    if (kp_bufs_rows_differ(pairs, L->nout, against_rows, L->nrows, against->nrows, bits, err)) return KP_FAILED;
+    return kp_bufs_rows_differ_queue(pairs, L->nout, c->vs->rows, L->nrows, c->vs->o->nrows, err);
+}
+
+/* As launch_collect, for a CUDA impl's run compared with vs's output (kp_run_rows_against): the rows compared on the
+ * device in the guards' wait, and those that differ copied back (with those not compared: their padding is checked
+ * nowhere else). */
+static kp_result launch_collect_against(const kp_prepared *p, launch *L, kp_output *o, const against_spec *vs,
+                                        kp_error *err) {
+    const compare_ctx ctx = {L, vs};
+    kp_result r = collect_guards(p, L, compare_queue, &ctx, err);
+    if (r != KP_PASSED) return r;
+    const double t = kp_now();
+    kp_bufs_rows_differ_result(L->nrows, vs->bits);
     part_add(KP_RUN_COMPARE, t);
     for (int64_t i = 0; i < L->nrows; i++) { /* runs of rows that come back, each run one copy */
-        if (!row_comes_back(bits, against_rows, against->nrows, i)) continue;
+        if (!row_comes_back(vs->bits, vs->rows, vs->o->nrows, i)) continue;
         int64_t end = i + 1;
-        while (end < L->nrows && row_comes_back(bits, against_rows, against->nrows, end)) end++;
+        while (end < L->nrows && row_comes_back(vs->bits, vs->rows, vs->o->nrows, end)) end++;
         if ((r = collect_rows(L, o, i, end, err)) != KP_PASSED) return r;
         i = end; /* row end stays on the device */
     }
@@ -451,19 +486,13 @@ static int add_flops(cJSON *t, const kp_prepared *p, int64_t nrows, double us) {
     return 1;
 }
 
-/* A run compared with another output (kp_run_rows_against): NULL for a run copied back whole. */
-typedef struct against_spec {
-    const kp_output *o;
-    const int64_t *rows;
-    uint8_t *bits;
-} against_spec;
-
 static kp_result run_rows_timed(kp_prepared *p, const kp_impl *impl, const int64_t *rows, int64_t nrows,
                                 kp_output **outp, cJSON *info, const against_spec *vs, kp_error *err) {
     *outp = NULL;
     launch L;
     double t = kp_now();
     kp_result r = launch_setup(p, impl, rows, nrows, &L, err);
+    if (r == KP_PASSED && vs) r = against_upload(&L, vs->o, err);
     t = part_add(KP_RUN_SETUP, t + g_uploads_s); /* the uploads are their own stage */
     kp_output *o = r == KP_PASSED ? output_new(&L, vs != NULL, err) : NULL;
     t = part_add(KP_RUN_OUTPUT_BLOCKS, t);
@@ -476,7 +505,7 @@ static kp_result run_rows_timed(kp_prepared *p, const kp_impl *impl, const int64
     if (r == KP_PASSED) r = launch_run(&L, err);
     if (r == KP_PASSED && timer && kp_timer_stop(timer, &kernel_us, err)) r = KP_FAILED;
     part_add(KP_RUN_LAUNCH, t);
-    if (r == KP_PASSED) r = vs ? launch_collect_against(p, &L, o, vs->o, vs->rows, vs->bits, err) : launch_collect(p, &L, o, err);
+    if (r == KP_PASSED) r = vs ? launch_collect_against(p, &L, o, vs, err) : launch_collect(p, &L, o, err);
     const double seconds = kp_now() - t0;
     kp_timer_free(timer);
     if (info && r == KP_PASSED) {

@@ -209,8 +209,8 @@ static const cJSON *probe_named(const cJSON *rec, int k, const char *name) {
     return NULL;
 }
 
-/* The probe's rows that differ: exactly `row` when row >= 0 (its element 7, alone), none when row < 0. */
-static void assert_differs(const cJSON *rec, int k, const char *probe, int64_t row) {
+/* The probe's rows that differ: exactly `row` when row >= 0 (its element `element`, alone), none when row < 0. */
+static void assert_differs_at(const cJSON *rec, int k, const char *probe, int64_t row, int element) {
     const cJSON *d = cJSON_GetObjectItemCaseSensitive(probe_named(rec, k, probe), "rows_differ");
     if (row < 0) {
         cr_assert_eq(cJSON_GetArraySize(d), 0, "%s: rows differ", probe);
@@ -220,7 +220,11 @@ static void assert_differs(const cJSON *rec, int k, const char *probe, int64_t r
     const cJSON *r = cJSON_GetArrayItem(d, 0);
     cr_assert_eq(kpt_num(r, "row"), row, "%s", probe);
     cr_assert_eq(kpt_num(r, "elements.count"), 1, "%s", probe);
-    cr_assert_eq(cJSON_GetArrayItem(kpt_at(r, "elements.first"), 0)->valueint, 7, "%s", probe);
+    cr_assert_eq(cJSON_GetArrayItem(kpt_at(r, "elements.first"), 0)->valueint, element, "%s", probe);
+}
+
+static void assert_differs(const cJSON *rec, int k, const char *probe, int64_t row) {
+    assert_differs_at(rec, k, probe, row, 7);
 }
 
 /* topp.batchflip@cuda flips a bit of element 7 in a batch's first row (two rows or more): alone, row 0 differs from
@@ -239,6 +243,26 @@ Test(gpu_harness, a_row_that_differs_in_one_bit_is_found_on_the_device_and_named
         assert_differs(rec, 0, "alone.row1", -1);
         assert_differs(rec, 0, "lower_half", -1);
         assert_differs(rec, 0, "upper_half", 2);
+        cJSON_Delete(rec);
+    }
+}
+
+/* topp.lastflip@cuda flips the bit in the last element instead: rows of 20,000 floats are three of the device
+ * comparison's chunks, and the difference is in the last (16-byte words, and bytes in rows of 20,001). */
+Test(gpu_harness, a_row_that_differs_in_its_last_element_is_found_on_the_device) {
+    char *cfg = write_config(
+        "{\"case\":\"topp(batch=4,profile=flat,seed=1,top_p=0.9,vocab=20000)\",\"checks\":[{\"check\":\"batch\",\"impl\":\"topp.lastflip@cuda\"}]},"
+        "{\"case\":\"topp(batch=4,profile=flat,seed=1,top_p=0.9,vocab=20001)\",\"checks\":[{\"check\":\"batch\",\"impl\":\"topp.lastflip@cuda\"}]}");
+    char *o, *e, *b;
+    cr_assert_eq(gate(cfg, "lastflip", &o, &e, &b), 1, "%s%s", o, e);
+    for (int c = 1; c <= 2; c++) {
+        cJSON *rec = kpt_receipt(b, c);
+        cr_assert_str_eq(kpt_str(rec, "checks.0.result"), "INCORRECT", "case %d: %s", c, check_summary(rec, 0));
+        const int last = c == 1 ? 19999 : 20000;
+        assert_differs_at(rec, 0, "alone.row0", 0, last);
+        assert_differs_at(rec, 0, "alone.row1", -1, last);
+        assert_differs_at(rec, 0, "lower_half", -1, last);
+        assert_differs_at(rec, 0, "upper_half", 2, last);
         cJSON_Delete(rec);
     }
 }

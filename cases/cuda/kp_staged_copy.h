@@ -10,7 +10,7 @@
 /* Copy `bytes` from src to dst on `stream` (a cudaStream_t), to the device when to_device else back, and wait for it.
  * Copies under KP_STAGED_MIN bytes, from or to page-locked host memory, or made where no staging buffer can be had go
  * straight through cudaMemcpyAsync. Returns a cudaError_t: cudaSuccess (0) or the first error met. */
-#define KP_STAGED_MIN ((size_t)32 << 20)
+#define KP_STAGED_MIN ((size_t)4 << 20)
 #ifdef __cplusplus
 extern "C" {
 #endif

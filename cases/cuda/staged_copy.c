@@ -9,7 +9,7 @@
 #include "../kp_common.h"
 
 #define STAGE ((size_t)64 << 20)
-#define PIECE ((size_t)4 << 20) /* a thread's share of a buffer */
+#define PIECE ((size_t)1 << 20) /* a thread's share of a buffer: a copy of KP_STAGED_MIN spreads over four */
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static unsigned char *g_buf[2];
