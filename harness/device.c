@@ -355,10 +355,9 @@ int kp_bufs_check_queue(const kp_guard_check *c, int n, kp_error *err) {
 #ifdef KP_HAVE_CUDA
     kp_guard_ranges r = {.n = 0};
     for (int i = 0; i < n; i++) {
-        KP_ASSERT(c[i].range ? c[i].offset + c[i].bytes <= c[i].b->bytes + KP_GUARD_BYTES && c[i].bytes <= KP_GUARD_BYTES : 1);
         if (c[i].b->memory == KP_MEMORY_HOST) continue;
         const unsigned char *user = c[i].b->base + KP_GUARD_BYTES;
-        KP_ASSERT(r.n + 2 <= KP_GUARD_RANGES);
+        KP_ASSERT(r.n + 2 <= KP_GUARD_RANGES && c[i].bytes <= KP_GUARD_BYTES);
         if (c[i].range) {
             r.at[r.n] = user + c[i].offset, r.bytes[r.n++] = (unsigned)c[i].bytes;
         } else {
@@ -380,16 +379,17 @@ int kp_bufs_check_queue(const kp_guard_check *c, int n, kp_error *err) {
 }
 
 int kp_bufs_check_result(const kp_guard_check *c, int n, kp_error *err) {
-    int j = 0; /* the device's verdicts, in kp_bufs_check_queue's order */
-    for (int i = 0; i < n; i++) {
-        const bool host = c[i].b->memory == KP_MEMORY_HOST;
-        const unsigned char *user = c[i].b->base + KP_GUARD_BYTES;
 #ifdef KP_HAVE_CUDA
-        const unsigned char *changed = g_guards.host;
+    const unsigned char *changed = g_guards.host; /* the device's verdicts, in kp_bufs_check_queue's order */
 #else
-        const unsigned char *changed = NULL;
-        KP_ASSERT(host);
+    const unsigned char *changed = NULL; /* kp_bufs_check_queue refused device checks */
 #endif
+    int j = 0;
+    for (int i = 0; i < n; i++) {
+        KP_ASSERT(c[i].range ? c[i].offset + c[i].bytes <= c[i].b->bytes + KP_GUARD_BYTES && c[i].bytes <= KP_GUARD_BYTES : 1);
+        const bool host = c[i].b->memory == KP_MEMORY_HOST;
+        KP_ASSERT(host || changed);
+        const unsigned char *user = c[i].b->base + KP_GUARD_BYTES;
         if (c[i].range) {
             if (host ? !guard_clean(user + c[i].offset, c[i].bytes) : changed[j++])
                 return kp_fail(err, KP_EXIT_ENV, "out-of-bounds write: the guard region after buffer '%s' was overwritten",

@@ -223,28 +223,29 @@ static void assert_differs_at(const cJSON *rec, int k, const char *probe, int64_
     cr_assert_eq(cJSON_GetArrayItem(kpt_at(r, "elements.first"), 0)->valueint, element, "%s", probe);
 }
 
-static void assert_differs(const cJSON *rec, int k, const char *probe, int64_t row) {
-    assert_differs_at(rec, k, probe, row, 7);
+/* Both cases of bundle b: a batch check INCORRECT whose probes find the first row of a batch of two or more flipped in
+ * element[case - 1]: alone, row 0 differs from its full batch's; the upper half's first row is row 2. */
+static void assert_first_row_flipped(const char *b, const int element[2]) {
+    for (int c = 1; c <= 2; c++) {
+        cJSON *rec = kpt_receipt(b, c);
+        cr_assert_str_eq(kpt_str(rec, "checks.0.result"), "INCORRECT", "case %d: %s", c, check_summary(rec, 0));
+        assert_differs_at(rec, 0, "alone.row0", 0, element[c - 1]);
+        assert_differs_at(rec, 0, "alone.row1", -1, element[c - 1]);
+        assert_differs_at(rec, 0, "lower_half", -1, element[c - 1]);
+        assert_differs_at(rec, 0, "upper_half", 2, element[c - 1]);
+        cJSON_Delete(rec);
+    }
 }
 
-/* topp.batchflip@cuda flips a bit of element 7 in a batch's first row (two rows or more): alone, row 0 differs from
- * its full batch's; the upper half's first row is row 2. Rows of 1024 floats (the device's 16-byte words) and of 1001
- * (its bytes). */
+/* topp.batchflip@cuda flips a bit of element 7 in a batch's first row (two rows or more). Rows of 1024 floats (the
+ * device's 16-byte words) and of 1001 (its bytes). */
 Test(gpu_harness, a_row_that_differs_in_one_bit_is_found_on_the_device_and_named_as_the_host_names_it) {
     char *cfg = write_config(
         "{\"case\":\"topp(batch=4,profile=flat,seed=1,stride=1024,top_p=0.9,vocab=1000)\",\"checks\":[{\"check\":\"batch\",\"impl\":\"topp.batchflip@cuda\"}]},"
         "{\"case\":\"topp(batch=4,profile=flat,seed=1,top_p=0.9,vocab=1001)\",\"checks\":[{\"check\":\"batch\",\"impl\":\"topp.batchflip@cuda\"}]}");
     char *o, *e, *b;
     cr_assert_eq(gate(cfg, "flip", &o, &e, &b), 1, "%s%s", o, e);
-    for (int c = 1; c <= 2; c++) {
-        cJSON *rec = kpt_receipt(b, c);
-        cr_assert_str_eq(kpt_str(rec, "checks.0.result"), "INCORRECT", "case %d: %s", c, check_summary(rec, 0));
-        assert_differs(rec, 0, "alone.row0", 0);
-        assert_differs(rec, 0, "alone.row1", -1);
-        assert_differs(rec, 0, "lower_half", -1);
-        assert_differs(rec, 0, "upper_half", 2);
-        cJSON_Delete(rec);
-    }
+    assert_first_row_flipped(b, (const int[2]){7, 7});
 }
 
 /* topp.lastflip@cuda flips the bit in the last element instead: rows of 20,000 floats are three of the device
@@ -255,16 +256,7 @@ Test(gpu_harness, a_row_that_differs_in_its_last_element_is_found_on_the_device)
         "{\"case\":\"topp(batch=4,profile=flat,seed=1,top_p=0.9,vocab=20001)\",\"checks\":[{\"check\":\"batch\",\"impl\":\"topp.lastflip@cuda\"}]}");
     char *o, *e, *b;
     cr_assert_eq(gate(cfg, "lastflip", &o, &e, &b), 1, "%s%s", o, e);
-    for (int c = 1; c <= 2; c++) {
-        cJSON *rec = kpt_receipt(b, c);
-        cr_assert_str_eq(kpt_str(rec, "checks.0.result"), "INCORRECT", "case %d: %s", c, check_summary(rec, 0));
-        const int last = c == 1 ? 19999 : 20000;
-        assert_differs_at(rec, 0, "alone.row0", 0, last);
-        assert_differs_at(rec, 0, "alone.row1", -1, last);
-        assert_differs_at(rec, 0, "lower_half", -1, last);
-        assert_differs_at(rec, 0, "upper_half", 2, last);
-        cJSON_Delete(rec);
-    }
+    assert_first_row_flipped(b, (const int[2]){19999, 20000});
 }
 
 /* topp.flaky@cuda flips that bit on every second launch: of three runs, the second differs in row 0. */
