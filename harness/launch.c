@@ -332,15 +332,32 @@ static int run_guards(const kp_prepared *p, const launch *L, kp_guard_check *che
     return n;
 }
 
-/* Wait and check every guard: the device's checked behind the impl on its stream, with `compare` (a comparison
- * queued after them, or NULL), so that one wait covers the impl, the checks and the comparison. */
-typedef int (*queue_fn)(const void *ctx, kp_error *err);
-static kp_result collect_guards(const kp_prepared *p, launch *L, queue_fn compare, const void *ctx, kp_error *err) {
+/* A run compared with another output (kp_run_rows_against): NULL for a run copied back whole. */
+typedef struct against_spec {
+    const kp_output *o;
+    const int64_t *rows;
+    uint8_t *bits;
+} against_spec;
+
+/* The comparison of a CUDA impl's run with vs's output, queued on the device (its slot holds that output). */
+static int compare_queue(const launch *L, const against_spec *vs, kp_error *err) {
+    kp_rows_pair pairs[KP_MAX_TENSORS];
+    for (int k = 0; k < L->nout; k++) {
+        const size_t slice = kp_tensor_slice_bytes(&L->outs[k]);
+        KP_ASSERT(kp_tensor_slice_bytes(&vs->o->t[k]) == slice);
+        pairs[k] = (kp_rows_pair){&L->slot->out[k], &L->slot->against[k], slice};
+    }
+    return kp_bufs_rows_differ_queue(pairs, L->nout, vs->rows, L->nrows, vs->o->nrows, err);
+}
+
+/* Wait and check every guard: the device's checked behind the impl on its stream, and where vs is not NULL the
+ * comparison queued after them, so that one wait covers the impl, the checks and the comparison. */
+static kp_result collect_guards(const kp_prepared *p, launch *L, const against_spec *vs, kp_error *err) {
     const double t = kp_now();
     kp_guard_check checks[3 * KP_MAX_TENSORS + 1];
     const int n = run_guards(p, L, checks);
     const kp_memory mem = L->impl->memory;
-    if ((mem == KP_MEMORY_CUDA && kp_bufs_check_queue(checks, n, err)) || (compare && compare(ctx, err)) ||
+    if ((mem == KP_MEMORY_CUDA && kp_bufs_check_queue(checks, n, err)) || (vs && compare_queue(L, vs, err)) ||
         kp_sync(mem, err) || kp_bufs_check_result(checks, n, err))
         return KP_FAILED;
     part_add(KP_RUN_WAIT_AND_GUARDS, t);
@@ -381,7 +398,7 @@ static kp_result collect_rows(launch *L, kp_output *o, int64_t r0, int64_t r1, k
 
 /* Wait, check every guard, copy the outputs back into o's tensors and check their row padding. */
 static kp_result launch_collect(const kp_prepared *p, launch *L, kp_output *o, kp_error *err) {
-    kp_result r = collect_guards(p, L, NULL, NULL, err);
+    kp_result r = collect_guards(p, L, NULL, err);
     return r == KP_PASSED ? collect_rows(L, o, 0, L->nrows, err) : r;
 }
 
@@ -410,37 +427,12 @@ static kp_result against_upload(launch *L, const kp_output *against, kp_error *e
     return KP_PASSED;
 }
 
-/* A run compared with another output (kp_run_rows_against): NULL for a run copied back whole. */
-typedef struct against_spec {
-    const kp_output *o;
-    const int64_t *rows;
-    uint8_t *bits;
-} against_spec;
-
-typedef struct compare_ctx {
-    const launch *L;
-    const against_spec *vs;
-} compare_ctx;
-
-static int compare_queue(const void *ctx, kp_error *err) {
-    const compare_ctx *c = ctx;
-    const launch *L = c->L;
-    kp_rows_pair pairs[KP_MAX_TENSORS];
-    for (int k = 0; k < L->nout; k++) {
-        const size_t slice = kp_tensor_slice_bytes(&L->outs[k]);
-        KP_ASSERT(kp_tensor_slice_bytes(&c->vs->o->t[k]) == slice);
-        pairs[k] = (kp_rows_pair){&L->slot->out[k], &L->slot->against[k], slice};
-    }
-    return kp_bufs_rows_differ_queue(pairs, L->nout, c->vs->rows, L->nrows, c->vs->o->nrows, err);
-}
-
 /* As launch_collect, for a CUDA impl's run compared with vs's output (kp_run_rows_against): the rows compared on the
  * device in the guards' wait, and those that differ copied back (with those not compared: their padding is checked
  * nowhere else). */
 static kp_result launch_collect_against(const kp_prepared *p, launch *L, kp_output *o, const against_spec *vs,
                                         kp_error *err) {
-    const compare_ctx ctx = {L, vs};
-    kp_result r = collect_guards(p, L, compare_queue, &ctx, err);
+    kp_result r = collect_guards(p, L, vs, err);
     if (r != KP_PASSED) return r;
     const double t = kp_now();
     kp_bufs_rows_differ_result(L->nrows, vs->bits);
