@@ -231,11 +231,27 @@ __device__ __forceinline__ void mla_wg_prefetch(const mla_run &r, int32_t idx, i
 __device__ __forceinline__ int mla_wg_tok(int pt) { return 16 * (pt >> 5) + (pt & 15); }
 __device__ __forceinline__ int mla_wg_part(int pt) { return (pt >> 4) & 1; }
 
-/* The producer's part of a block: thread pt fills part mla_wg_part(pt) (half a token) of token mla_wg_tok(pt) of tile kt
- * from slot idx, and its warp's 16 bits of the tile's mask. The RoPE dims (bf16 already) and a bf16 cache's tokens go
- * by cp.async, which the caller waits for; the e4m3 codes through registers. */
+/* The producer's first loads of a block, issued before its tile is free so that their latency overlaps the wait: the
+ * token's four tile scales and the 8 code chunks of its part's first scale tile, none of them waiting for another
+ * (a tile whose multiplier overflows reloads its codes on the exact path). Nothing for a bf16 cache. */
 template <bool FP8>
-__device__ __forceinline__ void mla_wg_fill(const mla_run &r, unsigned char *kt, uint64_t *mask, int32_t idx, int pt) {
+__device__ __forceinline__ void mla_wg_fill_load(const mla_run &r, int32_t idx, int pt, float4 &sc4, uint4 (&c)[8]) {
+    if (!FP8) return;
+    const bool counted = idx >= 0 && idx < r.slots;
+    const uint8_t *src = r.cache + (int64_t)(counted ? idx : 0) * MLA_FP8_TOKEN;
+    const int jj0 = 32 / MLA_WG_PARTS * mla_wg_part(pt);
+    sc4 = counted ? __ldg(reinterpret_cast<const float4 *>(src + 512)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int j = 0; j < 8; j++) c[j] = counted ? __ldg(reinterpret_cast<const uint4 *>(src) + jj0 + j) : make_uint4(0u, 0u, 0u, 0u);
+}
+
+/* The producer's part of a block: thread pt fills part mla_wg_part(pt) (half a token) of token mla_wg_tok(pt) of tile kt
+ * from slot idx, and its warp's 16 bits of the tile's mask, with the scales and first codes mla_wg_fill_load read
+ * (sc4, c). The RoPE dims (bf16 already) and a bf16 cache's tokens go by cp.async, which the caller waits for; the e4m3
+ * codes through registers. */
+template <bool FP8>
+__device__ __forceinline__ void mla_wg_fill(const mla_run &r, unsigned char *kt, uint64_t *mask, int32_t idx, int pt,
+                                            const float4 sc4, uint4 (&c)[8]) {
     constexpr int P = MLA_WG_PARTS;
     static_assert(P == 2, "mla_wg_tok and mla_wg_part map half tokens");
     const int t = mla_wg_tok(pt), q = mla_wg_part(pt);
@@ -243,14 +259,12 @@ __device__ __forceinline__ void mla_wg_fill(const mla_run &r, unsigned char *kt,
     const uint32_t ball = __ballot_sync(0xffffffffu, counted);
     if ((pt & 31) == 0) reinterpret_cast<uint16_t *>(mask)[pt >> 5] = (uint16_t)ball; /* token i's bit: lane i's */
     const uint32_t k_s = mla_smem(kt);
-    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
     if (FP8) {
         const uint8_t *src = r.cache + (int64_t)(counted ? idx : 0) * MLA_FP8_TOKEN;
         constexpr int RC = 8 / P, CH = 32 / P, TPP = 4 / P; /* RoPE chunks, code chunks (16 codes) and scale tiles a part */
 #pragma unroll
         for (int i = 0; i < RC; i++) /* RoPE: dims 512 + 8 (RC q + i) .. + 8, panel 8 */
             mla_cp16(k_s + 8 * MLA_WG_PANEL + mla_sw128(t, RC * q + i), src + 528 + 16 * (RC * q + i), counted ? 16 : 0);
-        const float4 sc4 = counted ? __ldg(reinterpret_cast<const float4 *>(src + 512)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
         for (int k = 0; k < TPP; k++) { /* tile TPP q + k: chunks CH q + 8 k .. + 8 */
             /* bf16(scale) and its multiplier bf16(scale) * 2^112: 0 for a slot that does not count, so its zero codes
@@ -263,9 +277,10 @@ __device__ __forceinline__ void mla_wg_fill(const mla_run &r, unsigned char *kt,
                 continue;
             }
             const uint32_t w = __float_as_uint(m) >> 16, mult = w | (w << 16);
-            uint4 c[8]; /* 8 loads in flight, then their 16 stores (all 16 spill at the producer's 104 registers) */
+            if (k > 0) /* 8 loads in flight, then their 16 stores (all 16 spill at the producer's 104 registers) */
 #pragma unroll
-            for (int j = 0; j < 8; j++) c[j] = counted ? __ldg(reinterpret_cast<const uint4 *>(src) + jj0 + j) : zero;
+                for (int j = 0; j < 8; j++)
+                    c[j] = counted ? __ldg(reinterpret_cast<const uint4 *>(src) + jj0 + j) : make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
             for (int j = 0; j < 8; j++) { /* chunk jj: dims 16 jj .. + 16, panel jj / 4 */
                 const int jj = jj0 + j, ch = 2 * (jj & 3);
@@ -368,8 +383,11 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
             const int k = n - blk0, s = k & 1;
             const int32_t after = mla_wg_slot(r, row, len, n + 2, blk1, ptok);
             unsigned char *const kt = sm + MLA_WG_K_AT + s * MLA_WG_KTILE;
+            float4 sc4;
+            uint4 c[8];
+            mla_wg_fill_load<FP8>(r, idx, pt, sc4, c); /* before the wait for the tile */
             if (k >= 2) mla_mbar_wait(empty0 + 8 * s, (uint32_t)((k >> 1) - 1) & 1u);
-            mla_wg_fill<FP8>(r, kt, masks + s, idx, pt);
+            mla_wg_fill<FP8>(r, kt, masks + s, idx, pt, sc4, c);
             mla_cp_wait_all();
             mla_fence_proxy(); /* the tile, written by stores and cp.async, is read by wgmma */
             mla_mbar_arrive(full0 + 8 * s);
