@@ -3,12 +3,14 @@
  * overlapped with the matrix work on this one. Built only for sm_90a (CMakeLists.txt); the impl refuses other devices.
  *
  * A CTA (384 threads, three warpgroups) per (request, split, query row, 64-head group), as mla_attend_kernel's:
- *   - warpgroup 2, the producer, fills K tile s (of two) with block n's tokens: each thread reads half a token's
- *     656 bytes with 16-byte loads, dequantizes its e4m3 codes exactly as mla_dequant2 does (bf16(e4m3 * bf16(scale)),
- *     the f32 path, a loop, where the multiplier overflows), copies its RoPE half by cp.async, stores them in the
- *     layout wgmma reads (128-byte swizzle) and arrives on full[s]; a token that does not count is zeros, never read.
- *     It waits on empty[s] before reusing a tile. A block's slots are read a block ahead and its tokens sent towards
- *     L2 two blocks ahead, so the loads meet L2's latency. It starts while the math warpgroups load Q.
+ *   - warpgroup 2, the producer, fills K tile s (of two) with block n's tokens: each thread reads a quarter of two
+ *     tokens' 656 bytes with 16-byte loads (four lanes a token, so a warp's load reads 64 contiguous bytes of each of
+ *     8 tokens), dequantizes its e4m3 codes exactly as mla_dequant2 does (bf16(e4m3 * bf16(scale)), the f32 path, a
+ *     loop, where the multiplier overflows), copies its RoPE quarter by cp.async, stores them in the layout wgmma
+ *     reads (128-byte swizzle) and arrives on full[s]; a token that does not count is zeros, never read. It waits on
+ *     empty[s] before reusing a tile, its first token's loads already issued. A block's slots are read a block ahead
+ *     and its tokens sent towards L2 two blocks ahead, so the loads meet L2's latency. It starts while the math
+ *     warpgroups load Q.
  *   - warpgroup 0 scores: S = Q K^T for all 64 heads x 64 tokens over the 576 dims (wgmma m64n64k16, Q and K from
  *     shared memory), the softmax in the log2 domain (running max from -1e30, rescale exp2f(m - mnew), p = 2^(s - m)
  *     with subnormal p flushed to 0, P rounded to bf16, l summed in f32; maxima and sums as trees, shorter chains for
@@ -41,7 +43,6 @@
 
 #define MLA_WG_THREADS 384
 #define MLA_WG_MATH 256     /* warpgroups 0 and 1 */
-#define MLA_WG_PARTS 2      /* a producer thread fills half a token */
 #define MLA_WG_PANEL 8192   /* 64 rows x 128 bytes */
 #define MLA_WG_Q_AT 0
 #define MLA_WG_K_AT (9 * MLA_WG_PANEL)
@@ -165,23 +166,6 @@ __device__ __forceinline__ uint4 mla_dequant8(uint2 codes, uint32_t mult) {
                       mla_dequant2(codes.y >> 16, mult));
 }
 
-/* A tile's 8 chunks of 16 codes (from chunk jj0 of the token's codes at src) by the exact f32 path, when the tile's
- * multiplier overflows (mla_dequant2): a loop not unrolled, so the producer's loop stays small enough for the
- * instruction cache (unrolled at each of its 16 chunks, it made the loop 122 KB and the producer wait on fetches).
- * Inlined, one copy a tile a thread fills: called out of line, it slowed the common path (MEASURED.md). */
-__device__ __forceinline__ void mla_wg_fill_exact(const uint8_t *src, unsigned char *kt, int t, int jj0, float sb) {
-#pragma unroll 1
-    for (int j = 0; j < 8; j++) {
-        const int jj = jj0 + j, ch = 2 * (jj & 3);
-        const uint4 c = __ldg(reinterpret_cast<const uint4 *>(src) + jj);
-        unsigned char *at = kt + (jj >> 2) * MLA_WG_PANEL;
-        *reinterpret_cast<uint4 *>(at + mla_sw128(t, ch)) = make_uint4(
-            mla_dequant2_f32(c.x, sb), mla_dequant2_f32(c.x >> 16, sb), mla_dequant2_f32(c.y, sb), mla_dequant2_f32(c.y >> 16, sb));
-        *reinterpret_cast<uint4 *>(at + mla_sw128(t, ch + 1)) = make_uint4(
-            mla_dequant2_f32(c.z, sb), mla_dequant2_f32(c.z >> 16, sb), mla_dequant2_f32(c.w, sb), mla_dequant2_f32(c.w >> 16, sb));
-    }
-}
-
 /* bytes at src (16-byte aligned, a multiple of 16) towards L2, without waiting or registers: the producer's loads of a
  * later block then meet L2's latency, not memory's */
 __device__ __forceinline__ void mla_prefetch_l2(const void *src) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src)); }
@@ -211,94 +195,112 @@ __device__ __forceinline__ int32_t mla_wg_slot(const mla_run &r, int64_t row, in
     return n < blk1 && pos < len ? __ldg(r.indices + row * r.topk + pos) : -1;
 }
 
-/* A token's bytes towards L2 when its slot counts: part q of the MLA_WG_PARTS threads reading it sends 128-byte lines
- * q, q + MLA_WG_PARTS, ... */
+/* Producer thread pt (warp w, lane l) fills token 8 w + l / 4 of the block's first 32 (u = 0) and token 32 + 8 w + l / 4
+ * of the last 32 (u = 1), a quarter of each: chunks 4 j + l % 4 (j = 0..7, one a panel) of its codes and RoPE chunks
+ * 2 (l % 4) and + 1. A warp's 16-byte load then reads 64 contiguous bytes of each of 8 tokens, one or two 128-byte
+ * lines a token (a lane a token would make it a line a lane: the L1 handles a load a line at a time), and a phase of
+ * 8 lanes stores 2 rows, whose swizzles (r % 8 even and odd) put its 8 chunks on 8 bank groups. */
+__device__ __forceinline__ int mla_wg_tok(int pt, int u) { return 32 * u + 8 * (pt >> 5) + ((pt & 31) >> 2); }
+
+/* A token's bytes towards L2 when its slot counts: quarter q of it sends 128-byte lines q and q + 4 */
 template <bool FP8>
 __device__ __forceinline__ void mla_wg_prefetch(const mla_run &r, int32_t idx, int q) {
-    constexpr int P = MLA_WG_PARTS;
     const int bytes = FP8 ? MLA_FP8_TOKEN : MLA_BF16_TOKEN;
     if (idx < 0 || idx >= r.slots) return;
     const uint8_t *src = r.cache + (int64_t)idx * bytes;
     const int64_t first = (int64_t)src & ~(int64_t)127, end = (int64_t)src + bytes;
 #pragma unroll
-    for (int i = 0; i < (bytes + 127) / 128 + 1; i += P)
+    for (int i = 0; i < (bytes + 127) / 128 + 1; i += 4)
         if (first + 128 * (i + q) < end) mla_prefetch_l2(reinterpret_cast<const void *>(first + 128 * (i + q)));
 }
 
-/* Producer thread pt's token and its part of it: a warp covers 16 tokens, lanes i and i + 16 token i's two halves, so
- * that the 8 lanes of a 16-byte store's phase write 8 rows, 8 swizzled bank groups (lanes 2 i and 2 i + 1 on one token
- * put 2 of them on each group: twice the shared-memory wavefronts, on the resource wgmma's operands load from). */
-__device__ __forceinline__ int mla_wg_tok(int pt) { return 16 * (pt >> 5) + (pt & 15); }
-__device__ __forceinline__ int mla_wg_part(int pt) { return (pt >> 4) & 1; }
-
-/* The producer's first loads of a block, issued before its tile is free so that their latency overlaps the wait: the
- * token's four tile scales and the 8 code chunks of its part's first scale tile, none of them waiting for another
- * (a tile whose multiplier overflows reloads its codes on the exact path). Nothing for a bf16 cache. */
-template <bool FP8>
-__device__ __forceinline__ void mla_wg_fill_load(const mla_run &r, int32_t idx, int pt, float4 &sc4, uint4 (&c)[8]) {
-    if (!FP8) return;
+/* Round u's loads of one token (its slot idx): the four tile scales and the thread's 8 code chunks, none waiting for
+ * another. */
+__device__ __forceinline__ void mla_wg_load(const mla_run &r, int32_t idx, int q, float4 &sc4, uint4 (&c)[8]) {
     const bool counted = idx >= 0 && idx < r.slots;
     const uint8_t *src = r.cache + (int64_t)(counted ? idx : 0) * MLA_FP8_TOKEN;
-    const int jj0 = 32 / MLA_WG_PARTS * mla_wg_part(pt);
     sc4 = counted ? __ldg(reinterpret_cast<const float4 *>(src + 512)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-    for (int j = 0; j < 8; j++) c[j] = counted ? __ldg(reinterpret_cast<const uint4 *>(src) + jj0 + j) : make_uint4(0u, 0u, 0u, 0u);
+    for (int j = 0; j < 8; j++) c[j] = counted ? __ldg(reinterpret_cast<const uint4 *>(src) + 4 * j + q) : make_uint4(0u, 0u, 0u, 0u);
 }
 
-/* The producer's part of a block: thread pt fills part mla_wg_part(pt) (half a token) of token mla_wg_tok(pt) of tile kt
- * from slot idx, and its warp's 16 bits of the tile's mask, with the scales and first codes mla_wg_fill_load read
- * (sc4, c). The RoPE dims (bf16 already) and a bf16 cache's tokens go by cp.async, which the caller waits for; the e4m3
- * codes through registers. */
+/* The tile's 8-bit mask of round u's 8 tokens of this warp (lane 0 writes it), and the token's RoPE chunks by cp.async. */
 template <bool FP8>
-__device__ __forceinline__ void mla_wg_fill(const mla_run &r, unsigned char *kt, uint64_t *mask, int32_t idx, int pt,
-                                            const float4 sc4, uint4 (&c)[8]) {
-    constexpr int P = MLA_WG_PARTS;
-    static_assert(P == 2, "mla_wg_tok and mla_wg_part map half tokens");
-    const int t = mla_wg_tok(pt), q = mla_wg_part(pt);
+__device__ __forceinline__ void mla_wg_begin(const mla_run &r, unsigned char *kt, uint64_t *mask, int32_t idx, int pt, int u) {
+    const int t = mla_wg_tok(pt, u), q = pt & 3;
     const bool counted = idx >= 0 && idx < r.slots;
     const uint32_t ball = __ballot_sync(0xffffffffu, counted);
-    if ((pt & 31) == 0) reinterpret_cast<uint16_t *>(mask)[pt >> 5] = (uint16_t)ball; /* token i's bit: lane i's */
+    if ((pt & 31) == 0) {
+        uint32_t b8 = 0; /* lane 4 i's bit is token i's */
+#pragma unroll
+        for (int i = 0; i < 8; i++) b8 |= ((ball >> (4 * i)) & 1u) << i;
+        reinterpret_cast<uint8_t *>(mask)[t >> 3] = (uint8_t)b8;
+    }
     const uint32_t k_s = mla_smem(kt);
     if (FP8) {
         const uint8_t *src = r.cache + (int64_t)(counted ? idx : 0) * MLA_FP8_TOKEN;
-        constexpr int RC = 8 / P, CH = 32 / P, TPP = 4 / P; /* RoPE chunks, code chunks (16 codes) and scale tiles a part */
 #pragma unroll
-        for (int i = 0; i < RC; i++) /* RoPE: dims 512 + 8 (RC q + i) .. + 8, panel 8 */
-            mla_cp16(k_s + 8 * MLA_WG_PANEL + mla_sw128(t, RC * q + i), src + 528 + 16 * (RC * q + i), counted ? 16 : 0);
-#pragma unroll
-        for (int k = 0; k < TPP; k++) { /* tile TPP q + k: chunks CH q + 8 k .. + 8 */
-            /* bf16(scale) and its multiplier bf16(scale) * 2^112: 0 for a slot that does not count, so its zero codes
-             * give +0 (0 * 0 - 0) */
-            const int tile = TPP * q + k, jj0 = CH * q + 8 * k;
-            const float sb = kp_bf16_round(tile == 0 ? sc4.x : tile == 1 ? sc4.y : tile == 2 ? sc4.z : sc4.w);
-            const float m = __fmul_rn(sb, 0x1p112f);
-            if (isinf(m) && !isinf(sb)) {
-                mla_wg_fill_exact(src, kt, t, jj0, sb);
-                continue;
-            }
-            const uint32_t w = __float_as_uint(m) >> 16, mult = w | (w << 16);
-            if (k > 0) /* 8 loads in flight, then their 16 stores (all 16 spill at the producer's 104 registers) */
-#pragma unroll
-                for (int j = 0; j < 8; j++)
-                    c[j] = counted ? __ldg(reinterpret_cast<const uint4 *>(src) + jj0 + j) : make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-            for (int j = 0; j < 8; j++) { /* chunk jj: dims 16 jj .. + 16, panel jj / 4 */
-                const int jj = jj0 + j, ch = 2 * (jj & 3);
-                unsigned char *at = kt + (jj >> 2) * MLA_WG_PANEL;
-                *reinterpret_cast<uint4 *>(at + mla_sw128(t, ch)) = mla_dequant8(make_uint2(c[j].x, c[j].y), mult);
-                *reinterpret_cast<uint4 *>(at + mla_sw128(t, ch + 1)) = mla_dequant8(make_uint2(c[j].z, c[j].w), mult);
-            }
-        }
-    } else { /* bf16: chunks [72 / P q, +72 / P) of the token's 72, copied */
+        for (int i = 0; i < 2; i++) /* RoPE: dims 512 + 8 (2 q + i) .. + 8, panel 8 */
+            mla_cp16(k_s + 8 * MLA_WG_PANEL + mla_sw128(t, 2 * q + i), src + 528 + 16 * (2 * q + i), counted ? 16 : 0);
+    } else { /* bf16: chunks q, q + 4, .. of the token's 72, copied */
         const unsigned char *src = r.cache + (int64_t)(counted ? idx : 0) * MLA_BF16_TOKEN;
 #pragma unroll 6
-        for (int j = 0; j < 72 / P; j++) {
-            const int ch = 72 / P * q + j;
+        for (int j = 0; j < 18; j++) {
+            const int ch = 4 * j + q;
             mla_cp16(k_s + (ch >> 3) * MLA_WG_PANEL + mla_sw128(t, ch & 7), src + 16 * ch, counted ? 16 : 0);
         }
     }
 }
 
+/* Round u's codes (c, with the scales sc4) dequantized into tile kt: chunk 4 j + q is panel j's chunks 2 q and 2 q + 1
+ * of the token's row, through scale tile j / 2. A token with a tile whose multiplier overflows (mla_dequant2) takes a
+ * loop, not unrolled (so the loop stays small enough for the instruction cache), that sends those tiles' chunks
+ * through the exact f32 path. */
+__device__ __forceinline__ void mla_wg_store(unsigned char *kt, int pt, int u, const float4 sc4, const uint4 (&c)[8]) {
+    const int t = mla_wg_tok(pt, u), q = pt & 3;
+    const float sbv[4] = {kp_bf16_round(sc4.x), kp_bf16_round(sc4.y), kp_bf16_round(sc4.z), kp_bf16_round(sc4.w)};
+    uint32_t mult[4];
+    bool exact = false;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float m = __fmul_rn(sbv[i], 0x1p112f);
+        exact |= isinf(m) && !isinf(sbv[i]);
+        const uint32_t w = __float_as_uint(m) >> 16;
+        mult[i] = w | (w << 16);
+    }
+    if (!exact) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            unsigned char *at = kt + j * MLA_WG_PANEL;
+            *reinterpret_cast<uint4 *>(at + mla_sw128(t, 2 * q)) = mla_dequant8(make_uint2(c[j].x, c[j].y), mult[j >> 1]);
+            *reinterpret_cast<uint4 *>(at + mla_sw128(t, 2 * q + 1)) = mla_dequant8(make_uint2(c[j].z, c[j].w), mult[j >> 1]);
+        }
+        return;
+    }
+#pragma unroll 1
+    for (int j = 0; j < 8; j++) {
+        uint4 cj = c[0];
+#pragma unroll
+        for (int i = 1; i < 8; i++) cj = i == j ? c[i] : cj;
+        const int tl = j >> 1;
+        const float sb = tl == 0 ? sbv[0] : tl == 1 ? sbv[1] : tl == 2 ? sbv[2] : sbv[3];
+        const float m = __fmul_rn(sb, 0x1p112f);
+        unsigned char *at = kt + j * MLA_WG_PANEL;
+        uint4 lo, hi;
+        if (isinf(m) && !isinf(sb)) {
+            lo = make_uint4(mla_dequant2_f32(cj.x, sb), mla_dequant2_f32(cj.x >> 16, sb), mla_dequant2_f32(cj.y, sb),
+                            mla_dequant2_f32(cj.y >> 16, sb));
+            hi = make_uint4(mla_dequant2_f32(cj.z, sb), mla_dequant2_f32(cj.z >> 16, sb), mla_dequant2_f32(cj.w, sb),
+                            mla_dequant2_f32(cj.w >> 16, sb));
+        } else {
+            const uint32_t w = __float_as_uint(m) >> 16;
+            lo = mla_dequant8(make_uint2(cj.x, cj.y), w | (w << 16));
+            hi = mla_dequant8(make_uint2(cj.z, cj.w), w | (w << 16));
+        }
+        *reinterpret_cast<uint4 *>(at + mla_sw128(t, 2 * q)) = lo;
+        *reinterpret_cast<uint4 *>(at + mla_sw128(t, 2 * q + 1)) = hi;
+    }
+}
 /* The combine of a (row, head group) whose splits have all arrived and been written, by the last to arrive (the 256 math
  * threads): mla_combine_last's parts (mla_common.cuh), with split own's lse, max and out from this CTA's shared memory
  * (ep, ost) and the others' from the workspace; every lse is staged in wts first, so its loads are in flight together. */
@@ -350,19 +352,23 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
      * K tiles are not Q's): the math threads wait for Q at named barrier 1, the producer for nothing but the mbarriers */
     const uint16_t *qsrc = r.q + (row * r.h_q + h0) * MLA_D_QK;
     const uint32_t q_s = mla_smem(sm + MLA_WG_Q_AT);
-    const int pt = tid - MLA_WG_MATH, ptok = mla_wg_tok(pt), pq = mla_wg_part(pt);
-    int32_t idx = -1, nxt = -1;
+    const int pt = tid - MLA_WG_MATH;
+    int32_t idx = -1, nxt = -1, idx1 = -1, nxt1 = -1;
     if (pt < 0) {
         for (int c = tid; c < MLA_HEADS * 72; c += MLA_WG_MATH) {
             const int hr = c / 72, ch = c % 72;
             mla_cp16(q_s + (ch >> 3) * MLA_WG_PANEL + mla_sw128(hr, ch & 7), qsrc + hr * MLA_D_QK + ch * 8, 16);
         }
         mla_cp_commit();
-    } else { /* the producer's first two blocks: their slots, and their tokens on the way to L2. Its thread pt reads part
-              * pq of token ptok */
-        idx = mla_wg_slot(r, row, len, blk0, blk1, ptok), nxt = mla_wg_slot(r, row, len, blk0 + 1, blk1, ptok);
-        mla_wg_prefetch<FP8>(r, idx, pq);
-        mla_wg_prefetch<FP8>(r, nxt, pq);
+    } else { /* the producer's first two blocks: their slots, and their tokens on the way to L2. Its thread pt reads
+              * quarter pt % 4 of tokens mla_wg_tok(pt, 0) and (pt, 1) */
+        const int t0 = mla_wg_tok(pt, 0), t1 = mla_wg_tok(pt, 1), q = pt & 3;
+        idx = mla_wg_slot(r, row, len, blk0, blk1, t0), nxt = mla_wg_slot(r, row, len, blk0 + 1, blk1, t0);
+        idx1 = mla_wg_slot(r, row, len, blk0, blk1, t1), nxt1 = mla_wg_slot(r, row, len, blk0 + 1, blk1, t1);
+        mla_wg_prefetch<FP8>(r, idx, q);
+        mla_wg_prefetch<FP8>(r, idx1, q);
+        mla_wg_prefetch<FP8>(r, nxt, q);
+        mla_wg_prefetch<FP8>(r, nxt1, q);
     }
     if (tid == 0) {
         for (int s = 0; s < 2; s++) {
@@ -379,20 +385,28 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
      * registers nobody frees */
     if (pt >= 0) { /* the producer: block n's slots were read a block ahead, its tokens sent to L2 two blocks ahead */
         mla_setmaxnreg_dec<104>();
+        const int t0 = mla_wg_tok(pt, 0), t1 = mla_wg_tok(pt, 1), q = pt & 3;
         for (int32_t n = blk0; n < blk1; n++) {
             const int k = n - blk0, s = k & 1;
-            const int32_t after = mla_wg_slot(r, row, len, n + 2, blk1, ptok);
+            const int32_t after = mla_wg_slot(r, row, len, n + 2, blk1, t0), after1 = mla_wg_slot(r, row, len, n + 2, blk1, t1);
             unsigned char *const kt = sm + MLA_WG_K_AT + s * MLA_WG_KTILE;
             float4 sc4;
             uint4 c[8];
-            mla_wg_fill_load<FP8>(r, idx, pt, sc4, c); /* before the wait for the tile */
+            if (FP8) mla_wg_load(r, idx, q, sc4, c); /* before the wait for the tile */
             if (k >= 2) mla_mbar_wait(empty0 + 8 * s, (uint32_t)((k >> 1) - 1) & 1u);
-            mla_wg_fill<FP8>(r, kt, masks + s, idx, pt, sc4, c);
+            mla_wg_begin<FP8>(r, kt, masks + s, idx, pt, 0);
+            mla_wg_begin<FP8>(r, kt, masks + s, idx1, pt, 1);
+            if (FP8) {
+                mla_wg_store(kt, pt, 0, sc4, c);
+                mla_wg_load(r, idx1, q, sc4, c);
+                mla_wg_store(kt, pt, 1, sc4, c);
+            }
             mla_cp_wait_all();
             mla_fence_proxy(); /* the tile, written by stores and cp.async, is read by wgmma */
             mla_mbar_arrive(full0 + 8 * s);
-            mla_wg_prefetch<FP8>(r, after, pq);
-            idx = nxt, nxt = after;
+            mla_wg_prefetch<FP8>(r, after, q);
+            mla_wg_prefetch<FP8>(r, after1, q);
+            idx = nxt, nxt = after, idx1 = nxt1, nxt1 = after1;
         }
         /* the epilogue's CTA-wide barriers, passed without work: three (the last for a request of one split), or two,
          * one more for a split of several and one more for the one that combines */
