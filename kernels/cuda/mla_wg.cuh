@@ -15,7 +15,8 @@
  *     shared memory), the softmax in the log2 domain (running max from -1e30, rescale exp2f(m - mnew), p = 2^(s - m)
  *     with subnormal p flushed to 0, P rounded to bf16, l summed in f32; maxima and sums as trees, shorter chains for
  *     a warp alone on its scheduler), P [64 heads][64 tokens] and the rescale through shared memory to warpgroup 1
- *     (mbarrier pready), then O += P V over dims [0, 256).
+ *     (mbarrier pready), then O += P V over dims [0, 256), its P from its own registers (the accumulator layout of
+ *     S is the A operand's), so it waits for no other thread's P.
  *   - warpgroup 1 rescales its O and adds P V over dims [256, 512), then frees P (mbarrier pfree): its P V runs while
  *     warpgroup 0 scores the next block. Both P V are wgmma m64n256k16, V read as N-major from the same K tile: 128 f32
  *     accumulators a thread.
@@ -127,6 +128,39 @@ __device__ __forceinline__ void mla_wgmma_pv(float (&d)[128], uint64_t a, uint64
                  : "l"(a), "l"(b), "n"(1));
 }
 
+/* d += A B: m64n256k16, A (16 tokens of P, bf16 pairs) from this thread's registers in the accumulator layout of
+ * m64n64 (a0: row r0, a1: row r0 + 8, a2 and a3 the same rows 8 columns on), B N-major (transposed) in shared memory. */
+__device__ __forceinline__ void mla_wgmma_pv_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t b) {
+    asm volatile("{\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+                 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+                 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+                 "}, {%128, %129, %130, %131}, %132, 1, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
 /* d (+)= A B: m64n64k16, bf16 in, f32 accumulate, A and B K-major in shared memory; accumulate 0 overwrites d. */
 __device__ __forceinline__ void mla_wgmma_qk(float (&d)[32], uint64_t a, uint64_t b, int accumulate) {
     asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
@@ -139,6 +173,14 @@ __device__ __forceinline__ void mla_wgmma_qk(float (&d)[32], uint64_t a, uint64_
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
                  : "l"(a), "l"(b), "r"(accumulate));
+}
+
+/* Two floats rounded to bf16 (to nearest, even) by the hardware's conversion, lo in the low half. */
+__device__ __forceinline__ uint32_t mla_wg_bf16x2(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    uint32_t u;
+    memcpy(&u, &h, sizeof u);
+    return u;
 }
 
 /* 2^x, subnormal results flushed to +0 (ex2.approx.ftz: -inf gives +0, NaN stays NaN) */
@@ -508,13 +550,15 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
                     psum[j] = __fadd_rn(__fadd_rn(__fadd_rn(pp[j][0], pp[j][1]), __fadd_rn(pp[j][2], pp[j][3])),
                                         __fadd_rn(__fadd_rn(pp[j][4], pp[j][5]), __fadd_rn(pp[j][6], pp[j][7])));
                 if (np > 0) mla_mbar_wait(pfree, (uint32_t)(np - 1) & 1u); /* warpgroup 1 is done with the last P */
+                uint32_t pa[4][4]; /* P as this warpgroup's A operand: tokens 16 t .. + 16 in pa[t] */
 #pragma unroll
                 for (int i = 0; i < 8; i++)
 #pragma unroll
                     for (int j = 0; j < 2; j++) {
                         const int tok = 8 * i + 2 * (lane & 3), hr = r0 + 8 * j;
-                        *reinterpret_cast<__nv_bfloat162 *>(sm + MLA_WG_P_AT + mla_sw128(hr, tok >> 3) + (tok & 7) * 2) =
-                            __floats2bfloat162_rn(sacc[4 * i + 2 * j], sacc[4 * i + 2 * j + 1]);
+                        const uint32_t pb = mla_wg_bf16x2(sacc[4 * i + 2 * j], sacc[4 * i + 2 * j + 1]);
+                        *reinterpret_cast<uint32_t *>(sm + MLA_WG_P_AT + mla_sw128(hr, tok >> 3) + (tok & 7) * 2) = pb;
+                        pa[i >> 1][2 * (i & 1) + j] = pb;
                     }
                 if ((lane & 3) == 0) st[MLA_WG_XSC + r0] = rescale[0], st[MLA_WG_XSC + r0 + 8] = rescale[1];
                 mla_fence_proxy(); /* P, written by ordinary stores, is read by wgmma */
@@ -523,13 +567,11 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
 #pragma unroll
                 for (int j = 0; j < 2; j++) l_run[j] = __fadd_rn(l_run[j], psum[j]);
                 mla_wg_rescale(o, rescale[0], rescale[1]);
-                mla_bar_sync(4, 128); /* this warpgroup's P whole */
 #pragma unroll
                 for (int i = 0; i < 128; i++) mla_wg_pin(o[i]);
                 mla_wg_fence();
 #pragma unroll
-                for (int t = 0; t < 4; t++)
-                    mla_wgmma_pv(o, mla_desc_add(dp, 32 * t), mla_desc_add(dv0, s * MLA_WG_KTILE + 2048 * t));
+                for (int t = 0; t < 4; t++) mla_wgmma_pv_rs(o, pa[t], mla_desc_add(dv0, s * MLA_WG_KTILE + 2048 * t));
                 mla_wg_commit();
                 mla_wg_wait0();
 #pragma unroll
