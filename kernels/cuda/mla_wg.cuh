@@ -438,11 +438,13 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
             if (k >= 2) mla_mbar_wait(empty0 + 8 * s, (uint32_t)((k >> 1) - 1) & 1u);
             mla_wg_begin<FP8>(r, kt, masks + s, idx, pt, 0);
             mla_wg_begin<FP8>(r, kt, masks + s, idx1, pt, 1);
-            if (FP8) {
-                mla_wg_store(kt, pt, 0, sc4, c);
-                mla_wg_load(r, idx1, q, sc4, c);
-                mla_wg_store(kt, pt, 1, sc4, c);
-            }
+            if (FP8) /* one copy of the store for both tokens: unrolled twice, the producer's loop overflowed the
+                      * instruction cache */
+#pragma unroll 1
+                for (int u = 0; u < 2; u++) {
+                    if (u == 1) mla_wg_load(r, idx1, q, sc4, c);
+                    mla_wg_store(kt, pt, u, sc4, c);
+                }
             mla_cp_wait_all();
             mla_fence_proxy(); /* the tile, written by stores and cp.async, is read by wgmma */
             mla_mbar_arrive(full0 + 8 * s);
