@@ -542,6 +542,35 @@ Test(gpu_mla, both_repeat_bit_for_bit, .timeout = 900) {
     }
 }
 
+/* split_size_wg runs items 2 p and 2 p + 1 of the plan as a cluster of two CTAs: a request of two splits that starts
+ * at an even item combines through their shared memory, one at an odd item through the workspace, as every request of
+ * more splits does. Rows of one and two splits mixed put requests of two splits at odd items in the batch, and each is
+ * at item 0 alone: both ways must give the same bits (compute-sanitizer runs this too). */
+Test(gpu_mla, split_pairs_combine_as_the_workspace_does) {
+    gpu gp = gpu_open();
+    const kp_impl *impl = impl_named("mla.split_size_wg@cuda");
+    gen g = make("mla(batch=8,h_q=128,profile=mixed,s_kv=2100,scale=pow2,seed=26,topk=2048,topk_length=on)", false);
+    upload_gen(&g);
+    run_out full = gpu_run(&gp, impl, &g, 0, 8, NULL);
+    int64_t item = 0, at_odd = 0, at_even = 0;
+    for (int64_t b = 0; b < 8; item += full.splits[b], b++) {
+        if (full.splits[b] != 2) continue;
+        if (item & 1)
+            at_odd++;
+        else
+            at_even++;
+        run_out one = gpu_run(&gp, impl, &g, b, 1, NULL);
+        cr_assert_eq(one.splits[0], 2);
+        cr_assert(same_request(&g, &full, b, &one, 0), "request %lld (two splits from item %lld in the batch, 0 alone): the bits differ",
+                  (long long)b, (long long)item);
+        free_out(&one);
+    }
+    cr_assert(at_odd > 0 && at_even > 0, "requests of two splits at odd items %lld, at even %lld: a way went untested",
+              (long long)at_odd, (long long)at_even);
+    free_out(&full);
+    drop(&g);
+}
+
 /* ---- 4. indices outside [0, slots) ---- */
 
 /* The host port refuses them; the kernels cannot without a sync, so such a slot does not count and is never read

@@ -255,11 +255,11 @@ __device__ __forceinline__ void mla_combine_heads(const mla_run &r, int64_t head
 }
 template <typename Load>
 __device__ __forceinline__ void mla_combine_out(const mla_run &r, int64_t head_at, int ns, int tid, const float *wts,
-                                                const float *osc, const int *empty, Load load) {
+                                                const float *osc, const int *empty, Load load, int half0 = 0, int half1 = 2) {
     const bool has_sink = r.sink != NULL;
     uint16_t *out0 = r.out + (head_at + (tid >> 7)) * MLA_D_V + 4 * (tid & 127);
 #pragma unroll 1
-    for (int half = 0; half < 2; half++) {
+    for (int half = half0; half < half1; half++) { /* half h: heads [32 h, 32 h + 32) */
         float4 acc[16];
 #pragma unroll
         for (int u = 0; u < 16; u++) acc[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);

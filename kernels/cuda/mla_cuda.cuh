@@ -269,7 +269,8 @@ static inline const char *mla_cuda_problem(const kp_mla_args *a) {
     const mla_run r = mla_plan_of(a, MLA_SPLIT_COUNT, 1 << 16);
     const mla_run rs = mla_plan_of(a, MLA_SPLIT_SIZE, 1);
     const int64_t most = r.max_items > rs.max_items ? r.max_items : rs.max_items;
-    if (most * a->s_q * (a->h_q / 64) > INT32_MAX) return "(request, split, row, head group) CTAs above 2^31 - 1";
+    if ((most + 1) * a->s_q * (a->h_q / 64) > INT32_MAX) /* + 1: mla_core_wg's grid, the items rounded up to pairs */
+        return "(request, split, row, head group) CTAs above 2^31 - 1";
     /* cp.async and vector stores: what cudaMalloc gives; checked on the pointer values only */
     if (((uintptr_t)a->q | (uintptr_t)a->cache | (uintptr_t)a->workspace) & 15 || (uintptr_t)a->out & 7)
         return "q, cache or the workspace not 16-byte aligned, or out not 8-byte aligned";
@@ -306,6 +307,7 @@ static inline size_t mla_cuda_workspace_bytes(const void *args, int algo) {
 struct mla_core_mma {
     static constexpr unsigned threads = MLA_THREADS;
     static constexpr size_t smem = MLA_SMEM_BYTES;
+    static constexpr int64_t item_pairs = 0; /* mla_core_wg's clusters of two take the items a pair at a time */
     template <bool FP8>
     static void (*kernel())(mla_run) {
         return mla_attend_kernel<FP8>;
@@ -361,7 +363,7 @@ static int mla_cuda_run(const char *name, const void *args, char *message, size_
     const size_t plan_smem = r.plan_in_smem ? (size_t)mla_plan_smem_bytes(r.batch, ALGO, r.max_splits) : 0;
     mla_plan_kernel<ALGO><<<1, MLA_PLAN_THREADS, plan_smem, stream>>>(r);
     KP_LAUNCH_CHECK("mla_plan_kernel");
-    const unsigned grid = (unsigned)(r.max_items * r.s_q * r.groups);
+    const unsigned grid = (unsigned)((Core::item_pairs ? (r.max_items + 1) / 2 * 2 : r.max_items) * r.s_q * r.groups);
     if (a->cache_format == KP_MLA_CACHE_FP8_DS_MLA)
         KP_CUDA_CHECK(launch_after(sm90, Core::template kernel<true>(), grid, Core::threads, Core::smem, stream, r));
     else

@@ -25,9 +25,11 @@
  *   lane-0 arrival for its warp, it does not take as ordering: scripts/racecheck-probe.cu), and in the epilogue
  *   barriers over the whole CTA, the producer waiting at them.
  * Split lse, max logit and out = acc / l go out as mla_attend_kernel's do, O staged in the free K tiles so one small
- * loop writes it. A split of several arrives first (a counter), then writes its out unless it is the last to arrive,
- * which combines from its own out in shared memory and the others' once they are written (mla_wg_combine: the
- * arithmetic and order of mla_combine_last).
+ * loop writes it. CTAs run in clusters of two, items 2 p and 2 p + 1 of the plan: a request's two splits there combine
+ * through each other's shared memory, each CTA half the heads (mla_wg_pair_combine), with no workspace and no wait.
+ * Otherwise a split of several arrives first (a counter), then writes its out unless it is the last to arrive, which
+ * combines from its own out in shared memory and the others' once they are written (mla_wg_combine). Both are the
+ * arithmetic and order of mla_combine_last, so a request's bits do not depend on which way it went.
  *
  * Numerics against split_size@cuda: the same dequantized values and plan; dot products and l add in another order
  * (the tensor cores' and the trees), and p below 2^-126 is 0, so bits differ from it by rounding. Every order here is
@@ -196,6 +198,28 @@ __device__ __forceinline__ uint4 mla_dequant8(uint2 codes, uint32_t mult) {
  * later block then meet L2's latency, not memory's */
 __device__ __forceinline__ void mla_prefetch_l2(const void *src) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src)); }
 
+/* The cluster's CTAs (two here) past this point, each thread at its own instruction, their shared-memory writes before it
+ * seen by the other's reads after it. */
+__device__ __forceinline__ void mla_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+/* The address in the cluster's shared window of this CTA's shared address a, in the CTA of cluster rank peer. */
+__device__ __forceinline__ uint32_t mla_peer(uint32_t a, uint32_t peer) {
+    uint32_t d;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(peer));
+    return d;
+}
+__device__ __forceinline__ float mla_peer_f32(uint32_t a) {
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(a) : "memory");
+    return v;
+}
+__device__ __forceinline__ float4 mla_peer_f4(uint32_t a) {
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a) : "memory");
+    return v;
+}
+
 /* O's rows r0 and r0 + 8 times their block rescale; skipped when the warp's are all 1 (the running max did not move),
  * which changes no bit. */
 __device__ __forceinline__ void mla_wg_rescale(float (&o)[128], float sc0, float sc1) {
@@ -352,8 +376,38 @@ __device__ __forceinline__ void mla_wg_combine(const mla_run &r, int64_t b, int 
     });
 }
 
+/* The combine of a request's two splits by the cluster that ran them, each CTA the 32 heads [32 rank, + 32) of its
+ * (row, head group): the same parts and order as mla_wg_combine, split sp's lse, max and out read from the shared memory
+ * of the CTA of rank sp (ep, ost), its own or its peer's, once both have passed the cluster barrier. */
+__device__ __forceinline__ void mla_wg_pair_combine(const mla_run &r, int64_t row, int g, int rank, int tid, const float *ost,
+                                                    const float *ep, float *wts, float *osc, int *empty) {
+    const int64_t h0 = (int64_t)g * MLA_HEADS, head_at = row * r.h_q + h0;
+    const uint32_t peer = (uint32_t)(rank ^ 1);
+    if (tid < 32) {
+        const int hr = 32 * rank + tid;
+        auto splits = [&](int at, float (&v)[2]) { /* ep[at] of split 0 and split 1 */
+            const float own = ep[at], other = mla_peer_f32(mla_peer(mla_smem(ep + at), peer));
+            v[0] = rank == 0 ? own : other, v[1] = rank == 0 ? other : own;
+        };
+        float lse[2], mxs[2];
+        splits(4 * MLA_HEADS + hr, lse);
+        splits(5 * MLA_HEADS + hr, mxs);
+        mla_combine_heads(r, head_at, h0, hr, 2, wts, osc, empty, [&](int sp) { return lse[sp]; }, [&](int sp) { return mxs[sp]; });
+    }
+    mla_wg_cta_sync();
+    const float *own0 = ost + (tid >> 7) * MLA_OROW + 4 * (tid & 127);
+    const uint32_t peer0 = mla_peer(mla_smem(own0), peer);
+    mla_combine_out(r, head_at, 2, tid, wts, osc, empty, [&](int sp, int k) {
+        return sp == rank ? *reinterpret_cast<const float4 *>(own0 + 2 * k * MLA_OROW)
+                          : mla_peer_f4(peer0 + (uint32_t)(2 * k * MLA_OROW * sizeof(float)));
+    }, rank, rank + 1);
+}
+
+/* In clusters of two CTAs, items 2 p and 2 p + 1 of the plan (blockIdx.x: pair p, query row, 64-head group, then the
+ * rank): when they are a request's two splits, they combine through each other's shared memory, else each goes the
+ * workspace's way. */
 template <bool FP8>
-__global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
+__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
     extern __shared__ __align__(1024) unsigned char mla_wg_smem[];
     unsigned char *const sm = mla_wg_smem + ((1024 - (mla_smem(mla_wg_smem) & 1023)) & 1023);
     float *const st = reinterpret_cast<float *>(sm + MLA_WG_ST_AT);
@@ -364,14 +418,16 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
 
     pdl_wait();
     const int tid = threadIdx.x;
-    const int64_t per_item = r.s_q * r.groups;
-    const int64_t item = blockIdx.x / per_item;
-    const int qi = (int)((blockIdx.x % per_item) / r.groups), g = (int)(blockIdx.x % r.groups);
+    const int64_t per_item = r.s_q * r.groups, cta = blockIdx.x >> 1;
+    const int rank = (int)(blockIdx.x & 1);
+    const int64_t item = 2 * (cta / per_item) + rank;
+    const int qi = (int)((cta % per_item) / r.groups), g = (int)(cta % r.groups);
     const int32_t n_items = r.item_base[r.batch];
-    const int4 it = r.items[item]; /* item < max_items: in the array, though past n_items never written */
-    if (item >= n_items) return;
+    if (item >= n_items) return; /* the grid covers the most items a plan can make, rounded up to a pair */
+    const int4 it = r.items[item];
     const int64_t b = it.x, row = b * r.s_q + qi, h0 = (int64_t)g * MLA_HEADS;
     const int ns = it.y;
+    const bool pair = ns == 2 && item - r.item_base[b] == rank; /* and its peer, the request's other split, sees it too */
     const int32_t blk0 = it.z, blk1 = it.w;
     const int64_t len = mla_row_len(r, row);
 
@@ -437,17 +493,23 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
             mla_wg_prefetch<FP8>(r, after1, q);
             idx = nxt, nxt = after, idx1 = nxt1, nxt1 = after1;
         }
-        /* the epilogue's CTA-wide barriers, passed without work: three (the last for a request of one split), or two,
-         * one more for a split of several and one more for the one that combines */
+        /* the epilogue's CTA-wide barriers, passed without work: two, then one more for a request of one split, or for
+         * a pair the cluster's two around the combine's one, or two more */
         mla_wg_cta_sync();
         mla_wg_cta_sync();
         if (ns == 1) {
             mla_wg_cta_sync();
             return;
         }
-        const bool last = st_i[MLA_WG_FLAG];
+        if (pair) {
+            mla_cluster_sync();
+            mla_wg_cta_sync();
+            mla_cluster_sync();
+            return;
+        }
+        mla_wg_cta_sync(); /* two more, last or not: the producer reads no flag (racecheck reported its read of one as a
+                            * hazard with the write before the barrier above) */
         mla_wg_cta_sync();
-        if (last) mla_wg_cta_sync();
         return;
     }
     mla_setmaxnreg_inc<200>();
@@ -650,7 +712,7 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
     /* A split of several arrives before its out is written: the last to arrive combines, from its own out in shared
      * memory and the others' from the workspace once they are written (the second counter; they arrived first, so they
      * are running and the wait ends). Which CTA combines varies, the values it reads and the order it adds them do not. */
-    if (tid == 0 && ns > 1) st_i[MLA_WG_FLAG] = atomicAdd(arrived, 1) == ns - 1;
+    if (tid == 0 && ns > 1 && !pair) st_i[MLA_WG_FLAG] = atomicAdd(arrived, 1) == ns - 1;
     mla_wg_cta_sync();
     /* out = acc / l (0 when nothing counted), four dims a thread a step, rows in order, four steps unrolled so their
      * shared-memory reads and stores overlap (one step at a time, the loop was a fifth of the math warps' samples) */
@@ -690,7 +752,7 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
         }
         return;
     }
-    const bool last = st_i[MLA_WG_FLAG];
+    const bool last = pair || st_i[MLA_WG_FLAG]; /* its out stays in ost */
     float *const split_out = r.split_out + ((item * r.s_q + qi) * r.h_q + h0) * MLA_D_V;
 #pragma unroll 4
     for (int e = tid; e < MLA_HEADS * MLA_D_V / 4; e += MLA_WG_MATH) { /* the last keeps its out in place of O */
@@ -700,10 +762,18 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
         *reinterpret_cast<float4 *>(last ? ost + hr * MLA_OROW + dim : split_out + hr * MLA_D_V + dim) =
             make_float4(x[0], x[1], x[2], x[3]);
     }
+    if (pair) {
+        mla_cluster_sync(); /* both outs in ost, both lse and max in ep */
+        mla_wg_pair_combine(r, row, g, rank, tid, ost, ep, reinterpret_cast<float *>(sm + MLA_WG_Q_AT), st + MLA_WG_OSC,
+                            st_i + MLA_WG_EMPTY);
+        mla_cluster_sync(); /* the peer is done reading this CTA's shared memory */
+        return;
+    }
     if (!last) {
         __threadfence();
         mla_wg_cta_sync();
         if (tid == 0) atomicAdd(written, 1);
+        mla_wg_cta_sync(); /* the producer's fourth, as the last's combine has */
         return;
     }
     if (tid == 0) {
@@ -719,6 +789,7 @@ __global__ void __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
 struct mla_core_wg {
     static constexpr unsigned threads = MLA_WG_THREADS;
     static constexpr size_t smem = MLA_WG_SMEM_BYTES;
+    static constexpr int64_t item_pairs = 1;
     template <bool FP8>
     static void (*kernel())(mla_run) {
         return mla_wg_kernel<FP8>;
