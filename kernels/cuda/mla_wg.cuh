@@ -26,7 +26,8 @@
  *   barriers over the whole CTA, the producer waiting at them.
  * Split lse, max logit and out = acc / l go out as mla_attend_kernel's do, O staged in the free K tiles so one small
  * loop writes it. CTAs run in clusters of two, items 2 p and 2 p + 1 of the plan: a request's two splits there combine
- * through each other's shared memory, each CTA half the heads (mla_wg_pair_combine), with no workspace and no wait.
+ * through each other's shared memory, each CTA half the heads (mla_wg_pair_combine), their outs never in the workspace,
+ * no wait.
  * Otherwise a split of several arrives first (a counter), then writes its out unless it is the last to arrive, which
  * combines from its own out in shared memory and the others' once they are written (mla_wg_combine). Both are the
  * arithmetic and order of mla_combine_last, so a request's bits do not depend on which way it went.
