@@ -563,7 +563,7 @@ Test(gpu_mla, split_pairs_combine_as_the_workspace_does) {
         cr_assert_eq(one.splits[0], 2);
         cr_assert(same_request(&g, &full, b, &one, 0), "request %lld (two splits from item %lld in the batch, 0 alone): the bits differ",
                   (long long)b, (long long)item);
-        one.out[KP_MLA_D_V * 64 + 3] ^= 1; /* a head of the second half (the other CTA's in a pair): one bit is seen */
+        one.out[KP_MLA_D_V * 64 + 3] ^= 1; /* head 64 (the second head group's first): one bit is seen */
         cr_assert(!same_request(&g, &full, b, &one, 0), "request %lld: a flipped low bit went unseen", (long long)b);
         free_out(&one);
     }
