@@ -604,23 +604,26 @@ Test(gpu_mla, out_of_range_indices_do_not_count_and_are_never_read) {
     drop(&g);
 }
 
-/* A tile scale whose bf16 times 2^112 would overflow (bf16(scale) >= 2^16) sends its block down the exact f32
- * dequantization path (mla_attn.cuh); planted on counted tokens, both impls must still match the reference (a
- * fast path with an infinite multiplier would not), and a scale just below the threshold (2^15) must too. */
+/* A tile scale whose bf16 times the kernel's power of two would overflow sends its block down the exact f32
+ * dequantization path: bf16(scale) >= 2^16 in mla_attn.cuh (times 2^112), >= 2^8 in mla_wg.cuh (times 2^120). Planted on
+ * counted tokens, every impl must still match the reference (a fast path with an infinite multiplier would not), and
+ * scales at and just below each threshold (2^15, 2^8, 2^7) must too. */
 Test(gpu_mla, large_tile_scales_take_the_exact_path) {
     gpu gp = gpu_open();
     gen g = make("mla(batch=2,h_q=64,profile=uniform,s_kv=200,scale=pow2,seed=25,topk=128)", false);
-    const float big = 1048576.0f, edge = 32768.0f; /* 2^20 and 2^15, exact in bf16 */
+    static const struct { int slot, tile; float scale; } planted[] = { /* exact in bf16; slots 0.. row 0, 128.. row 1 */
+        {0, 1, 1048576.0f}, {128 + 70, 2, 32768.0f}, {5, 3, 256.0f}, {128 + 9, 0, 128.0f}};
     uint8_t *cache = g.b.cache;
-    memcpy(cache + (int64_t)g.slots[0] * KP_MLA_FP8_TOKEN_BYTES + KP_MLA_FP8_SCALES_AT + 4 * 1, &big, 4);          /* row 0 */
-    memcpy(cache + (int64_t)g.slots[128 + 70] * KP_MLA_FP8_TOKEN_BYTES + KP_MLA_FP8_SCALES_AT + 4 * 2, &edge, 4);  /* row 1 */
+    for (size_t i = 0; i < sizeof planted / sizeof planted[0]; i++)
+        memcpy(cache + (int64_t)g.slots[planted[i].slot] * KP_MLA_FP8_TOKEN_BYTES + KP_MLA_FP8_SCALES_AT + 4 * planted[i].tile,
+               &planted[i].scale, 4);
     upload_gen(&g);
     ref rf = reference(&g);
     for (int i = 0; i < IMPLS; i++) {
         const kp_impl *impl = impl_named(impl_names[i]);
         run_out o = gpu_run(&gp, impl, &g, 0, 2, NULL);
         const verdict v = judge(&o, rf.out, rf.lse, rf.max);
-        fprintf(stderr, "%s with tile scales 2^20 and 2^15: cos diff %.3g, worst lse %.3g of its tolerance, worst |out - ref| %.4g\n",
+        fprintf(stderr, "%s with tile scales 2^20, 2^15, 2^8 and 2^7: cos diff %.3g, worst lse %.3g of its tolerance, worst |out - ref| %.4g\n",
                 impl->name, v.cos_diff, v.worst_lse, v.worst_abs);
         cr_assert_eq(v.why[0], 0, "%s: %s", impl->name, v.why);
         free_out(&o);

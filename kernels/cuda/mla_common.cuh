@@ -77,6 +77,7 @@ struct mla_run {
     int32_t *item_base, *counters;
     int4 *items;
     float *split_lse, *split_max, *split_out;
+    float *split_l; /* [max_items, s_q, h_q]: a split's l, which mla_wg.cuh's combine divides its weight by */
 };
 
 /* ---- small device helpers ---- */

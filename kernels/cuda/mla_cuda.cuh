@@ -64,7 +64,7 @@
  * [batch, max_splits] i32 (split_count), used when they do not fit in the plan kernel's shared memory,
  * item_base [batch + 1] i32, items [max_items] int4 (request, its split count, first block, end block),
  * counters [2][batch * s_q * groups] i32 (arrivals; mla_wg.cuh's outs written), split_lse and split_max [max_items, s_q, h_q] f32, split_out
- * [max_items, s_q, h_q, 512] f32.
+ * [max_items, s_q, h_q, 512] f32, split_l [max_items, s_q, h_q] f32 (mla_wg.cuh's).
  *
  * Files: mla_common.cuh (sizes, the shared-memory map, mla_run, device helpers, the combine of one (row, head)),
  * mla_attn.cuh (launch 2), this one (launch 1 and the launcher); the impls (.cu) are only names around mla_cuda_run. */
@@ -252,6 +252,7 @@ static inline size_t mla_workspace_layout(mla_run *r, unsigned char *base, int a
     r->split_lse = (float *)take(sizeof(float) * items * heads);
     r->split_max = (float *)take(sizeof(float) * items * heads);
     r->split_out = (float *)take(sizeof(float) * items * heads * MLA_D_V);
+    r->split_l = (float *)take(sizeof(float) * items * heads);
     return off;
 }
 

@@ -5,12 +5,12 @@
  * A CTA (384 threads, three warpgroups) per (request, split, query row, 64-head group), as mla_attend_kernel's:
  *   - warpgroup 2, the producer, fills K tile s (of two) with block n's tokens: each thread reads a quarter of two
  *     tokens' 656 bytes with 16-byte loads (four lanes a token, so a warp's load reads 64 contiguous bytes of each of
- *     8 tokens), dequantizes its e4m3 codes exactly as mla_dequant2 does (bf16(e4m3 * bf16(scale)), the f32 path, a
- *     loop, where the multiplier overflows), copies its RoPE quarter by cp.async, stores them in the layout wgmma
- *     reads (128-byte swizzle) and arrives on full[s]; a token that does not count is zeros, never read. It waits on
- *     empty[s] before reusing a tile, its first token's loads already issued. A block's slots are read a block ahead
- *     and its tokens sent towards L2 two blocks ahead, so the loads meet L2's latency. It starts while the math
- *     warpgroups load Q.
+ *     8 tokens), dequantizes its e4m3 codes to the bits mla_dequant2 gives (bf16(e4m3 * bf16(scale)):
+ *     mla_wg_dequant2; the f32 path, a loop, where the multiplier overflows), copies its RoPE quarter by cp.async,
+ *     stores them in the layout wgmma reads (128-byte swizzle) and arrives on full[s]; a token that does not count is
+ *     zeros, never read. It waits on empty[s] before reusing a tile, its first token's loads already issued. A
+ *     block's slots are read a block ahead and its tokens sent towards L2 two blocks ahead, so the loads meet L2's
+ *     latency. It starts while the math warpgroups load Q.
  *   - warpgroup 0 scores: S = Q K^T for all 64 heads x 64 tokens over the 576 dims (wgmma m64n64k16, Q and K from
  *     shared memory), the softmax in the log2 domain (running max from -1e30, rescale exp2f(m - mnew), p = 2^(s - m)
  *     with subnormal p flushed to 0, P rounded to bf16, l summed in f32; maxima and sums as trees, shorter chains for
@@ -24,17 +24,19 @@
  *   Every hand-off is one compute-sanitizer racecheck follows: mbarriers every thread arrives on (a bar.arrive, or a
  *   lane-0 arrival for its warp, it does not take as ordering: scripts/racecheck-probe.cu), and in the epilogue
  *   barriers over the whole CTA, the producer waiting at them.
- * Split lse, max logit and out = acc / l go out as mla_attend_kernel's do, O staged in the free K tiles so one small
- * loop writes it. CTAs run in clusters of two, items 2 p and 2 p + 1 of the plan: a request's two splits there combine
- * through each other's shared memory, each CTA half the heads (mla_wg_pair_combine), their outs never in the workspace,
- * no wait.
- * Otherwise a split of several arrives first (a counter), then writes its out unless it is the last to arrive, which
- * combines from its own out in shared memory and the others' once they are written (mla_wg_combine). Both are the
- * arithmetic and order of mla_combine_last, so a request's bits do not depend on which way it went.
+ * A split's O goes out unscaled, staged in the free K tiles so one small loop writes it, with its l, lse and max logit:
+ * the combine adds RN(c O) over the splits in order, c a head's weight over its l (mla_wg_coef), one division a head
+ * instead of one an element. A request of one split finishes there. CTAs run in clusters of two, items 2 p and 2 p + 1
+ * of the plan: a request's two splits there combine through each other's shared memory, each CTA half the heads
+ * (mla_wg_pair_combine), their outs never in the workspace, no wait.
+ * Otherwise a split of several arrives first (a counter), then writes its O unless it is the last to arrive, which
+ * combines from its own O in shared memory and the others' once they are written (mla_wg_combine). Both are the same
+ * arithmetic in the same order, so a request's bits do not depend on which way it went.
  *
  * Numerics against split_size@cuda: the same dequantized values and plan; dot products and l add in another order
- * (the tensor cores' and the trees), and p below 2^-126 is 0, so bits differ from it by rounding. Every order here is
- * fixed by the code and the request alone, so bits do not depend on the batch or the run.
+ * (the tensor cores' and the trees), p below 2^-126 is 0, and the combine scales O by w / l where split_size's
+ * divides O by l and scales by w, so bits differ from it by rounding. Every order here is fixed by the code and the
+ * request alone, so bits do not depend on the batch or the run.
  *
  * Shared memory (232,008 bytes with the slack that puts the map on a 1024-byte boundary, as ncu reports it):
  * Q [9 panels][64 heads][128 bytes] (a panel: 64 of the 576 dims, rows 128 bytes with 16-byte chunk c of row r at
@@ -60,7 +62,7 @@
 #define MLA_WG_OSC 256    /* [64] the combine's o_scale */
 #define MLA_WG_EMPTY 320  /* [64] int: the combined row is empty */
 #define MLA_WG_FLAG 384   /* int: this CTA combines */
-#define MLA_WG_EP_FLAGS 6 /* the epilogue's per-head flags after six per-head floats (in the P buffer) */
+#define MLA_WG_EP_NONE 5 /* the epilogue's per-head "no split counted" after five per-head floats (in the P buffer) */
 #define MLA_WG_MASK 386   /* u64 [2]: a tile's counted tokens */
 #define MLA_WG_FULL 390   /* u64 [2] mbarriers: tile s filled (128 producer arrivals) */
 #define MLA_WG_EMPTYB 394 /* u64 [2] mbarriers: tile s read (8 math warps) */
@@ -189,10 +191,26 @@ __device__ __forceinline__ void mla_setmaxnreg_inc() { asm volatile("setmaxnreg.
 template <int N>
 __device__ __forceinline__ void mla_setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
 
-/* Eight e4m3 codes (a uint2) as eight bf16 (a uint4) through tile multiplier mult (mla_dequant2). */
-__device__ __forceinline__ uint4 mla_dequant8(uint2 codes, uint32_t mult) {
-    return make_uint4(mla_dequant2(codes.x, mult), mla_dequant2(codes.x >> 16, mult), mla_dequant2(codes.y, mult),
-                      mla_dequant2(codes.y >> 16, mult));
+/* The tile multiplier's power of two: mla_wg_dequant8's codes read as bf16 are their values times 2^-120. */
+#define MLA_WG_MULT_EXP 0x1p120f
+/* Two e4m3 codes, bytes sel of codes (0x1404: bytes 0 and 1; 0x3424: 2 and 3), times the bf16x2 multiplier
+ * bf16(scale) * 2^120, as bf16x2 bits: each code moved to bits 8..15 of its half, its sign kept and its 7 exponent and
+ * mantissa bits shifted into bf16's bits 4..10, is a bf16 of its value times 2^-120 (exact for every code but NaN,
+ * subnormals included: e4m3's bias is 7, bf16's 127), and the FMA (with -0, which keeps a zero product's sign) rounds the
+ * exact product once to nearest even (the FMA keeps subnormal inputs), as mla_dequant2 does, with a byte move where it
+ * converts to f16 (the same bits for every pair of codes and scales tried on the H200; MEASURED.md). A NaN code reads as
+ * a finite value (mla_cuda.cuh's difference 3). */
+__device__ __forceinline__ uint32_t mla_wg_dequant2(uint32_t codes, uint32_t sel, uint32_t mult) {
+    uint32_t t, d;
+    asm("prmt.b32 %0, %1, 0, %2;" : "=r"(t) : "r"(codes), "r"(sel));
+    const uint32_t v = (t & 0x80008000u) | ((t >> 4) & 0x07f007f0u);
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(v), "r"(mult), "r"(0x80008000u));
+    return d;
+}
+/* Eight e4m3 codes (a uint2) as eight bf16 (a uint4) through tile multiplier mult. */
+__device__ __forceinline__ uint4 mla_wg_dequant8(uint2 codes, uint32_t mult) {
+    return make_uint4(mla_wg_dequant2(codes.x, 0x1404u, mult), mla_wg_dequant2(codes.x, 0x3424u, mult),
+                      mla_wg_dequant2(codes.y, 0x1404u, mult), mla_wg_dequant2(codes.y, 0x3424u, mult));
 }
 
 /* bytes at src (16-byte aligned, a multiple of 16) towards L2, without waiting or registers: the producer's loads of a
@@ -304,9 +322,9 @@ __device__ __forceinline__ void mla_wg_begin(const mla_run &r, unsigned char *kt
 }
 
 /* Round u's codes (c, with the scales sc4) dequantized into tile kt: chunk 4 j + q is panel j's chunks 2 q and 2 q + 1
- * of the token's row, through scale tile j / 2. A token with a tile whose multiplier overflows (mla_dequant2) takes a
- * loop, not unrolled (so the loop stays small enough for the instruction cache), that sends those tiles' chunks
- * through the exact f32 path. */
+ * of the token's row, through scale tile j / 2. A token with a tile whose multiplier overflows (bf16(scale) from 2^8
+ * up: MLA_WG_MULT_EXP) takes a loop, not unrolled (so the loop stays small enough for the instruction cache), that
+ * sends those tiles' chunks through the exact f32 path. */
 __device__ __forceinline__ void mla_wg_store(unsigned char *kt, int pt, int u, const float4 sc4, const uint4 (&c)[8]) {
     const int t = mla_wg_tok(pt, u), q = pt & 3;
     const float sbv[4] = {kp_bf16_round(sc4.x), kp_bf16_round(sc4.y), kp_bf16_round(sc4.z), kp_bf16_round(sc4.w)};
@@ -314,7 +332,7 @@ __device__ __forceinline__ void mla_wg_store(unsigned char *kt, int pt, int u, c
     bool exact = false;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        const float m = __fmul_rn(sbv[i], 0x1p112f);
+        const float m = __fmul_rn(sbv[i], MLA_WG_MULT_EXP);
         exact |= isinf(m) && !isinf(sbv[i]);
         const uint32_t w = __float_as_uint(m) >> 16;
         mult[i] = w | (w << 16);
@@ -323,8 +341,8 @@ __device__ __forceinline__ void mla_wg_store(unsigned char *kt, int pt, int u, c
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             unsigned char *at = kt + j * MLA_WG_PANEL;
-            *reinterpret_cast<uint4 *>(at + mla_sw128(t, 2 * q)) = mla_dequant8(make_uint2(c[j].x, c[j].y), mult[j >> 1]);
-            *reinterpret_cast<uint4 *>(at + mla_sw128(t, 2 * q + 1)) = mla_dequant8(make_uint2(c[j].z, c[j].w), mult[j >> 1]);
+            *reinterpret_cast<uint4 *>(at + mla_sw128(t, 2 * q)) = mla_wg_dequant8(make_uint2(c[j].x, c[j].y), mult[j >> 1]);
+            *reinterpret_cast<uint4 *>(at + mla_sw128(t, 2 * q + 1)) = mla_wg_dequant8(make_uint2(c[j].z, c[j].w), mult[j >> 1]);
         }
         return;
     }
@@ -335,7 +353,7 @@ __device__ __forceinline__ void mla_wg_store(unsigned char *kt, int pt, int u, c
         for (int i = 1; i < 8; i++) cj = i == j ? c[i] : cj;
         const int tl = j >> 1;
         const float sb = tl == 0 ? sbv[0] : tl == 1 ? sbv[1] : tl == 2 ? sbv[2] : sbv[3];
-        const float m = __fmul_rn(sb, 0x1p112f);
+        const float m = __fmul_rn(sb, MLA_WG_MULT_EXP);
         unsigned char *at = kt + j * MLA_WG_PANEL;
         uint4 lo, hi;
         if (isinf(m) && !isinf(sb)) {
@@ -345,17 +363,23 @@ __device__ __forceinline__ void mla_wg_store(unsigned char *kt, int pt, int u, c
                             mla_dequant2_f32(cj.w >> 16, sb));
         } else {
             const uint32_t w = __float_as_uint(m) >> 16;
-            lo = mla_dequant8(make_uint2(cj.x, cj.y), w | (w << 16));
-            hi = mla_dequant8(make_uint2(cj.z, cj.w), w | (w << 16));
+            lo = mla_wg_dequant8(make_uint2(cj.x, cj.y), w | (w << 16));
+            hi = mla_wg_dequant8(make_uint2(cj.z, cj.w), w | (w << 16));
         }
         *reinterpret_cast<uint4 *>(at + mla_sw128(t, 2 * q)) = lo;
         *reinterpret_cast<uint4 *>(at + mla_sw128(t, 2 * q + 1)) = hi;
     }
 }
 
+/* A split's coefficient in the combine: its weight w (mla_weight) over its l, so that a split's out is its O unscaled and
+ * the sum over splits adds RN(coefficient * O) in split order; 0 when w is (a split that counted no slot has l 0). One
+ * division a head, where dividing O by l took one an element (MEASURED.md). */
+__device__ __forceinline__ float mla_wg_coef(float w, float l) { return w == 0.0f ? 0.0f : __fdiv_rn(w, l); }
+
 /* The combine of a (row, head group) whose splits have all arrived and been written, by the last to arrive (the 256 math
- * threads): mla_combine_last's parts (mla_common.cuh), with split own's lse, max and out from this CTA's shared memory
- * (ep, ost) and the others' from the workspace; every lse is staged in wts first, so its loads are in flight together. */
+ * threads): mla_combine_last's parts (mla_common.cuh) with each weight made a coefficient (mla_wg_coef), with split own's
+ * lse, max, l and O from this CTA's shared memory (ep, ost) and the others' from the workspace; every lse is staged in
+ * wts first, so its loads are in flight together. */
 __device__ __forceinline__ void mla_wg_combine(const mla_run &r, int64_t b, int qi, int g, int ns, int own, int tid,
                                                const float *ost, const float *ep, float *wts, float *osc, int *empty) {
     const int64_t row = b * r.s_q + qi, h0 = (int64_t)g * MLA_HEADS, head_at = row * r.h_q + h0, item0 = r.item_base[b];
@@ -364,9 +388,11 @@ __device__ __forceinline__ void mla_wg_combine(const mla_run &r, int64_t b, int 
         auto split_at = [&](int sp) { return ((item0 + sp) * r.s_q + qi) * r.h_q + h0 + hr; };
         float *const lw = wts + hr * ns;
 #pragma unroll 4
-        for (int sp = 0; sp < ns; sp++) lw[sp] = sp == own ? ep[4 * MLA_HEADS + hr] : __ldcg(r.split_lse + split_at(sp));
+        for (int sp = 0; sp < ns; sp++) lw[sp] = sp == own ? ep[3 * MLA_HEADS + hr] : __ldcg(r.split_lse + split_at(sp));
         mla_combine_heads(r, head_at, h0, hr, ns, wts, osc, empty, [&](int sp) { return lw[sp]; },
-                          [&](int sp) { return sp == own ? ep[5 * MLA_HEADS + hr] : __ldcg(r.split_max + split_at(sp)); });
+                          [&](int sp) { return sp == own ? ep[4 * MLA_HEADS + hr] : __ldcg(r.split_max + split_at(sp)); });
+#pragma unroll 4
+        for (int sp = 0; sp < ns; sp++) lw[sp] = mla_wg_coef(lw[sp], sp == own ? ep[hr] : __ldcg(r.split_l + split_at(sp)));
     }
     mla_wg_cta_sync();
     const int64_t split_stride = r.s_q * r.h_q * (MLA_D_V / 4); /* float4s from one split to the next */
@@ -378,7 +404,7 @@ __device__ __forceinline__ void mla_wg_combine(const mla_run &r, int64_t b, int 
 }
 
 /* The combine of a request's two splits by the cluster that ran them, each CTA the 32 heads [32 rank, + 32) of its
- * (row, head group): the same parts and order as mla_wg_combine, split sp's lse, max and out read from the shared memory
+ * (row, head group): the same parts and order as mla_wg_combine, split sp's lse, max, l and O read from the shared memory
  * of the CTA of rank sp (ep, ost), its own or its peer's, once both have passed the cluster barrier. */
 __device__ __forceinline__ void mla_wg_pair_combine(const mla_run &r, int64_t row, int g, int rank, int tid, const float *ost,
                                                     const float *ep, float *wts, float *osc, int *empty) {
@@ -390,10 +416,13 @@ __device__ __forceinline__ void mla_wg_pair_combine(const mla_run &r, int64_t ro
             const float own = ep[at], other = mla_peer_f32(mla_peer(mla_smem(ep + at), peer));
             v[0] = rank == 0 ? own : other, v[1] = rank == 0 ? other : own;
         };
-        float lse[2], mxs[2];
-        splits(4 * MLA_HEADS + hr, lse);
-        splits(5 * MLA_HEADS + hr, mxs);
+        float lse[2], mxs[2], l[2];
+        splits(3 * MLA_HEADS + hr, lse);
+        splits(4 * MLA_HEADS + hr, mxs);
+        splits(hr, l);
         mla_combine_heads(r, head_at, h0, hr, 2, wts, osc, empty, [&](int sp) { return lse[sp]; }, [&](int sp) { return mxs[sp]; });
+#pragma unroll
+        for (int sp = 0; sp < 2; sp++) wts[hr * 2 + sp] = mla_wg_coef(wts[hr * 2 + sp], l[sp]);
     }
     mla_wg_cta_sync();
     const float *own0 = ost + (tid >> 7) * MLA_OROW + 4 * (tid & 127);
@@ -680,8 +709,8 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(MLA_WG_THREADS, 1) m
             *reinterpret_cast<float2 *>(ost + (r0 + 8 * j) * MLA_OROW + 256 * w + 8 * i + 2 * (lane & 3)) =
                 make_float2(o[4 * i + 2 * j], o[4 * i + 2 * j + 1]);
     const int64_t head_at = row * r.h_q + h0;
-    float *const ep = reinterpret_cast<float *>(sm + MLA_WG_P_AT); /* per head: l, RN(1 / l), w0, o_scale, lse, max, flags */
-    int *const ep_flags = reinterpret_cast<int *>(ep + MLA_WG_EP_FLAGS * MLA_HEADS);
+    float *const ep = reinterpret_cast<float *>(sm + MLA_WG_P_AT); /* per head: l, c0, o_scale, lse, max, none */
+    int *const ep_none = reinterpret_cast<int *>(ep + MLA_WG_EP_NONE * MLA_HEADS);
     int32_t *const arrived = r.counters + row * r.groups + g, *const written = arrived + r.batch * r.s_q * r.groups;
     if (w == 0 && (lane & 3) == 0) /* warpgroup 0 holds every head's running max and counted flag */
 #pragma unroll
@@ -691,48 +720,34 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(MLA_WG_THREADS, 1) m
             const float md = st[MLA_WG_XMD + hr];
             const bool counted = (any >> j) & 1;
             const float lse_s = counted ? __fadd_rn(log2f(l), m_run[j]) : -INFINITY;
-            float w0 = 0.0f, osc = 1.0f;
+            float c0 = 0.0f, osc = 1.0f;
             bool none = false;
             if (ns == 1) { /* the combine of one split, here */
                 const mla_head hd = mla_head_plan(1, [&](int) { return lse_s; }, r.sink, h0 + hr);
-                w0 = hd.empty ? 0.0f : mla_weight(hd, lse_s);
+                c0 = hd.empty ? 0.0f : mla_wg_coef(mla_weight(hd, lse_s), l);
                 osc = hd.o_scale, none = hd.empty;
                 r.lse[head_at + hr] = mla_lse_out(hd);
                 r.max_logits[head_at + hr] = mla_max(-INFINITY, __fmul_rn(md, r.sm_scale));
             } else {
                 const int64_t at = (item * r.s_q + qi) * r.h_q + h0 + hr;
-                r.split_lse[at] = ep[4 * MLA_HEADS + hr] = lse_s;
-                r.split_max[at] = ep[5 * MLA_HEADS + hr] = __fmul_rn(md, r.sm_scale);
+                r.split_lse[at] = ep[3 * MLA_HEADS + hr] = lse_s;
+                r.split_max[at] = ep[4 * MLA_HEADS + hr] = __fmul_rn(md, r.sm_scale);
+                r.split_l[at] = l;
             }
             ep[hr] = l;
-            ep[MLA_HEADS + hr] = l >= 1.0f && l <= 0x1p24f ? __frcp_rn(l) : NAN; /* l >= 1 when a slot counted */
-            ep[2 * MLA_HEADS + hr] = w0;
-            ep[3 * MLA_HEADS + hr] = osc;
-            ep_flags[hr] = (int)counted | (int)none << 1;
+            ep[MLA_HEADS + hr] = c0;
+            ep[2 * MLA_HEADS + hr] = osc;
+            ep_none[hr] = none;
         }
     /* A split of several arrives before its out is written: the last to arrive combines, from its own out in shared
      * memory and the others' from the workspace once they are written (the second counter; they arrived first, so they
      * are running and the wait ends). Which CTA combines varies, the values it reads and the order it adds them do not. */
     if (tid == 0 && ns > 1 && !pair) st_i[MLA_WG_FLAG] = atomicAdd(arrived, 1) == ns - 1;
     mla_wg_cta_sync();
-    /* out = acc / l (0 when nothing counted), four dims a thread a step, rows in order, four steps unrolled so their
-     * shared-memory reads and stores overlap (one step at a time, the loop was a fifth of the math warps' samples) */
+    /* out = c0 acc (c0 the weight over l, 0 when nothing counted), four dims a thread a step, rows in order, four steps
+     * unrolled so their shared-memory reads and stores overlap (one step at a time, the loop was a fifth of the math
+     * warps' samples) */
     const bool has_sink = r.sink != NULL;
-    auto quotients = [&](int hr, int dim, float (&x)[4]) { /* a pair by mla_div when both allow it, else __fdiv_rn */
-        const float4 a = *reinterpret_cast<const float4 *>(ost + hr * MLA_OROW + dim);
-        const float l = ep[hr], y = ep[MLA_HEADS + hr];
-        const float av[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-        for (int i = 0; i < 4; i++) x[i] = 0.0f;
-        if (ep_flags[hr] & 1)
-#pragma unroll
-            for (int i = 0; i < 4; i += 2) {
-                if (mla_div_ok(av[i]) && mla_div_ok(av[i + 1]) && !isnan(y))
-                    x[i] = mla_div(av[i], l, y), x[i + 1] = mla_div(av[i + 1], l, y);
-                else
-                    x[i] = __fdiv_rn(av[i], l), x[i + 1] = __fdiv_rn(av[i + 1], l);
-            }
-    };
     if (ns == 1) {
         /* not needed for the ordering (the barrier above orders ep and ost before these reads), but without it
          * compute-sanitizer racecheck 2025.3.1 reports those hand-offs as hazards in a request of one split alone, and
@@ -741,27 +756,26 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(MLA_WG_THREADS, 1) m
 #pragma unroll 4
         for (int e = tid; e < MLA_HEADS * MLA_D_V / 4; e += MLA_WG_MATH) {
             const int hr = e / (MLA_D_V / 4), dim = 4 * (e % (MLA_D_V / 4));
-            float x[4];
-            quotients(hr, dim, x);
-            const float w0 = ep[2 * MLA_HEADS + hr], osc = ep[3 * MLA_HEADS + hr];
-            const bool none = ep_flags[hr] & 2;
+            const float4 a = *reinterpret_cast<const float4 *>(ost + hr * MLA_OROW + dim);
+            const float av[4] = {a.x, a.y, a.z, a.w};
+            const float c0 = ep[MLA_HEADS + hr], osc = ep[2 * MLA_HEADS + hr];
+            const bool none = ep_none[hr] != 0;
             float f[4];
 #pragma unroll
-            for (int i = 0; i < 4; i++) f[i] = mla_finish(__fadd_rn(0.0f, __fmul_rn(w0, x[i])), has_sink, none, osc);
+            for (int i = 0; i < 4; i++) f[i] = mla_finish(__fadd_rn(0.0f, __fmul_rn(c0, av[i])), has_sink, none, osc);
             *reinterpret_cast<uint2 *>(r.out + (head_at + hr) * MLA_D_V + dim) =
                 make_uint2(mla_bf16x2(f[0], f[1]), mla_bf16x2(f[2], f[3]));
         }
         return;
     }
-    const bool last = pair || st_i[MLA_WG_FLAG]; /* its out stays in ost */
-    float *const split_out = r.split_out + ((item * r.s_q + qi) * r.h_q + h0) * MLA_D_V;
+    const bool last = pair || st_i[MLA_WG_FLAG]; /* its O stays in ost */
+    if (!last) { /* its O to the workspace, for the last */
+        float *const split_out = r.split_out + ((item * r.s_q + qi) * r.h_q + h0) * MLA_D_V;
 #pragma unroll 4
-    for (int e = tid; e < MLA_HEADS * MLA_D_V / 4; e += MLA_WG_MATH) { /* the last keeps its out in place of O */
-        const int hr = e / (MLA_D_V / 4), dim = 4 * (e % (MLA_D_V / 4));
-        float x[4];
-        quotients(hr, dim, x);
-        *reinterpret_cast<float4 *>(last ? ost + hr * MLA_OROW + dim : split_out + hr * MLA_D_V + dim) =
-            make_float4(x[0], x[1], x[2], x[3]);
+        for (int e = tid; e < MLA_HEADS * MLA_D_V / 4; e += MLA_WG_MATH) {
+            const int hr = e / (MLA_D_V / 4), dim = 4 * (e % (MLA_D_V / 4));
+            *reinterpret_cast<float4 *>(split_out + hr * MLA_D_V + dim) = *reinterpret_cast<const float4 *>(ost + hr * MLA_OROW + dim);
+        }
     }
     if (pair) {
         mla_cluster_sync(); /* both outs in ost, both lse and max in ep */
