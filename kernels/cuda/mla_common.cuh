@@ -231,8 +231,17 @@ __device__ __forceinline__ float mla_finish(float o, bool sink, bool empty, floa
     if (empty) return 0.0f;
     return sink ? __fmul_rn(o, o_scale) : o;
 }
+/* Two floats as bf16 bits, lo in the low half: kp_bf16_bits's, by the hardware's conversion (to nearest, even; the same
+ * bits for every number) with a NaN's half its top 16 bits (kp_bf16_bits truncates a NaN, the hardware makes it
+ * canonical), without a branch: kp_bf16_bits unrolled in the combine's out loop was code the instruction cache missed
+ * (MEASURED.md). */
 __device__ __forceinline__ uint32_t mla_bf16x2(float lo, float hi) {
-    return (uint32_t)kp_bf16_bits(lo) | ((uint32_t)kp_bf16_bits(hi) << 16);
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    uint32_t u, top;
+    memcpy(&u, &h, sizeof u);
+    asm("prmt.b32 %0, %1, %2, 0x7632;" : "=r"(top) : "r"(__float_as_uint(lo)), "r"(__float_as_uint(hi)));
+    const uint32_t nan = (isnan(lo) ? 0x0000ffffu : 0u) | (isnan(hi) ? 0xffff0000u : 0u);
+    return (u & ~nan) | (top & nan);
 }
 
 /* The combine's two parts for one (query row, 64-head group) of ns splits, in split order, over 256 threads (tid):
