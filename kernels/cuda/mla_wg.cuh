@@ -194,12 +194,12 @@ __device__ __forceinline__ void mla_setmaxnreg_dec() { asm volatile("setmaxnreg.
 /* The tile multiplier's power of two: mla_wg_dequant8's codes read as bf16 are their values times 2^-120. */
 #define MLA_WG_MULT_EXP 0x1p120f
 /* Two e4m3 codes, bytes sel of codes (0x1404: bytes 0 and 1; 0x3424: 2 and 3), times the bf16x2 multiplier
- * bf16(scale) * 2^120, as bf16x2 bits: each code moved to bits 8..15 of its half, its sign kept and its 7 exponent and
- * mantissa bits shifted into bf16's bits 4..10, is a bf16 of its value times 2^-120 (exact for every code but NaN,
- * subnormals included: e4m3's bias is 7, bf16's 127), and the FMA (with -0, which keeps a zero product's sign) rounds the
- * exact product once to nearest even (the FMA keeps subnormal inputs), as mla_dequant2 does, with a byte move where it
- * converts to f16 (the same bits for every pair of codes and scales tried on the H200; MEASURED.md). A NaN code reads as
- * a finite value (mla_cuda.cuh's difference 3). */
+ * bf16(scale) * 2^120, as bf16x2 bits, the bits mla_dequant2 gives with a byte move where it converts to f16: a code
+ * moved to bits 8..15 of its half, its sign kept and its 7 exponent and mantissa bits shifted into bf16's bits 4..10,
+ * is a bf16 of its value times 2^-120 (e4m3's bias is 7, bf16's 127; subnormal codes become subnormal bf16s, which the
+ * FMA takes as they are), and the FMA (with -0, which keeps a zero product's sign) rounds the exact product once to
+ * nearest even. Checked against mla_dequant2 on every pair of codes (MEASURED.md); a NaN code reads as a finite value
+ * (mla_cuda.cuh's difference 3). */
 __device__ __forceinline__ uint32_t mla_wg_dequant2(uint32_t codes, uint32_t sel, uint32_t mult) {
     uint32_t t, d;
     asm("prmt.b32 %0, %1, 0, %2;" : "=r"(t) : "r"(codes), "r"(sel));
