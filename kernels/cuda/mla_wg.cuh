@@ -372,8 +372,8 @@ __device__ __forceinline__ void mla_wg_store(unsigned char *kt, int pt, int u, c
 }
 
 /* A split's coefficient in the combine: its weight w (mla_weight) over its l, so that a split's out is its O unscaled and
- * the sum over splits adds RN(coefficient * O) in split order; 0 when w is (a split that counted no slot has l 0). One
- * division a head, where dividing O by l took one an element (MEASURED.md). */
+ * the sum over splits adds RN(coefficient * O) in split order; 0 when w is 0 (a split that counted no slot has l 0).
+ * One division a head, where dividing O by l took one an element (MEASURED.md). */
 __device__ __forceinline__ float mla_wg_coef(float w, float l) { return w == 0.0f ? 0.0f : __fdiv_rn(w, l); }
 
 /* The combine of a (row, head group) whose splits have all arrived and been written, by the last to arrive (the 256 math
