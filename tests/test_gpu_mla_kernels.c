@@ -25,6 +25,7 @@
 #include "kp_test_util.h"
 
 #define SMS 132 /* the incumbent plans for an H200 in every test, so its splits match the host port's model */
+static int run_sms = SMS; /* the sm_count a call passes: whole_runs_give_the_bits_of_split_runs sets 1 */
 
 static const char *const impl_names[] = {"mla.split_count@cuda", "mla.split_size@cuda", "mla.split_size_wg@cuda"};
 static const char *const host_names[] = {"mla.split_count@host", "mla.split_size@host", "mla.split_size@host"};
@@ -125,7 +126,7 @@ static void free_out(run_out *o) { free(o->out), free(o->lse), free(o->max), fre
 static kp_mla_args args_of(const gen *g, int64_t n) {
     return (kp_mla_args){.batch = n, .s_q = g->mc.s_q, .h_q = g->mc.h_q, .topk = g->mc.topk, .slots = g->cache_slots,
                          .cache_format = g->mc.cache == KP_MLA_BF16 ? KP_MLA_CACHE_BF16 : KP_MLA_CACHE_FP8_DS_MLA,
-                         .sm_scale = (float)g->mc.sm_scale, .sm_count = SMS};
+                         .sm_scale = (float)g->mc.sm_scale, .sm_count = run_sms};
 }
 
 #define GUARD 64        /* entries past each output that no call may write */
@@ -571,6 +572,44 @@ Test(gpu_mla, split_pairs_combine_as_the_workspace_does) {
               (long long)at_odd, (long long)at_even);
     free_out(&full);
     drop(&g);
+}
+
+/* Once one split a CTA would take more CTAs than the device has SMs, split_size_wg runs each (request, query row, head
+ * group) in one CTA, the request's splits one after another, the clusters then a request's two head groups, each
+ * dequantizing half of every tile into both (sm_count 1 forces that way at any batch). The splits and the combine are
+ * the same arithmetic either way: every h_q 128 case of the tolerance test, rows of one and two splits mixed, and rows
+ * of up to 4 splits (topk 4096) must give the bits of one split a CTA (compute-sanitizer runs this too). */
+Test(gpu_mla, whole_runs_give_the_bits_of_split_runs, .timeout = 900) {
+    gpu gp = gpu_open();
+    const kp_impl *impl = impl_named("mla.split_size_wg@cuda");
+    static const char *const names[] = {
+        "mla(batch=2,h_q=128,profile=dup,s_kv=2100,scale=pow2,seed=11,sink=on,topk=2048)",
+        "mla(batch=4,h_q=128,profile=short,s_kv=1000,s_q=2,scale=pow2,seed=12,sink=inf,topk=512,topk_length=on)",
+        "mla(batch=5,h_q=128,profile=mixed,s_kv=1500,scale=pow2,seed=14,sink=on,topk=1024,topk_length=on)",
+        "mla(batch=2,cache=bf16,h_q=128,profile=uniform,s_kv=2100,seed=16,sink=inf,topk=2048)",
+        "mla(batch=8,h_q=128,profile=mixed,s_kv=2100,scale=pow2,seed=26,topk=2048,topk_length=on)",
+        "mla(batch=3,h_q=128,profile=holes,s_kv=5000,s_q=2,scale=pow2,seed=27,topk=4096,topk_length=on)",
+    };
+    int64_t several = 0, most = 0;
+    for (size_t c = 0; c < sizeof names / sizeof *names; c++) {
+        gen g = make(names[c], false);
+        upload_gen(&g);
+        run_out split = gpu_run(&gp, impl, &g, 0, g.mc.batch, NULL);
+        run_sms = 1;
+        run_out whole = gpu_run(&gp, impl, &g, 0, g.mc.batch, NULL);
+        run_sms = SMS;
+        for (int64_t b = 0; b < g.mc.batch; b++) {
+            several += split.splits[b] > 1;
+            most = split.splits[b] > most ? split.splits[b] : most;
+        }
+        cr_assert(same_run(&split, &whole), "%s: a CTA running all of a request's splits changed bits", names[c]);
+        whole.out[KP_MLA_D_V * (whole.heads - 1) + 5] ^= 1; /* the last head's: one bit is seen */
+        cr_assert(!same_run(&split, &whole), "%s: a flipped low bit went unseen", names[c]);
+        free_out(&split), free_out(&whole);
+        drop(&g);
+    }
+    cr_assert(several > 0 && most >= 4, "requests of several splits %lld, at most %lld splits: the runs went untested",
+              (long long)several, (long long)most);
 }
 
 /* ---- 4. indices outside [0, slots) ---- */

@@ -309,8 +309,9 @@ struct mla_core_mma {
     static constexpr unsigned threads = MLA_THREADS;
     static constexpr size_t smem = MLA_SMEM_BYTES;
     static constexpr int64_t item_pairs = 0; /* mla_core_wg's clusters of two take the items a pair at a time */
+    static constexpr bool whole_runs = false;  /* mla_core_wg can run a request's splits in one CTA */
     template <bool FP8>
-    static void (*kernel())(mla_run) {
+    static void (*kernel(bool))(mla_run) {
         return mla_attend_kernel<FP8>;
     }
 };
@@ -325,11 +326,13 @@ template <typename Core>
 static int mla_device_ready(mla_device *d, char *message, size_t message_len) {
     if (d->ready) return KP_RUN_OK;
     cudaFuncAttributes fa;
-    KP_CUDA_CHECK(cudaFuncGetAttributes(&fa, Core::template kernel<true>()));
+    KP_CUDA_CHECK(cudaFuncGetAttributes(&fa, Core::template kernel<true>(false)));
     d->sm90 = fa.binaryVersion >= 90;
     const cudaFuncAttribute smem = cudaFuncAttributeMaxDynamicSharedMemorySize;
-    KP_CUDA_CHECK(cudaFuncSetAttribute(Core::template kernel<true>(), smem, (int)Core::smem));
-    KP_CUDA_CHECK(cudaFuncSetAttribute(Core::template kernel<false>(), smem, (int)Core::smem));
+    for (int whole = 0; whole <= (int)Core::whole_runs; whole++) {
+        KP_CUDA_CHECK(cudaFuncSetAttribute(Core::template kernel<true>(whole), smem, (int)Core::smem));
+        KP_CUDA_CHECK(cudaFuncSetAttribute(Core::template kernel<false>(whole), smem, (int)Core::smem));
+    }
     d->ready = true;
     return KP_RUN_OK;
 }
@@ -364,11 +367,17 @@ static int mla_cuda_run(const char *name, const void *args, char *message, size_
     const size_t plan_smem = r.plan_in_smem ? (size_t)mla_plan_smem_bytes(r.batch, ALGO, r.max_splits) : 0;
     mla_plan_kernel<ALGO><<<1, MLA_PLAN_THREADS, plan_smem, stream>>>(r);
     KP_LAUNCH_CHECK("mla_plan_kernel");
-    const unsigned grid = (unsigned)((Core::item_pairs ? (r.max_items + 1) / 2 * 2 : r.max_items) * r.s_q * r.groups);
+    /* mla_wg.cuh's whole runs (h_q a multiple of 128): once one split a CTA would need more CTAs than the device has
+     * SMs, a CTA per (request, query row, head group) runs the request's splits one after another. Every split and the
+     * combine are the same arithmetic either way, so which one runs changes no bit; it changes how many CTAs pay the
+     * prologue, the epilogue and the combine's wait. */
+    r.whole = Core::whole_runs && r.groups % 2 == 0 && r.max_items * r.s_q * r.groups > sms;
+    const unsigned grid = (unsigned)(r.whole ? r.batch * r.s_q * r.groups
+                                             : (Core::item_pairs ? (r.max_items + 1) / 2 * 2 : r.max_items) * r.s_q * r.groups);
     if (a->cache_format == KP_MLA_CACHE_FP8_DS_MLA)
-        KP_CUDA_CHECK(launch_after(sm90, Core::template kernel<true>(), grid, Core::threads, Core::smem, stream, r));
+        KP_CUDA_CHECK(launch_after(sm90, Core::template kernel<true>(r.whole), grid, Core::threads, Core::smem, stream, r));
     else
-        KP_CUDA_CHECK(launch_after(sm90, Core::template kernel<false>(), grid, Core::threads, Core::smem, stream, r));
+        KP_CUDA_CHECK(launch_after(sm90, Core::template kernel<false>(r.whole), grid, Core::threads, Core::smem, stream, r));
     return KP_RUN_OK;
 }
 

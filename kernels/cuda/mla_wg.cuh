@@ -32,6 +32,13 @@
  * Otherwise a split of several arrives first (a counter), then writes its O unless it is the last to arrive, which
  * combines from its own O in shared memory and the others' once they are written (mla_wg_combine). Both are the same
  * arithmetic in the same order, so a request's bits do not depend on which way it went.
+ * Whole runs (mla_wg_kernel<FP8, true>, the launcher's choice once one split a CTA would need more CTAs than SMs, h_q a
+ * multiple of 128): a CTA per (request, query row, head group) runs the request's splits one after another, each
+ * split leaving for the workspace as its own CTA would (from the registers, then a fresh start) and the last
+ * combining them; the cluster is then the request's two head groups, whose producers each dequantize one round (32
+ * tokens) of every block and copy it into the peer's tile with the copy engine (cp.async.bulk, counted in bytes on
+ * the peer's full barrier; empty barriers count both CTAs' math warps), loading the next block's round while storing
+ * this one's. The same splits, the same combine: the bits are those of one split a CTA.
  *
  * Numerics against split_size@cuda: the same dequantized values and plan; dot products and l add in another order
  * (the tensor cores' and the trees), p below 2^-126 is 0, and the combine scales O by w / l where split_size's
@@ -239,6 +246,17 @@ __device__ __forceinline__ float4 mla_peer_f4(uint32_t a) {
     return v;
 }
 
+/* bytes from this CTA's shared memory at src to the peer's at rdst, by the copy engine, counted on the peer's rbar. */
+__device__ __forceinline__ void mla_bulk_to_peer(uint32_t rdst, uint32_t src, uint32_t bytes, uint32_t rbar) {
+    asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(rdst),
+                 "r"(src), "r"(bytes), "r"(rbar)
+                 : "memory");
+}
+/* An arrival on the peer's mbarrier rbar. */
+__device__ __forceinline__ void mla_mbar_arrive_peer(uint32_t rbar) {
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(rbar) : "memory");
+}
+
 /* O's rows r0 and r0 + 8 times their block rescale; skipped when the warp's are all 1 (the running max did not move),
  * which changes no bit. */
 __device__ __forceinline__ void mla_wg_rescale(float (&o)[128], float sc0, float sc1) {
@@ -324,8 +342,12 @@ __device__ __forceinline__ void mla_wg_begin(const mla_run &r, unsigned char *kt
 /* Round u's codes (c, with the scales sc4) dequantized into tile kt: chunk 4 j + q is panel j's chunks 2 q and 2 q + 1
  * of the token's row, through scale tile j / 2. A token with a tile whose multiplier overflows (bf16(scale) from 2^8
  * up: MLA_WG_MULT_EXP) takes a loop, not unrolled (so the loop stays small enough for the instruction cache), that
- * sends those tiles' chunks through the exact f32 path. */
-__device__ __forceinline__ void mla_wg_store(unsigned char *kt, int pt, int u, const float4 sc4, const uint4 (&c)[8]) {
+ * sends those tiles' chunks through the exact f32 path. REFILL (a producer with one round a block): c[j] and sc4 then
+ * take the next block's token nidx, each load issued once its registers are free, so they are in flight during these
+ * stores instead of after them. */
+template <bool REFILL>
+__device__ __forceinline__ void mla_wg_store(const mla_run &r, unsigned char *kt, int pt, int u, float4 &sc4, uint4 (&c)[8],
+                                             int32_t nidx) {
     const int t = mla_wg_tok(pt, u), q = pt & 3;
     const float sbv[4] = {kp_bf16_round(sc4.x), kp_bf16_round(sc4.y), kp_bf16_round(sc4.z), kp_bf16_round(sc4.w)};
     uint32_t mult[4];
@@ -337,12 +359,16 @@ __device__ __forceinline__ void mla_wg_store(unsigned char *kt, int pt, int u, c
         const uint32_t w = __float_as_uint(m) >> 16;
         mult[i] = w | (w << 16);
     }
+    const bool ncounted = REFILL && nidx >= 0 && nidx < r.slots;
+    const uint8_t *const nsrc = r.cache + (int64_t)(ncounted ? nidx : 0) * MLA_FP8_TOKEN;
     if (!exact) {
+        if (REFILL) sc4 = ncounted ? __ldg(reinterpret_cast<const float4 *>(nsrc + 512)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             unsigned char *at = kt + j * MLA_WG_PANEL;
             *reinterpret_cast<uint4 *>(at + mla_sw128(t, 2 * q)) = mla_wg_dequant8(make_uint2(c[j].x, c[j].y), mult[j >> 1]);
             *reinterpret_cast<uint4 *>(at + mla_sw128(t, 2 * q + 1)) = mla_wg_dequant8(make_uint2(c[j].z, c[j].w), mult[j >> 1]);
+            if (REFILL) c[j] = ncounted ? __ldg(reinterpret_cast<const uint4 *>(nsrc) + 4 * j + q) : make_uint4(0u, 0u, 0u, 0u);
         }
         return;
     }
@@ -369,6 +395,7 @@ __device__ __forceinline__ void mla_wg_store(unsigned char *kt, int pt, int u, c
         *reinterpret_cast<uint4 *>(at + mla_sw128(t, 2 * q)) = lo;
         *reinterpret_cast<uint4 *>(at + mla_sw128(t, 2 * q + 1)) = hi;
     }
+    if (REFILL) mla_wg_load(r, nidx, q, sc4, c);
 }
 
 /* A split's coefficient in the combine: its weight w (mla_weight) over its l, so that a split's out is its O unscaled and
@@ -433,10 +460,10 @@ __device__ __forceinline__ void mla_wg_pair_combine(const mla_run &r, int64_t ro
     }, rank, rank + 1);
 }
 
-/* In clusters of two CTAs, items 2 p and 2 p + 1 of the plan (blockIdx.x: pair p, query row, 64-head group, then the
- * rank): when they are a request's two splits, they combine through each other's shared memory, else each goes the
- * workspace's way. */
-template <bool FP8>
+/* In clusters of two CTAs (blockIdx.x: pair p, query row, 64-head group pair or group, then the rank). Not WHOLE: items
+ * 2 p and 2 p + 1 of the plan, which combine through each other's shared memory when they are a request's two splits,
+ * else each goes the workspace's way. WHOLE: request p's head groups 2 i and 2 i + 1, each CTA all of its splits. */
+template <bool FP8, bool WHOLE>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(MLA_WG_THREADS, 1) mla_wg_kernel(mla_run r) {
     extern __shared__ __align__(1024) unsigned char mla_wg_smem[];
     unsigned char *const sm = mla_wg_smem + ((1024 - (mla_smem(mla_wg_smem) & 1023)) & 1023);
@@ -448,17 +475,24 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(MLA_WG_THREADS, 1) m
 
     pdl_wait();
     const int tid = threadIdx.x;
-    const int64_t per_item = r.s_q * r.groups, cta = blockIdx.x >> 1;
+    const int64_t cta = blockIdx.x >> 1;
     const int rank = (int)(blockIdx.x & 1);
-    const int64_t item = 2 * (cta / per_item) + rank;
-    const int qi = (int)((cta % per_item) / r.groups), g = (int)(cta % r.groups);
+    /* whole (r.whole, the launcher's choice): the cluster is a request's head groups g and g + 1 (cross), each CTA
+     * running all the request's splits one after another (item up to last) and dequantizing half of every tile into
+     * both CTAs' tiles; else items 2 p and 2 p + 1 of the plan, one split a CTA */
+    const bool cross = WHOLE;
+    const int64_t half = r.groups >> 1, per = cross ? r.s_q * half : r.s_q * r.groups;
+    const int64_t item = cross ? r.item_base[cta / per] : 2 * (cta / per) + rank;
+    const int qi = cross ? (int)((cta % per) / half) : (int)((cta % per) / r.groups);
+    const int g = cross ? (int)(2 * ((cta % per) % half) + rank) : (int)(cta % r.groups);
     const int32_t n_items = r.item_base[r.batch];
     if (item >= n_items) return; /* the grid covers the most items a plan can make, rounded up to a pair */
     const int4 it = r.items[item];
     const int64_t b = it.x, row = b * r.s_q + qi, h0 = (int64_t)g * MLA_HEADS;
     const int ns = it.y;
-    const bool pair = ns == 2 && item - r.item_base[b] == rank; /* and its peer, the request's other split, sees it too */
-    const int32_t blk0 = it.z, blk1 = it.w;
+    const int64_t last_item = cross ? item + ns - 1 : item; /* the split whose O ends in registers */
+    const bool pair = !cross && ns == 2 && item - r.item_base[b] == rank; /* and its peer, the request's other split, sees it too */
+    const int32_t blk0 = it.z, blk1 = cross ? r.items[last_item].w : it.w;
     const int64_t len = mla_row_len(r, row);
 
     /* Q: 64 heads x 72 chunks into its panels, by the math threads, while the producer starts on the first block (the
@@ -486,12 +520,14 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(MLA_WG_THREADS, 1) m
     if (tid == 0) {
         for (int s = 0; s < 2; s++) {
             mla_mbar_init(full0 + 8 * s, MLA_WG_THREADS - MLA_WG_MATH);
-            mla_mbar_init(empty0 + 8 * s, MLA_WG_MATH / 32);
+            mla_mbar_init(empty0 + 8 * s, (cross ? 2 : 1) * MLA_WG_MATH / 32); /* both CTAs' math warps when they cross */
         }
         mla_mbar_init(pready, 128);
         mla_mbar_init(pfree, 128);
     }
     __syncthreads(); /* the mbarriers */
+    if (cross) mla_cluster_sync(); /* the peer's too, before either's first remote arrival */
+    const uint32_t peer = (uint32_t)(rank ^ 1);
 
     /* setmaxnreg moves registers within the CTA's launch allocation (168 a thread at 384 threads): 104 + 2 x 200 fits
      * its 504 (ptxas holds the producer's code to its 104: at 96 it spilled); more for the math would wait forever for
@@ -499,26 +535,45 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(MLA_WG_THREADS, 1) m
     if (pt >= 0) { /* the producer: block n's slots were read a block ahead, its tokens sent to L2 two blocks ahead */
         mla_setmaxnreg_dec<104>();
         const int t0 = mla_wg_tok(pt, 0), t1 = mla_wg_tok(pt, 1), q = pt & 3;
+        const bool xfer = FP8 && cross; /* round rank of each block dequantized here, into both CTAs' tiles */
+        float4 sc4;
+        uint4 c[8];
+        if (xfer) mla_wg_load(r, rank ? idx1 : idx, q, sc4, c); /* the first block's; each store loads the next's */
         for (int32_t n = blk0; n < blk1; n++) {
             const int k = n - blk0, s = k & 1;
             const int32_t after = mla_wg_slot(r, row, len, n + 2, blk1, t0), after1 = mla_wg_slot(r, row, len, n + 2, blk1, t1);
             unsigned char *const kt = sm + MLA_WG_K_AT + s * MLA_WG_KTILE;
-            float4 sc4;
-            uint4 c[8];
-            if (FP8) mla_wg_load(r, idx, q, sc4, c); /* before the wait for the tile */
-            if (k >= 2) mla_mbar_wait(empty0 + 8 * s, (uint32_t)((k >> 1) - 1) & 1u);
+            if (FP8 && !xfer) mla_wg_load(r, idx, q, sc4, c); /* before the wait for the tile */
+            if (k >= 2) mla_mbar_wait(empty0 + 8 * s, (uint32_t)((k >> 1) - 1) & 1u); /* both CTAs' math warps when crossing */
             mla_wg_begin<FP8>(r, kt, masks + s, idx, pt, 0);
             mla_wg_begin<FP8>(r, kt, masks + s, idx1, pt, 1);
-            if (FP8) /* one copy of the store for both tokens: unrolled twice, the producer's loop overflowed the
-                      * instruction cache */
+            if (xfer) {
+                mla_wg_store<true>(r, kt, pt, rank, sc4, c, rank ? nxt1 : nxt);
+                /* this warp's 8 rows of each NoPE panel (1 KB contiguous) into the peer's tile by the copy engine, counted
+                 * in bytes on the peer's full barrier: no register holds them, and the peer's wgmma reads what the
+                 * async proxy wrote */
+                mla_fence_proxy();
+                __syncwarp();
+                if ((pt & 31) == 0) {
+                    const uint32_t at = (uint32_t)((32 * rank + 8 * (pt >> 5)) * 128), rkt = mla_peer(mla_smem(kt), peer);
+                    const uint32_t rfull = mla_peer(full0 + 8 * s, peer);
+#pragma unroll
+                    for (int j = 0; j < 8; j++)
+                        mla_bulk_to_peer(rkt + j * MLA_WG_PANEL + at, mla_smem(kt) + j * MLA_WG_PANEL + at, 1024u, rfull);
+                }
+            } else if (FP8) /* one copy of the store for both tokens: unrolled twice, the producer's loop overflowed the
+                             * instruction cache */
 #pragma unroll 1
                 for (int u = 0; u < 2; u++) {
                     if (u == 1) mla_wg_load(r, idx1, q, sc4, c);
-                    mla_wg_store(kt, pt, u, sc4, c);
+                    mla_wg_store<false>(r, kt, pt, u, sc4, c, -1);
                 }
             mla_cp_wait_all();
             mla_fence_proxy(); /* the tile, written by stores and cp.async, is read by wgmma */
-            mla_mbar_arrive(full0 + 8 * s);
+            if (xfer && pt == 0)
+                mla_mbar_arrive_tx(full0 + 8 * s, 8 * 32 * 128); /* and the peer's round: 32 rows of 8 panels */
+            else
+                mla_mbar_arrive(full0 + 8 * s);
             mla_wg_prefetch<FP8>(r, after, q);
             mla_wg_prefetch<FP8>(r, after1, q);
             idx = nxt, nxt = after, idx1 = nxt1, nxt1 = after1;
@@ -529,6 +584,7 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(MLA_WG_THREADS, 1) m
         mla_wg_cta_sync();
         if (ns == 1) {
             mla_wg_cta_sync();
+            if (cross) mla_cluster_sync();
             return;
         }
         if (pair) {
@@ -540,6 +596,7 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(MLA_WG_THREADS, 1) m
         mla_wg_cta_sync(); /* two more, last or not: the producer reads no flag (racecheck reported its read of one as a
                             * hazard with the write before the barrier above) */
         mla_wg_cta_sync();
+        if (cross) mla_cluster_sync(); /* the peer's last remote arrivals are in before either exits */
         return;
     }
     mla_setmaxnreg_inc<200>();
@@ -557,6 +614,43 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(MLA_WG_THREADS, 1) m
     const uint32_t p_s = mla_smem(sm + MLA_WG_P_AT), k_s0 = mla_smem(sm + MLA_WG_K_AT);
     const uint64_t dq = mla_desc(q_s, 16, 1024), dp = mla_desc(p_s, 16, 1024);
     const uint64_t dk0 = mla_desc(k_s0, 16, 1024), dv0 = mla_desc(k_s0, MLA_WG_V_LEAD, MLA_WG_V_STRIDE);
+
+    /* whole: a split that ends before the CTA's last block leaves as a CTA of that split alone would leave it for the
+     * combine (its O unscaled, and from warpgroup 0 its l, lse and max logit, reduced in the epilogue's order), straight
+     * from the registers to the workspace (the K tiles are not free), and the next split starts afresh */
+    int32_t split_end = it.w;
+    int sp = 0;
+    auto split_done = [&](int32_t n) {
+        if (!cross || n + 1 != split_end || n + 1 == blk1) return;
+        const int64_t at0 = ((item + sp) * r.s_q + qi) * r.h_q + h0;
+        float *const so = r.split_out + at0 * MLA_D_V;
+#pragma unroll
+        for (int i = 0; i < 32; i++)
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+                *reinterpret_cast<float2 *>(so + (r0 + 8 * j) * MLA_D_V + 256 * w + 8 * i + 2 * (lane & 3)) =
+                    make_float2(o[4 * i + 2 * j], o[4 * i + 2 * j + 1]);
+#pragma unroll
+        for (int i = 0; i < 128; i++) o[i] = 0.0f;
+        if (w == 0) {
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                float l = __fadd_rn(l_run[j], __shfl_xor_sync(0xffffffffu, l_run[j], 1));
+                l = __fadd_rn(l, __shfl_xor_sync(0xffffffffu, l, 2));
+                float md = mla_max(maxdot[j], __shfl_xor_sync(0xffffffffu, maxdot[j], 1));
+                md = mla_max(md, __shfl_xor_sync(0xffffffffu, md, 2));
+                if ((lane & 3) == 0) {
+                    const int64_t at = at0 + r0 + 8 * j;
+                    r.split_lse[at] = (any >> j) & 1 ? __fadd_rn(log2f(l), m_run[j]) : -INFINITY;
+                    r.split_max[at] = __fmul_rn(md, r.sm_scale);
+                    r.split_l[at] = l;
+                }
+                m_run[j] = -1e30f, l_run[j] = 0.0f, maxdot[j] = -INFINITY;
+            }
+            any = 0;
+        }
+        split_end = r.items[item + ++sp].w;
+    };
 
     /* P and the rescale go from warpgroup 0 to 1 through mbarriers pready and pfree on which every thread arrives, the
      * u-th block that counts a slot (np) completing phase u of each */
@@ -657,7 +751,11 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(MLA_WG_THREADS, 1) m
                 for (int i = 0; i < 128; i++) mla_wg_pin(o[i]);
             }
             __syncwarp();
-            if (lane == 0) mla_mbar_arrive(empty0 + 8 * s);
+            if (lane == 0) {
+                mla_mbar_arrive(empty0 + 8 * s);
+                if (cross) mla_mbar_arrive_peer(mla_peer(empty0 + 8 * s, peer)); /* the peer writes this tile too */
+            }
+            split_done(n);
         }
         if (np > 0) mla_mbar_wait(pfree, (uint32_t)(np - 1) & 1u); /* warpgroup 1's last P V done */
     } else { /* warpgroup 1: O += P V over dims [256, 512) with warpgroup 0's P and rescale */
@@ -683,7 +781,11 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(MLA_WG_THREADS, 1) m
                 np++;
             }
             __syncwarp();
-            if (lane == 0) mla_mbar_arrive(empty0 + 8 * s);
+            if (lane == 0) {
+                mla_mbar_arrive(empty0 + 8 * s);
+                if (cross) mla_mbar_arrive_peer(mla_peer(empty0 + 8 * s, peer)); /* the peer writes this tile too */
+            }
+            split_done(n);
         }
     }
 
@@ -729,7 +831,7 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(MLA_WG_THREADS, 1) m
                 r.lse[head_at + hr] = mla_lse_out(hd);
                 r.max_logits[head_at + hr] = mla_max(-INFINITY, __fmul_rn(md, r.sm_scale));
             } else {
-                const int64_t at = (item * r.s_q + qi) * r.h_q + h0 + hr;
+                const int64_t at = (last_item * r.s_q + qi) * r.h_q + h0 + hr;
                 r.split_lse[at] = ep[3 * MLA_HEADS + hr] = lse_s;
                 r.split_max[at] = ep[4 * MLA_HEADS + hr] = __fmul_rn(md, r.sm_scale);
                 r.split_l[at] = l;
@@ -742,7 +844,7 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(MLA_WG_THREADS, 1) m
     /* A split of several arrives before its out is written: the last to arrive combines, from its own out in shared
      * memory and the others' from the workspace once they are written (the second counter; they arrived first, so they
      * are running and the wait ends). Which CTA combines varies, the values it reads and the order it adds them do not. */
-    if (tid == 0 && ns > 1 && !pair) st_i[MLA_WG_FLAG] = atomicAdd(arrived, 1) == ns - 1;
+    if (tid == 0 && ns > 1 && !pair) st_i[MLA_WG_FLAG] = cross || atomicAdd(arrived, 1) == ns - 1; /* whole: it ran them all */
     mla_wg_cta_sync();
     /* out = c0 acc (c0 the weight over l, 0 when nothing counted), four dims a thread a step, rows in order, four steps
      * unrolled so their shared-memory reads and stores overlap (one step at a time, the loop was a fifth of the math
@@ -766,11 +868,12 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(MLA_WG_THREADS, 1) m
             *reinterpret_cast<uint2 *>(r.out + (head_at + hr) * MLA_D_V + dim) =
                 make_uint2(mla_bf16x2(f[0], f[1]), mla_bf16x2(f[2], f[3]));
         }
+        if (cross) mla_cluster_sync(); /* the peer's last remote arrivals are in before either exits */
         return;
     }
     const bool last = pair || st_i[MLA_WG_FLAG]; /* its O stays in ost */
     if (!last) { /* its O to the workspace, for the last */
-        float *const split_out = r.split_out + ((item * r.s_q + qi) * r.h_q + h0) * MLA_D_V;
+        float *const split_out = r.split_out + ((last_item * r.s_q + qi) * r.h_q + h0) * MLA_D_V;
 #pragma unroll 4
         for (int e = tid; e < MLA_HEADS * MLA_D_V / 4; e += MLA_WG_MATH) {
             const int hr = e / (MLA_D_V / 4), dim = 4 * (e % (MLA_D_V / 4));
@@ -789,15 +892,17 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(MLA_WG_THREADS, 1) m
         mla_wg_cta_sync();
         if (tid == 0) atomicAdd(written, 1);
         mla_wg_cta_sync(); /* the producer's fourth, as the last's combine has */
+        if (cross) mla_cluster_sync();
         return;
     }
-    if (tid == 0) {
+    if (tid == 0 && !cross) {
         while (atomicAdd(written, 0) < ns - 1) __nanosleep(64);
         __threadfence();
     }
     mla_wg_cta_sync(); /* the others' lse, max and out written, this one's out in ost */
-    mla_wg_combine(r, b, qi, g, ns, (int)(item - r.item_base[b]), tid, ost, ep, reinterpret_cast<float *>(sm + MLA_WG_Q_AT),
+    mla_wg_combine(r, b, qi, g, ns, (int)(last_item - r.item_base[b]), tid, ost, ep, reinterpret_cast<float *>(sm + MLA_WG_Q_AT),
                    st + MLA_WG_OSC, st_i + MLA_WG_EMPTY);
+    if (cross) mla_cluster_sync();
 }
 
 /* mla_cuda_run's core for this kernel. */
@@ -805,9 +910,10 @@ struct mla_core_wg {
     static constexpr unsigned threads = MLA_WG_THREADS;
     static constexpr size_t smem = MLA_WG_SMEM_BYTES;
     static constexpr int64_t item_pairs = 1;
+    static constexpr bool whole_runs = true;
     template <bool FP8>
-    static void (*kernel())(mla_run) {
-        return mla_wg_kernel<FP8>;
+    static void (*kernel(bool whole))(mla_run) { /* each way its own code: one kernel with both spilled */
+        return whole ? mla_wg_kernel<FP8, true> : mla_wg_kernel<FP8, false>;
     }
 };
 
