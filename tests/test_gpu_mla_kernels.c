@@ -577,8 +577,9 @@ Test(gpu_mla, split_pairs_combine_as_the_workspace_does) {
 /* Once one split a CTA would take more CTAs than the device has SMs, split_size_wg runs each (request, query row, head
  * group) in one CTA, the request's splits one after another, the clusters then a request's two head groups, each
  * dequantizing half of every tile into both (sm_count 1 forces that way at any batch). The splits and the combine are
- * the same arithmetic either way: every h_q 128 case of the tolerance test, rows of one and two splits mixed, and rows
- * of up to 4 splits (topk 4096) must give the bits of one split a CTA (compute-sanitizer runs this too). */
+ * the same arithmetic either way: the tolerance test's h_q 128 profiles (dup with a sink, short at s_q 2 with
+ * infinite sinks, mixed with topk_length, a bf16 cache at two splits), rows of one and two splits mixed, and rows of
+ * up to 4 splits (topk 4096, holes, s_q 2) must give the bits of one split a CTA (compute-sanitizer runs this too). */
 Test(gpu_mla, whole_runs_give_the_bits_of_split_runs, .timeout = 900) {
     gpu gp = gpu_open();
     const kp_impl *impl = impl_named("mla.split_size_wg@cuda");
