@@ -578,6 +578,10 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(MLA_WG_THREADS, 1) m
             mla_wg_prefetch<FP8>(r, after1, q);
             idx = nxt, nxt = after, idx1 = nxt1, nxt1 = after1;
         }
+        if (cross) /* the last two tiles released by both CTAs' math warps: the copies out of them, which only the peer's
+                    * full barrier counts, have been read before the epilogue stages O over the tiles */
+            for (int32_t k = blk1 - blk0 - 2 > 0 ? blk1 - blk0 - 2 : 0; k < blk1 - blk0; k++)
+                mla_mbar_wait(empty0 + 8 * (k & 1), (uint32_t)(k >> 1) & 1u);
         /* the epilogue's CTA-wide barriers, passed without work: two, then one more for a request of one split, or for
          * a pair the cluster's two around the combine's one, or two more */
         mla_wg_cta_sync();
