@@ -229,6 +229,21 @@ __device__ __forceinline__ void mla_prefetch_l2(const void *src) { asm volatile(
 __device__ __forceinline__ void mla_cluster_sync() {
     asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
+/* The cluster's CTAs past this point, ordering no memory: for the start, the mbarriers' inits being released by
+ * mla_mbar_init's fence, and for the exits of whole runs, where every remote operation into a CTA is one its own
+ * mbarrier waits count (the release's GPU-scope membar waited on the loads and stores in flight). */
+__device__ __forceinline__ void mla_cluster_meet() {
+    asm volatile("barrier.cluster.arrive.relaxed;\nbarrier.cluster.wait;\n" ::: "memory");
+}
+/* Two floats to global memory, kept in L2 by policy pol (mla_keep_policy). */
+__device__ __forceinline__ void mla_st_keep(float *p, float a, float b, uint64_t pol) {
+    asm volatile("st.global.L2::cache_hint.v2.f32 [%0], {%1, %2}, %3;" ::"l"(p), "f"(a), "f"(b), "l"(pol) : "memory");
+}
+__device__ __forceinline__ uint64_t mla_keep_policy() {
+    uint64_t pol;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+    return pol;
+}
 /* The address in the cluster's shared window of this CTA's shared address a, in the CTA of cluster rank peer. */
 __device__ __forceinline__ uint32_t mla_peer(uint32_t a, uint32_t peer) {
     uint32_t d;
@@ -405,8 +420,10 @@ __device__ __forceinline__ float mla_wg_coef(float w, float l) { return w == 0.0
 
 /* The combine of a (row, head group) whose splits have all arrived and been written, by the last to arrive (the 256 math
  * threads): mla_combine_last's parts (mla_common.cuh) with each weight made a coefficient (mla_wg_coef), with split own's
- * lse, max, l and O from this CTA's shared memory (ep, ost) and the others' from the workspace; every lse is staged in
- * wts first, so its loads are in flight together. */
+ * lse, max, l and O from this CTA's shared memory (ep, ost) and the others' from the workspace; every split's lse, max
+ * and l are staged first (in wts and two more [64][ns] after it), so that their loads are in flight together. */
+static_assert(3 * MLA_HEADS * (MLA_MAX_TOPK / (KP_MLA_BLOCK * KP_MLA_SPLIT_BLOCKS)) * sizeof(float) <= 9 * MLA_WG_PANEL,
+              "the combine's staging fits in Q's panels");
 __device__ __forceinline__ void mla_wg_combine(const mla_run &r, int64_t b, int qi, int g, int ns, int own, int tid,
                                                const float *ost, const float *ep, float *wts, float *osc, int *empty) {
     const int64_t row = b * r.s_q + qi, h0 = (int64_t)g * MLA_HEADS, head_at = row * r.h_q + h0, item0 = r.item_base[b];
@@ -414,12 +431,18 @@ __device__ __forceinline__ void mla_wg_combine(const mla_run &r, int64_t b, int 
         const int hr = tid;
         auto split_at = [&](int sp) { return ((item0 + sp) * r.s_q + qi) * r.h_q + h0 + hr; };
         float *const lw = wts + hr * ns;
+        float *const mw = lw + MLA_HEADS * ns, *const lv = mw + MLA_HEADS * ns;
 #pragma unroll 4
-        for (int sp = 0; sp < ns; sp++) lw[sp] = sp == own ? ep[3 * MLA_HEADS + hr] : __ldcg(r.split_lse + split_at(sp));
-        mla_combine_heads(r, head_at, h0, hr, ns, wts, osc, empty, [&](int sp) { return lw[sp]; },
-                          [&](int sp) { return sp == own ? ep[4 * MLA_HEADS + hr] : __ldcg(r.split_max + split_at(sp)); });
+        for (int sp = 0; sp < ns; sp++) {
+            const bool o = sp == own;
+            const float a = o ? ep[3 * MLA_HEADS + hr] : __ldcg(r.split_lse + split_at(sp));
+            const float m = o ? ep[4 * MLA_HEADS + hr] : __ldcg(r.split_max + split_at(sp));
+            const float l = o ? ep[hr] : __ldcg(r.split_l + split_at(sp));
+            lw[sp] = a, mw[sp] = m, lv[sp] = l;
+        }
+        mla_combine_heads(r, head_at, h0, hr, ns, wts, osc, empty, [&](int sp) { return lw[sp]; }, [&](int sp) { return mw[sp]; });
 #pragma unroll 4
-        for (int sp = 0; sp < ns; sp++) lw[sp] = mla_wg_coef(lw[sp], sp == own ? ep[hr] : __ldcg(r.split_l + split_at(sp)));
+        for (int sp = 0; sp < ns; sp++) lw[sp] = mla_wg_coef(lw[sp], lv[sp]);
     }
     mla_wg_cta_sync();
     const int64_t split_stride = r.s_q * r.h_q * (MLA_D_V / 4); /* float4s from one split to the next */
@@ -526,7 +549,7 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(MLA_WG_THREADS, 1) m
         mla_mbar_init(pfree, 128);
     }
     __syncthreads(); /* the mbarriers */
-    if (cross) mla_cluster_sync(); /* the peer's too, before either's first remote arrival */
+    if (cross) mla_cluster_meet(); /* the peer's too, before either's first remote arrival */
     const uint32_t peer = (uint32_t)(rank ^ 1);
 
     /* setmaxnreg moves registers within the CTA's launch allocation (168 a thread at 384 threads): 104 + 2 x 200 fits
@@ -588,7 +611,7 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(MLA_WG_THREADS, 1) m
         mla_wg_cta_sync();
         if (ns == 1) {
             mla_wg_cta_sync();
-            if (cross) mla_cluster_sync();
+            if (cross) mla_cluster_meet();
             return;
         }
         if (pair) {
@@ -600,7 +623,7 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(MLA_WG_THREADS, 1) m
         mla_wg_cta_sync(); /* two more, last or not: the producer reads no flag (racecheck reported its read of one as a
                             * hazard with the write before the barrier above) */
         mla_wg_cta_sync();
-        if (cross) mla_cluster_sync(); /* the peer's last remote arrivals are in before either exits */
+        if (cross) mla_cluster_meet(); /* the peer's last remote arrivals are in before either exits */
         return;
     }
     mla_setmaxnreg_inc<200>();
@@ -628,12 +651,12 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(MLA_WG_THREADS, 1) m
         if (!cross || n + 1 != split_end || n + 1 == blk1) return;
         const int64_t at0 = ((item + sp) * r.s_q + qi) * r.h_q + h0;
         float *const so = r.split_out + at0 * MLA_D_V;
+        const uint64_t keep = mla_keep_policy(); /* read back by this CTA after the next split's tokens pass through L2 */
 #pragma unroll
         for (int i = 0; i < 32; i++)
 #pragma unroll
             for (int j = 0; j < 2; j++)
-                *reinterpret_cast<float2 *>(so + (r0 + 8 * j) * MLA_D_V + 256 * w + 8 * i + 2 * (lane & 3)) =
-                    make_float2(o[4 * i + 2 * j], o[4 * i + 2 * j + 1]);
+                mla_st_keep(so + (r0 + 8 * j) * MLA_D_V + 256 * w + 8 * i + 2 * (lane & 3), o[4 * i + 2 * j], o[4 * i + 2 * j + 1], keep);
 #pragma unroll
         for (int i = 0; i < 128; i++) o[i] = 0.0f;
         if (w == 0) {
@@ -872,7 +895,7 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(MLA_WG_THREADS, 1) m
             *reinterpret_cast<uint2 *>(r.out + (head_at + hr) * MLA_D_V + dim) =
                 make_uint2(mla_bf16x2(f[0], f[1]), mla_bf16x2(f[2], f[3]));
         }
-        if (cross) mla_cluster_sync(); /* the peer's last remote arrivals are in before either exits */
+        if (cross) mla_cluster_meet(); /* the peer's last remote arrivals are in before either exits */
         return;
     }
     const bool last = pair || st_i[MLA_WG_FLAG]; /* its O stays in ost */
@@ -906,7 +929,7 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(MLA_WG_THREADS, 1) m
     mla_wg_cta_sync(); /* the others' lse, max and out written, this one's out in ost */
     mla_wg_combine(r, b, qi, g, ns, (int)(last_item - r.item_base[b]), tid, ost, ep, reinterpret_cast<float *>(sm + MLA_WG_Q_AT),
                    st + MLA_WG_OSC, st_i + MLA_WG_EMPTY);
-    if (cross) mla_cluster_sync();
+    if (cross) mla_cluster_meet();
 }
 
 /* mla_cuda_run's core for this kernel. */
