@@ -919,7 +919,7 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(MLA_WG_THREADS, 1) m
         mla_wg_cta_sync();
         if (tid == 0) atomicAdd(written, 1);
         mla_wg_cta_sync(); /* the producer's fourth, as the last's combine has */
-        if (cross) mla_cluster_sync();
+        if (cross) mla_cluster_meet(); /* never taken: a whole run is its request's last */
         return;
     }
     if (tid == 0 && !cross) {
