@@ -78,7 +78,6 @@ struct mla_run {
     int4 *items;
     float *split_lse, *split_max, *split_out;
     float *split_l; /* [max_items, s_q, h_q]: a split's l, which mla_wg.cuh's combine divides its weight by */
-    int32_t whole;  /* mla_wg.cuh: a CTA runs all of a request's splits (the launcher's choice, bits the same either way) */
 };
 
 /* ---- small device helpers ---- */

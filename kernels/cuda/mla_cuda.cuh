@@ -371,13 +371,13 @@ static int mla_cuda_run(const char *name, const void *args, char *message, size_
      * SMs, a CTA per (request, query row, head group) runs the request's splits one after another. Every split and the
      * combine are the same arithmetic either way, so which one runs changes no bit; it changes how many CTAs pay the
      * prologue, the epilogue and the combine's wait. */
-    r.whole = Core::whole_runs && r.groups % 2 == 0 && r.max_items * r.s_q * r.groups > sms;
-    const unsigned grid = (unsigned)(r.whole ? r.batch * r.s_q * r.groups
-                                             : (Core::item_pairs ? (r.max_items + 1) / 2 * 2 : r.max_items) * r.s_q * r.groups);
+    const bool whole = Core::whole_runs && r.groups % 2 == 0 && r.max_items * r.s_q * r.groups > sms;
+    const unsigned grid = (unsigned)(whole ? r.batch * r.s_q * r.groups
+                                           : (Core::item_pairs ? (r.max_items + 1) / 2 * 2 : r.max_items) * r.s_q * r.groups);
     if (a->cache_format == KP_MLA_CACHE_FP8_DS_MLA)
-        KP_CUDA_CHECK(launch_after(sm90, Core::template kernel<true>(r.whole), grid, Core::threads, Core::smem, stream, r));
+        KP_CUDA_CHECK(launch_after(sm90, Core::template kernel<true>(whole), grid, Core::threads, Core::smem, stream, r));
     else
-        KP_CUDA_CHECK(launch_after(sm90, Core::template kernel<false>(r.whole), grid, Core::threads, Core::smem, stream, r));
+        KP_CUDA_CHECK(launch_after(sm90, Core::template kernel<false>(whole), grid, Core::threads, Core::smem, stream, r));
     return KP_RUN_OK;
 }
 

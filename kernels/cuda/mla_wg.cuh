@@ -500,7 +500,7 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(MLA_WG_THREADS, 1) m
     const int tid = threadIdx.x;
     const int64_t cta = blockIdx.x >> 1;
     const int rank = (int)(blockIdx.x & 1);
-    /* whole (r.whole, the launcher's choice): the cluster is a request's head groups g and g + 1 (cross), each CTA
+    /* WHOLE (the launcher's choice): the cluster is a request's head groups g and g + 1 (cross), each CTA
      * running all the request's splits one after another (item up to last) and dequantizing half of every tile into
      * both CTAs' tiles; else items 2 p and 2 p + 1 of the plan, one split a CTA */
     const bool cross = WHOLE;
